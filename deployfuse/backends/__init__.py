@@ -1,0 +1,1 @@
+"""Runtimes deployfuse drives: ONNX Runtime sessions (and TensorRT engines)."""

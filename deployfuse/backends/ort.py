@@ -1,0 +1,57 @@
+"""ONNX Runtime sessions as deployfuse makes them everywhere (verify, guard, compare).
+
+One place decides the providers, the graph-optimisation level and whether the deployfuse
+custom-op library is registered, so every stage runs the model the same way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+PROVIDERS = {"ort-cpu": ["CPUExecutionProvider"], "ort-cuda": ["CUDAExecutionProvider", "CPUExecutionProvider"]}
+
+
+def session(
+    model: onnx.ModelProto | str | Path | bytes,
+    providers: Sequence[str] = ("CPUExecutionProvider",),
+    optimize: bool = True,
+    custom_ops_library: str | Path | None = None,
+    threads: int = 0,
+):  # -> onnxruntime.InferenceSession (imported late: heavy)
+    """An `onnxruntime.InferenceSession` for `model`.
+
+    Args:
+        model: a ModelProto, a path, or serialized bytes.
+        providers: execution providers in priority order.
+        optimize: False disables every ORT graph optimisation, so ORT's own fusions cannot
+            hide (or cause) a difference when graphs are compared.
+        custom_ops_library: a deployfuse custom-op library to register; None runs deployfuse
+            nodes through the ONNX function bodies stored in the model.
+        threads: intra-op threads; 0 lets ORT choose.
+    """
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL if optimize else ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    options.log_severity_level = 3
+    if threads:
+        options.intra_op_num_threads = threads
+    if custom_ops_library is not None:
+        options.register_custom_ops_library(str(custom_ops_library))
+    if isinstance(model, onnx.ModelProto):
+        model = model.SerializeToString()
+    elif isinstance(model, Path):
+        model = str(model)
+    return ort.InferenceSession(model, sess_options=options, providers=list(providers))
+
+
+def run(sess, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Run a session on the inputs it declares; return outputs by name."""
+    wanted = {i.name for i in sess.get_inputs()}
+    feed = {k: v for k, v in inputs.items() if k in wanted}
+    names = [o.name for o in sess.get_outputs()]
+    return dict(zip(names, sess.run(names, feed)))

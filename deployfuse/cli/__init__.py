@@ -1,0 +1,49 @@
+"""The `deployfuse` command line: one module per command, registered in COMMANDS."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+from deployfuse.errors import DeployfuseError
+
+# (command, module under deployfuse.cli). Each module has `register(subparsers)`, which adds
+# its parser with `set_defaults(run=...)`, where run(args) -> exit code.
+COMMANDS: list[tuple[str, str]] = [
+    ("export", "export"),
+]
+
+DESCRIPTION = """\
+Export PyTorch models to fused ONNX for ONNX Runtime and TensorRT, and prove they still match.
+
+  deployfuse export model.pt -o model.onnx --input x:1x3x224x224     fold BN, export, fuse, verify
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The top-level parser with every registered command."""
+    parser = argparse.ArgumentParser(prog="deployfuse", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    for _, module in COMMANDS:
+        importlib.import_module(f"deployfuse.cli.{module}").register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point: parse, run, and turn deployfuse errors into one line and an exit code."""
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.run(args))
+    except DeployfuseError as exc:
+        print(f"deployfuse {args.command}: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

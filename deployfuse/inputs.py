@@ -1,0 +1,137 @@
+"""Model inputs: parsing `--input`/`--dynamic` specs and making valid random tensors.
+
+Integer inputs get values a model accepts: attention masks are all ones, position ids count
+up, and other integer inputs (token ids) stay below the vocabulary or the smallest embedding
+table, so a random input never indexes out of range.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from deployfuse.errors import UsageError
+
+Inputs = dict[str, torch.Tensor]
+
+_DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32, "fp32": torch.float32, "float": torch.float32,
+    "float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
+    "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+    "float64": torch.float64, "fp64": torch.float64, "double": torch.float64,
+    "int64": torch.int64, "long": torch.int64, "int32": torch.int32, "int": torch.int32,
+    "int16": torch.int16, "int8": torch.int8, "uint8": torch.uint8, "bool": torch.bool,
+}
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]*$")
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    """One `--input NAME:SHAPE[:DTYPE]`: a named tensor shape and dtype."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: torch.dtype = torch.float32
+
+    @classmethod
+    def parse(cls, text: str) -> InputSpec:
+        """Parse `input_ids:1x128:int64` or `pixel_values:1x3x224x224`."""
+        parts = text.split(":")
+        if len(parts) not in (2, 3) or not _NAME.match(parts[0]):
+            raise UsageError(f"--input {text!r}: expected NAME:SHAPE[:DTYPE], e.g. input_ids:1x128:int64")
+        dims = re.split(r"[x,]", parts[1])
+        if not all(d.isdigit() and int(d) > 0 for d in dims):
+            raise UsageError(f"--input {text!r}: SHAPE must be positive integers joined by 'x', e.g. 1x3x224x224")
+        dtype = torch.float32
+        if len(parts) == 3:
+            if parts[2].lower() not in _DTYPES:
+                raise UsageError(f"--input {text!r}: unknown dtype {parts[2]!r}; use one of {', '.join(sorted(_DTYPES))}")
+            dtype = _DTYPES[parts[2].lower()]
+        return cls(parts[0], tuple(int(d) for d in dims), dtype)
+
+
+@dataclass(frozen=True)
+class DynamicAxis:
+    """One `--dynamic NAME:AXIS:LABEL`: axis AXIS of input NAME varies, named LABEL in ONNX."""
+
+    name: str
+    axis: int
+    label: str
+
+    @classmethod
+    def parse(cls, text: str) -> DynamicAxis:
+        """Parse `input_ids:1:seq`."""
+        parts = text.split(":")
+        if len(parts) != 3 or not _NAME.match(parts[0]) or not re.fullmatch(r"-?\d+", parts[1]) or not _NAME.match(parts[2]):
+            raise UsageError(f"--dynamic {text!r}: expected NAME:AXIS:LABEL, e.g. input_ids:1:seq")
+        return cls(parts[0], int(parts[1]), parts[2])
+
+
+def integer_bound(module: object) -> int:
+    """Exclusive upper bound for random token ids: the vocabulary, else the smallest embedding."""
+    config = getattr(module, "config", None)
+    vocab = getattr(config, "vocab_size", None)
+    if isinstance(vocab, int) and vocab > 0:
+        return vocab
+    sizes = [m.num_embeddings for m in module.modules() if isinstance(m, torch.nn.Embedding)] if isinstance(module, torch.nn.Module) else []
+    return min(sizes) if sizes else 2
+
+
+def random_tensor(name: str, shape: Sequence[int], dtype: torch.dtype, int_bound: int, generator: torch.Generator) -> torch.Tensor:
+    """A random tensor a model accepts for an input called `name`."""
+    lowered = name.lower()
+    if dtype == torch.bool:
+        return torch.ones(shape, dtype=dtype) if "mask" in lowered else torch.rand(shape, generator=generator) > 0.5
+    if dtype.is_floating_point:
+        return torch.randn(shape, generator=generator).to(dtype)
+    if "mask" in lowered:
+        return torch.ones(shape, dtype=dtype)
+    if "position" in lowered and len(shape) > 0:
+        return torch.arange(shape[-1], dtype=dtype).expand(*shape).contiguous()
+    if "token_type" in lowered:
+        return torch.zeros(shape, dtype=dtype)
+    return torch.randint(0, max(int_bound, 1), tuple(shape), generator=generator, dtype=dtype)
+
+
+def make_inputs(specs: Sequence[InputSpec], module: object, seed: int | None = None) -> Inputs:
+    """Random inputs for `specs`, valid for `module` (see `random_tensor`)."""
+    generator = torch.Generator()
+    generator.manual_seed(seed if seed is not None else torch.seed())
+    bound = integer_bound(module)
+    return {s.name: random_tensor(s.name, s.shape, s.dtype, bound, generator) for s in specs}
+
+
+def specs_of(inputs: Mapping[str, torch.Tensor]) -> list[InputSpec]:
+    """The shapes and dtypes of concrete inputs, as specs."""
+    return [InputSpec(name, tuple(t.shape), t.dtype) for name, t in inputs.items()]
+
+
+def resized(specs: Sequence[InputSpec], dynamic: Sequence[DynamicAxis], grow: int = 1) -> list[InputSpec]:
+    """Specs with every dynamic axis changed to another size (same new size per label).
+
+    Used to verify a dynamic export at a second shape: each label's size becomes
+    `size + max(1, size // 4) * grow`, so axes that share a label stay equal.
+    """
+    sizes: dict[str, int] = {}
+    by_input: dict[str, dict[int, str]] = {}
+    spec_by_name = {s.name: s for s in specs}
+    for d in dynamic:
+        spec = spec_by_name.get(d.name)
+        if spec is None:
+            raise UsageError(f"--dynamic names input {d.name!r}, which is not among the inputs: {', '.join(spec_by_name)}")
+        axis = d.axis % len(spec.shape) if -len(spec.shape) <= d.axis < len(spec.shape) else None
+        if axis is None:
+            raise UsageError(f"--dynamic {d.name}:{d.axis}:{d.label}: input has rank {len(spec.shape)}")
+        size = spec.shape[axis]
+        sizes.setdefault(d.label, size + max(1, size // 4) * grow)
+        by_input.setdefault(d.name, {})[axis] = d.label
+    out = []
+    for s in specs:
+        shape = list(s.shape)
+        for axis, label in by_input.get(s.name, {}).items():
+            shape[axis] = sizes[label]
+        out.append(InputSpec(s.name, tuple(shape), s.dtype))
+    return out

@@ -1,0 +1,178 @@
+"""Load a MODEL argument into a callable `torch.nn.Module` and learn its input names.
+
+Forms: a TorchScript archive, a `torch.export` program (`.pt2`), a full pickled module
+(`torch.save(model)`, which runs code when loaded and so needs `trust_pickle`), or a factory
+`package.module:callable` returning a module or `(module, example_inputs)`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import os
+import pickle
+import re
+import sys
+import zipfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from deployfuse.errors import UsageError
+from deployfuse.inputs import Inputs
+
+_FACTORY = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
+
+
+@dataclass
+class LoadedModel:
+    """A model ready to run and export.
+
+    Attributes:
+        module: the model in eval mode; for a `.pt2` this is the program's `module()`.
+        form: "torchscript", "exported-program", "pickle" or "factory".
+        input_names: the forward's parameter names, in order.
+        example_inputs: inputs that came with the model (factory or `.pt2`), else None.
+    """
+
+    module: torch.nn.Module
+    form: str
+    input_names: list[str]
+    example_inputs: Inputs | None = None
+
+    def __call__(self, inputs: Mapping[str, torch.Tensor]) -> Any:
+        """Run the model on named inputs (positionally where the names are a prefix)."""
+        args, kwargs = self.call_arguments(inputs)
+        with torch.inference_mode():
+            return self.module(*args, **kwargs)
+
+    def call_arguments(self, inputs: Mapping[str, torch.Tensor]) -> tuple[tuple[torch.Tensor, ...], dict[str, torch.Tensor]]:
+        """Split named inputs into positional args (the leading ones in signature order) and kwargs."""
+        names = list(inputs)
+        if self.form in ("torchscript", "exported-program") or names == self.input_names[: len(names)]:
+            return tuple(inputs[n] for n in self.input_names if n in inputs), {}
+        return (), dict(inputs)
+
+    def name_inputs(self, values: Sequence[torch.Tensor] | Mapping[str, torch.Tensor]) -> Inputs:
+        """Name positional example inputs by the forward's signature."""
+        if isinstance(values, Mapping):
+            unknown = [k for k in values if self.input_names and k not in self.input_names]
+            if unknown:
+                raise UsageError(f"example inputs name {', '.join(unknown)}, but the model's inputs are {', '.join(self.input_names)}")
+            return {str(k): _as_tensor(k, v) for k, v in values.items()}
+        if isinstance(values, torch.Tensor):
+            values = (values,)
+        if len(values) > len(self.input_names):
+            raise UsageError(f"{len(values)} example inputs given, but the model takes {len(self.input_names)}: {', '.join(self.input_names)}")
+        return {name: _as_tensor(name, v) for name, v in zip(self.input_names, values)}
+
+
+def _as_tensor(name: object, value: object) -> torch.Tensor:
+    if not isinstance(value, torch.Tensor):
+        raise UsageError(f"example input {name!r} is a {type(value).__name__}, not a tensor")
+    return value
+
+
+def forward_parameter_names(module: torch.nn.Module) -> list[str]:
+    """Names of the forward's parameters (no self, no *args/**kwargs)."""
+    if isinstance(module, torch.jit.ScriptModule):
+        return [a.name for a in module.forward.schema.arguments[1:]]
+    params = inspect.signature(module.forward).parameters.values()
+    return [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+
+
+def load_model(model: str | os.PathLike[str] | torch.nn.Module, trust_pickle: bool = False) -> LoadedModel:
+    """Load MODEL in any supported form; raise `UsageError` with a one-line reason otherwise."""
+    if isinstance(model, torch.nn.Module):
+        return _finish(model, "module", None)
+    text = str(model)
+    path = Path(text)
+    if not path.exists() and _FACTORY.match(text):
+        return _load_factory(text)
+    if not path.exists():
+        raise UsageError(f"model not found: {text} (give a file, or package.module:callable)")
+    if not path.is_file() or not os.access(path, os.R_OK):
+        raise UsageError(f"model is not a readable file: {text}")
+    if not zipfile.is_zipfile(path):
+        raise UsageError(f"{text} is not a PyTorch model file (expected a TorchScript archive, a .pt2 program or torch.save output)")
+    with zipfile.ZipFile(path) as archive:
+        names = archive.namelist()
+    if any(n.endswith("/archive_format") for n in names):
+        return _load_exported_program(path)
+    if any("/code/__torch__/" in n for n in names):
+        return _finish(_guard(lambda: torch.jit.load(str(path), map_location="cpu"), text), "torchscript", None)
+    return _load_pickle(path, trust_pickle)
+
+
+def _guard(load: Any, text: str) -> Any:
+    try:
+        return load()
+    except UsageError:
+        raise
+    except Exception as exc:  # a corrupt archive surfaces as many exception types
+        raise UsageError(f"could not load {text}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from exc
+
+
+def _load_exported_program(path: Path) -> LoadedModel:
+    program = _guard(lambda: torch.export.load(str(path)), str(path))
+    names = [s.arg.name for s in program.graph_signature.input_specs if s.kind == torch.export.graph_signature.InputKind.USER_INPUT]
+    loaded = LoadedModel(program.module(), "exported-program", names)
+    example = getattr(program, "example_inputs", None)
+    if example is not None:
+        args, kwargs = example
+        named = loaded.name_inputs(args)
+        named.update({k: _as_tensor(k, v) for k, v in kwargs.items()})
+        loaded.example_inputs = named
+    return loaded
+
+
+def _load_pickle(path: Path, trust_pickle: bool) -> LoadedModel:
+    try:
+        content = torch.load(str(path), map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        if not trust_pickle:
+            raise UsageError(
+                f"{path} is a pickled module; loading it runs code from the file. "
+                "Pass --trust-pickle if you trust it, or save it with torch.jit.save / torch.export.save"
+            ) from exc
+        content = _guard(lambda: torch.load(str(path), map_location="cpu", weights_only=False), str(path))
+    except Exception as exc:
+        raise UsageError(f"could not load {path}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from exc
+    if not isinstance(content, torch.nn.Module):
+        kind = "weights (a state dict)" if isinstance(content, Mapping) else f"a {type(content).__name__}"
+        raise UsageError(f"{path} holds {kind}, not a model; save the module itself or give package.module:callable")
+    return _finish(content, "pickle", None)
+
+
+def _load_factory(spec: str) -> LoadedModel:
+    module_name, attr = spec.split(":")
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        target: Any = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise UsageError(f"cannot import {module_name!r} for {spec}: {exc}") from exc
+    for part in attr.split("."):
+        if not hasattr(target, part):
+            raise UsageError(f"{module_name} has no attribute {attr!r}")
+        target = getattr(target, part)
+    if not callable(target):
+        raise UsageError(f"{spec} is not callable")
+    made = target() if not isinstance(target, torch.nn.Module) else target
+    example = None
+    if isinstance(made, tuple) and len(made) == 2 and isinstance(made[0], torch.nn.Module):
+        made, example = made
+    if not isinstance(made, torch.nn.Module):
+        raise UsageError(f"{spec} returned a {type(made).__name__}, not a torch.nn.Module or (module, example_inputs)")
+    return _finish(made, "factory", example)
+
+
+def _finish(module: torch.nn.Module, form: str, example: object) -> LoadedModel:
+    module.eval()
+    loaded = LoadedModel(module, form, forward_parameter_names(module))
+    if example is not None:
+        loaded.example_inputs = loaded.name_inputs(example)  # type: ignore[arg-type]
+    return loaded
