@@ -17,8 +17,11 @@ def check_writable_target(path: str | os.PathLike[str]) -> Path:
     parent = target.parent if str(target.parent) else Path(".")
     if not parent.is_dir():
         raise UsageError(f"output directory does not exist: {parent}")
-    if not os.access(parent, os.W_OK):
-        raise UsageError(f"output directory is not writable: {parent}")
+    try:  # os.access says yes to root even on read-only file systems: try for real
+        with tempfile.TemporaryFile(dir=parent):
+            pass
+    except OSError as exc:
+        raise UsageError(f"output directory is not writable: {parent} ({exc.strerror})") from exc
     if target.is_dir():
         raise UsageError(f"output path is a directory: {target}")
     return target

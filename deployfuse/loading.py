@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import logging
 import os
 import pickle
 import re
@@ -117,7 +118,20 @@ def _guard(load: Any, text: str) -> Any:
 
 
 def _load_exported_program(path: Path) -> LoadedModel:
-    program = _guard(lambda: torch.export.load(str(path)), str(path))
+    # torch.export.load logs the real reason (e.g. an output type it cannot deserialize) and
+    # raises a generic error: keep the logged reason for the message.
+    reasons: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: reasons.append(str(record.exc_info[1]) if record.exc_info else record.getMessage())  # type: ignore[method-assign]
+    logger = logging.getLogger("torch.export")
+    logger.addHandler(handler)
+    try:
+        program = torch.export.load(str(path))
+    except Exception as exc:
+        reason = reasons[-1].strip().splitlines()[-1] if reasons else str(exc).splitlines()[0]
+        raise UsageError(f"could not load the exported program {path}: {reason}") from exc
+    finally:
+        logger.removeHandler(handler)
     names = [s.arg.name for s in program.graph_signature.input_specs if s.kind == torch.export.graph_signature.InputKind.USER_INPUT]
     loaded = LoadedModel(program.module(), "exported-program", names)
     example = getattr(program, "example_inputs", None)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+import warnings
 from collections.abc import Sequence
 
 from deployfuse.errors import DeployfuseError
@@ -35,6 +36,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point: parse, run, and turn deployfuse errors into one line and an exit code."""
     args = build_parser().parse_args(argv)
+    if not getattr(args, "verbose", False):
+        # torch and transformers warn about deprecations on every load and export; users act on our errors.
+        warnings.filterwarnings("ignore")
     try:
         return int(args.run(args))
     except DeployfuseError as exc:

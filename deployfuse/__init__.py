@@ -1,0 +1,20 @@
+"""deployfuse: export PyTorch models to fused, verified ONNX for ONNX Runtime and TensorRT."""
+
+from deployfuse.errors import AccuracyError, DeployfuseError, UsageError
+from deployfuse.inputs import DynamicAxis, InputSpec
+from deployfuse.pipeline import TARGETS, ExportResult, export
+from deployfuse.report import ExportReport
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "TARGETS",
+    "AccuracyError",
+    "DeployfuseError",
+    "DynamicAxis",
+    "ExportReport",
+    "ExportResult",
+    "InputSpec",
+    "UsageError",
+    "export",
+]

@@ -1,0 +1,73 @@
+"""`deployfuse export`: fold, export, fuse and verify a PyTorch model as ONNX."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from deployfuse.cli._args import add_model_input_arguments
+from deployfuse.pipeline import DEFAULT_OPSET, PRECISIONS, TARGETS, export
+from deployfuse.report import Step
+
+EPILOG = """\
+MODEL forms:
+  model.ts / model.pt       TorchScript archive (torch.jit.save)
+  model.pt2                 torch.export program (torch.export.save); carries its example inputs
+  model.pt                  pickled module (torch.save(model)); runs code when loaded: --trust-pickle
+  pkg.module:make_model     a callable returning a module, or (module, example_inputs)
+
+examples:
+  deployfuse export resnet.ts -o resnet.onnx --input x:1x3x224x224 --dynamic x:0:batch
+  deployfuse export bert.pt2 -o bert.onnx --dynamic input_ids:0:batch --dynamic input_ids:1:seq
+  deployfuse export examples.tiny_bert:build -o bert.onnx --target ort-cuda --report bert.json
+
+exit codes: 0 exported and verified, 1 the export does not match PyTorch, 2 bad input.
+"""
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "export", help="fold BN, export to ONNX, fuse for a target, verify against PyTorch",
+        description="Fold BatchNorm, export to ONNX (dynamo, TorchScript fallback), fuse for the target, "
+        "verify against PyTorch on fresh random inputs, and write the ONNX file atomically.",
+        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("model", metavar="MODEL", help="model file or package.module:callable (see forms below)")
+    p.add_argument("-o", "--output", required=True, metavar="OUT.onnx", help="the ONNX file to write")
+    add_model_input_arguments(p)
+    p.add_argument("--target", choices=TARGETS, default="ort-cpu", help="runtime the fusions lower for (default: ort-cpu)")
+    p.add_argument("--precision", choices=list(PRECISIONS), default="fp32", help="dtype to export in (default: fp32)")
+    p.add_argument("--opset", type=int, default=DEFAULT_OPSET, metavar="N", help=f"ONNX opset (default: {DEFAULT_OPSET})")
+    p.add_argument("--rtol", type=float, metavar="R", help="verification tolerance relative to each output's max |value| (default: fp32 1e-4, fp16 1e-2, bf16 5e-2)")
+    p.add_argument("--no-fold", action="store_true", help="do not fold BatchNorm into Conv/Linear")
+    p.add_argument("--no-fuse", action="store_true", help="do not rewrite the graph into fused nodes")
+    p.add_argument("--no-verify", action="store_true", help="do not compare the ONNX model with PyTorch")
+    p.add_argument("--report", metavar="FILE.json", help="write the report (steps, times, folds, exporter, ops, errors) as JSON")
+    p.add_argument("-q", "--quiet", action="store_true", help="print only errors")
+    p.add_argument("-v", "--verbose", action="store_true", help="show warnings from torch and the exporters")
+    p.set_defaults(run=run)
+
+
+def _progress(name: str, step: Step | None) -> None:
+    if step is None:
+        print(f"{name} ...", file=sys.stderr, flush=True)
+    else:
+        print(f"{name}: {step.status} ({step.seconds:.2f} s){' - ' + step.detail if step.detail else ''}", file=sys.stderr, flush=True)
+
+
+def run(args: argparse.Namespace) -> int:
+    result = export(
+        args.model, args.output, inputs=args.inputs, example_inputs=args.example_inputs, dynamic=args.dynamic,
+        target=args.target, precision=args.precision, opset=args.opset, fold=not args.no_fold, fuse=not args.no_fuse,
+        verify=not args.no_verify, trust_pickle=args.trust_pickle, report_path=args.report, rtol=args.rtol,
+        progress=None if args.quiet else _progress,
+    )
+    if not args.quiet:
+        print(result.report.table())
+        if result.report.fusion and "table" in result.report.fusion:
+            print(result.report.fusion["table"])
+        print(f"\nwrote {result.onnx_path}" + (f" and {result.report_path}" if result.report_path else ""))
+    return 0
+
+
+__all__ = ["register", "run"]

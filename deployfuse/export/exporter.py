@@ -1,0 +1,99 @@
+"""Export a module to ONNX: the dynamo exporter first, the TorchScript exporter as fallback.
+
+Several real models (T5 encoders, Swin, TorchScript archives) fail `torch.export` today; the
+TorchScript exporter still handles most of them, so a dynamo failure is recorded, not fatal.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import onnx
+import torch
+
+from deployfuse.errors import DeployfuseError
+from deployfuse.inputs import DynamicAxis, Inputs
+from deployfuse.loading import LoadedModel
+
+EXPORTERS = ("dynamo", "torchscript")
+
+
+@dataclass
+class ExportAttempt:
+    """One exporter's try: which, and why it failed (None when it worked)."""
+
+    exporter: str
+    error: str | None = None
+
+
+def _axes(dynamic: Sequence[DynamicAxis], inputs: Inputs) -> dict[str, dict[int, str]]:
+    axes: dict[str, dict[int, str]] = {}
+    for d in dynamic:
+        axes.setdefault(d.name, {})[d.axis % inputs[d.name].dim()] = d.label
+    return axes
+
+
+def _dynamo(loaded: LoadedModel, inputs: Inputs, dynamic: Sequence[DynamicAxis], output_names: list[str], opset: int) -> onnx.ModelProto:
+    args, kwargs = loaded.call_arguments(inputs)
+    axes = _axes(dynamic, inputs)
+    shapes: dict[str, object] | tuple[object, ...] | None = None
+    if axes:
+        if kwargs:
+            shapes = {name: axes.get(name) for name in kwargs}
+        else:
+            shapes = tuple(axes.get(name) for name in loaded.input_names if name in inputs)
+    program = torch.onnx.export(
+        loaded.module, args, kwargs=kwargs or None, dynamo=True, dynamic_shapes=shapes,
+        output_names=output_names, opset_version=opset, optimize=True, verbose=False,
+    )
+    return program.model_proto
+
+
+def _torchscript(loaded: LoadedModel, inputs: Inputs, dynamic: Sequence[DynamicAxis], output_names: list[str], opset: int) -> onnx.ModelProto:
+    args, kwargs = loaded.call_arguments(inputs)
+    if kwargs:  # the TorchScript exporter takes trailing keyword inputs as a dict at the end of args
+        args = (*args, kwargs)
+    names = list(inputs)
+    buffer = io.BytesIO()
+    torch.onnx.export(
+        loaded.module, args, buffer, dynamo=False, input_names=names, output_names=output_names,
+        dynamic_axes=_axes(dynamic, inputs) or None, opset_version=min(opset, 20), do_constant_folding=True,
+    )
+    return onnx.load_from_string(buffer.getvalue())
+
+
+def to_onnx(
+    loaded: LoadedModel,
+    inputs: Inputs,
+    dynamic: Sequence[DynamicAxis],
+    output_names: list[str],
+    opset: int,
+    exporters: Sequence[str] = EXPORTERS,
+) -> tuple[onnx.ModelProto, list[ExportAttempt]]:
+    """Export with the first exporter that works; return the model and every attempt.
+
+    Raises DeployfuseError naming each exporter's failure when none works.
+    """
+    attempts: list[ExportAttempt] = []
+    for exporter in exporters:
+        run = _dynamo if exporter == "dynamo" else _torchscript
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                model = run(loaded, inputs, dynamic, output_names, opset)
+        except Exception as exc:  # exporters raise anything from torch internals
+            attempts.append(ExportAttempt(exporter, _first_line(exc)))
+            continue
+        attempts.append(ExportAttempt(exporter))
+        return model, attempts
+    detail = "; ".join(f"{a.exporter}: {a.error}" for a in attempts)
+    raise DeployfuseError(f"no exporter could export the model ({detail})")
+
+
+def _first_line(exc: BaseException) -> str:
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(exc)).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"[:400]

@@ -1,0 +1,305 @@
+"""`deployfuse.export`: load, fold, export, clean, fuse, verify, save — the product's spine.
+
+Each step is timed and reported. Bad input raises UsageError before anything is written; an
+artefact that does not match PyTorch raises AccuracyError and is not written either (the
+report, when asked for, is written in both cases so the failure can be read).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import torch
+
+from deployfuse.backends import ort as ort_backend
+from deployfuse.errors import AccuracyError, DeployfuseError, UsageError
+from deployfuse.export import EXPORTERS, clean, flatten_outputs, to_onnx
+from deployfuse.inputs import DynamicAxis, InputSpec, Inputs, make_inputs, resized, specs_of
+from deployfuse.io import check_writable_target, write_text_atomic
+from deployfuse.loading import LoadedModel, load_model
+from deployfuse.report import ExportReport, Step
+from deployfuse.verify import DEFAULT_RTOL, compare_outputs, to_numpy
+
+TARGETS = ("ort-cpu", "ort-cuda", "tensorrt")
+PRECISIONS = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+DEFAULT_OPSET = 20
+EXTERNAL_DATA_THRESHOLD = 2 * 1024**3  # protobuf cannot serialise a model above 2 GiB
+
+Progress = Callable[[str, Step | None], None]  # (step name, None when it starts / the Step when it ends)
+
+
+@dataclass
+class ExportResult:
+    """What `export` produced: the ONNX file, the report, and where the report went."""
+
+    onnx_path: Path
+    report: ExportReport
+    report_path: Path | None = None
+
+
+class _Steps:
+    """Times steps, records them in the report and tells the progress callback."""
+
+    def __init__(self, report: ExportReport, progress: Progress | None):
+        self.report, self.progress = report, progress
+
+    @contextmanager
+    def step(self, name: str) -> Iterator[Step]:
+        if self.progress:
+            self.progress(name, None)
+        record = Step(name, "ok", 0.0)
+        start = time.perf_counter()
+        try:
+            yield record
+        except BaseException as exc:
+            record.status = "failed"
+            record.detail = record.detail or (str(exc).splitlines() or [type(exc).__name__])[0]
+            raise
+        finally:
+            record.seconds = time.perf_counter() - start
+            self.report.steps.append(record)
+            if self.progress:
+                self.progress(name, record)
+
+    def skip(self, name: str, why: str) -> None:
+        record = Step(name, "skipped", 0.0, why)
+        self.report.steps.append(record)
+        if self.progress:
+            self.progress(name, record)
+
+
+def export(
+    model: str | os.PathLike[str] | torch.nn.Module,
+    output: str | os.PathLike[str],
+    *,
+    inputs: Sequence[InputSpec] = (),
+    example_inputs: str | os.PathLike[str] | Sequence[torch.Tensor] | Mapping[str, torch.Tensor] | None = None,
+    dynamic: Sequence[DynamicAxis] = (),
+    target: str = "ort-cpu",
+    precision: str = "fp32",
+    opset: int | None = None,
+    fold: bool = True,
+    fuse: bool = True,
+    verify: bool = True,
+    trust_pickle: bool = False,
+    report_path: str | os.PathLike[str] | None = None,
+    rtol: float | None = None,
+    progress: Progress | None = None,
+) -> ExportResult:
+    """Export `model` to a fused, verified ONNX file at `output`.
+
+    Args:
+        model: a model file (TorchScript, .pt2, pickled module), `package.module:callable`,
+            or an `nn.Module`.
+        output: the ONNX path to write (atomically).
+        inputs: shapes and dtypes to make random inputs from (`--input`).
+        example_inputs: a `torch.save`d tuple/dict of tensors, or the tensors themselves.
+        dynamic: axes that vary at run time (`--dynamic`); verified at a second shape too.
+        target: "ort-cpu", "ort-cuda" or "tensorrt": which ops the fusions may emit.
+        precision: "fp32", "fp16" or "bf16": the dtype the model is exported in.
+        opset: the ONNX opset; default 20.
+        fold, fuse, verify: run those steps.
+        trust_pickle: allow loading a pickled module (runs code from the file).
+        report_path: write the JSON report there.
+        rtol: verification tolerance relative to each output's max |value|.
+        progress: called when each step starts and ends.
+
+    Raises:
+        UsageError: bad input; nothing is written.
+        AccuracyError: the export does not match PyTorch; the ONNX file is not written.
+    """
+    if target not in TARGETS:
+        raise UsageError(f"unknown target {target!r}; choose one of {', '.join(TARGETS)}")
+    if precision not in PRECISIONS:
+        raise UsageError(f"unknown precision {precision!r}; choose one of {', '.join(PRECISIONS)}")
+    out_path = check_writable_target(output)
+    report_file = check_writable_target(report_path) if report_path is not None else None
+    report = ExportReport(str(model) if not isinstance(model, torch.nn.Module) else type(model).__name__, str(out_path), target, precision, opset or DEFAULT_OPSET)
+    steps = _Steps(report, progress)
+    try:
+        _run(model, out_path, report, steps, inputs, example_inputs, dynamic, fold, fuse, verify, trust_pickle, rtol)
+    except DeployfuseError as exc:
+        report.error = str(exc)
+        if report_file is not None and not isinstance(exc, UsageError):
+            write_text_atomic(report_file, json.dumps(report.to_dict(), indent=2))
+        raise
+    if report_file is not None:
+        write_text_atomic(report_file, json.dumps(report.to_dict(), indent=2))
+    return ExportResult(out_path, report, report_file)
+
+
+def _run(model, out_path, report, steps, specs, example_inputs, dynamic, fold, fuse, verify, trust_pickle, rtol) -> None:  # noqa: PLR0913
+    with steps.step("load") as step:
+        loaded = load_model(model, trust_pickle=trust_pickle)
+        report.form = step.detail = loaded.form
+        example = _example_inputs(loaded, specs, example_inputs)
+        dtype = PRECISIONS[report.precision]
+        if dtype != torch.float32:
+            loaded.module.to(dtype)
+            example = {k: v.to(dtype) if v.is_floating_point() else v for k, v in example.items()}
+        # References come from the unfolded model, so verification also checks the fold.
+        reference = _reference_run(loaded, example)
+        output_names = list(reference)
+        checks = [example] if not verify else _verification_inputs(loaded, example, dynamic)
+        references = [_reference_run(loaded, x) for x in checks] if verify else []
+
+    if fold:
+        with steps.step("fold") as step:
+            from deployfuse.fold import fold_batchnorm
+
+            fold_report = fold_batchnorm(loaded.module)
+            report.fold = fold_report.to_dict()
+            step.detail = ", ".join(f"{k} {v}" for k, v in fold_report.counts.items()) or "nothing to fold"
+    else:
+        steps.skip("fold", "--no-fold")
+
+    with steps.step("export") as step:
+        # torch.export cannot trace TorchScript, so archives go straight to the TorchScript exporter.
+        exporters = ("torchscript",) if loaded.form == "torchscript" else EXPORTERS
+        onnx_model, attempts = to_onnx(loaded, _traceable(example, dynamic), dynamic, output_names, report.opset, exporters)
+        report.export_attempts = [vars(a) for a in attempts]
+        report.exporter = attempts[-1].exporter
+        step.detail = report.exporter + (" (the dynamo exporter failed: see the report)" if len(attempts) > 1 else "")
+
+    with steps.step("clean") as step:
+        onnx_model = clean(onnx_model)
+        step.detail = f"{len(onnx_model.graph.node)} nodes"
+
+    if fuse and _has_rewrite():
+        with steps.step("fuse") as step:
+            from deployfuse.rewrite import fuse as fuse_graph
+
+            feeds = [{k: to_numpy(v) for k, v in x.items()} for x in checks]
+            onnx_model, fusion = fuse_graph(onnx_model, report.target, feeds)
+            report.fusion = fusion.to_dict()
+            step.detail = f"{len(onnx_model.graph.node)} nodes"
+    else:
+        steps.skip("fuse", "--no-fuse" if not fuse else "fusion rules not installed")
+    report.op_histogram = dict(Counter(f"{n.domain + '.' if n.domain else ''}{n.op_type}" for n in onnx_model.graph.node).most_common())
+
+    if verify:
+        with steps.step("verify") as step:
+            tolerance = rtol if rtol is not None else DEFAULT_RTOL[report.precision]
+            _verify(onnx_model, checks, references, tolerance, report)
+            worst = max(o["max_rel_error"] for v in report.verify for o in v["outputs"])
+            step.detail = f"{len(checks)} shape(s), worst relative error {worst:.2e}"
+            if not all(o["passed"] for v in report.verify for o in v["outputs"]):
+                failed = [o["name"] for v in report.verify for o in v["outputs"] if not o["passed"]]
+                raise AccuracyError(f"ONNX output differs from PyTorch beyond tolerance (rtol {tolerance:g}): {', '.join(dict.fromkeys(failed))}")
+    else:
+        steps.skip("verify", "--no-verify")
+
+    with steps.step("save") as step:
+        size = save_model(onnx_model, out_path)
+        step.detail = f"{out_path.name}, {size / 1e6:.1f} MB"
+
+
+def _has_rewrite() -> bool:
+    try:
+        from deployfuse.rewrite import fuse  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _example_inputs(loaded: LoadedModel, specs: Sequence[InputSpec], example_inputs: Any) -> Inputs:
+    if specs:
+        unknown = [s.name for s in specs if loaded.input_names and s.name not in loaded.input_names]
+        if unknown:
+            raise UsageError(f"--input {', '.join(unknown)}: the model's inputs are {', '.join(loaded.input_names)}")
+        return make_inputs(specs, loaded.module)
+    if example_inputs is not None:
+        if isinstance(example_inputs, (str, os.PathLike)):
+            path = Path(example_inputs)
+            if not path.is_file():
+                raise UsageError(f"example inputs file not found: {path}")
+            try:
+                example_inputs = torch.load(str(path), map_location="cpu", weights_only=True)
+            except Exception as exc:
+                raise UsageError(f"could not load example inputs from {path}: {str(exc).splitlines()[0]}") from exc
+        return loaded.name_inputs(example_inputs)
+    if loaded.example_inputs is not None:
+        return loaded.example_inputs
+    names = ", ".join(loaded.input_names) or "the model's inputs"
+    raise UsageError(f"no inputs to export with: give --input NAME:SHAPE[:DTYPE] for {names}, or --example-inputs FILE.pt")
+
+
+def _reference_run(loaded: LoadedModel, inputs: Inputs) -> dict[str, torch.Tensor]:
+    try:
+        outputs = flatten_outputs(loaded(inputs))
+    except Exception as exc:
+        shapes = ", ".join(f"{k}:{'x'.join(map(str, v.shape))}:{str(v.dtype).removeprefix('torch.')}" for k, v in inputs.items())
+        raise UsageError(f"the model rejects inputs {shapes}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from exc
+    if not outputs:
+        raise UsageError("the model returned no tensors")
+    return {k: v.clone() for k, v in outputs.items()}
+
+
+def _verification_inputs(loaded: LoadedModel, example: Inputs, dynamic: Sequence[DynamicAxis]) -> list[Inputs]:
+    """Fresh random inputs at the example's shapes, and at a second shape when axes are dynamic."""
+    specs = specs_of(example)
+    shapes = [specs] + ([resized(specs, dynamic)] if dynamic else [])
+    return [make_inputs(s, loaded.module) for s in shapes]
+
+
+def _traceable(example: Inputs, dynamic: Sequence[DynamicAxis]) -> Inputs:
+    """The example with dynamic axes of size 1 doubled (by repetition, so values stay valid).
+
+    torch.export specialises size-1 dimensions to constants; tracing at 2 keeps them dynamic.
+    """
+    traced = dict(example)
+    for d in dynamic:
+        t = traced[d.name]
+        if t.shape[d.axis] == 1:
+            traced[d.name] = torch.cat([t, t], dim=d.axis)
+    return traced
+
+
+def _verify(model: onnx.ModelProto, checks: list[Inputs], references: list[dict[str, torch.Tensor]], rtol: float, report: ExportReport) -> None:
+    try:
+        session = ort_backend.session(model)
+    except Exception as exc:
+        raise AccuracyError(f"ONNX Runtime cannot load the exported model: {str(exc).splitlines()[0]}") from exc
+    for inputs, reference in zip(checks, references):
+        outputs = ort_backend.run(session, {k: to_numpy(v) for k, v in inputs.items()})
+        missing = [k for k in reference if k not in outputs]
+        if missing:
+            raise AccuracyError(f"the ONNX model lacks outputs {', '.join(missing)}")
+        results = compare_outputs(reference, outputs, rtol)
+        report.verify.append({"shapes": {k: list(v.shape) for k, v in inputs.items()}, "outputs": [r.to_dict() for r in results]})
+
+
+def save_model(model: onnx.ModelProto, path: Path, external_data_threshold: int = EXTERNAL_DATA_THRESHOLD) -> int:
+    """Write `model` atomically; weights go to `<name>.data` beside it above the threshold.
+
+    Returns the bytes written. Both files are written in a temporary folder beside the
+    target and renamed into place only when complete.
+    """
+    weights = sum(len(t.raw_data) for t in model.graph.initializer)
+    external = weights > external_data_threshold
+    data_name = path.name + ".data"
+    with tempfile.TemporaryDirectory(prefix=f".{path.name}.", dir=path.parent) as tmp:
+        tmp_model = Path(tmp) / path.name
+        if external:
+            onnx.save_model(model, tmp_model, save_as_external_data=True, all_tensors_to_one_file=True, location=data_name, size_threshold=1024)
+            os.replace(Path(tmp) / data_name, path.parent / data_name)
+        else:
+            onnx.save_model(model, tmp_model)
+        size = tmp_model.stat().st_size + ((path.parent / data_name).stat().st_size if external else 0)
+        os.replace(tmp_model, path)
+    return size
+
+
+__all__ = ["ExportResult", "TARGETS", "export", "save_model"]

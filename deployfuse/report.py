@@ -1,0 +1,52 @@
+"""The export report: what each step did and how long it took, as a table and as JSON."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass
+class Step:
+    """One pipeline step: its status ("ok", "skipped", "failed"), time and a short detail."""
+
+    name: str
+    status: str
+    seconds: float
+    detail: str = ""
+
+
+@dataclass
+class ExportReport:
+    """Everything `deployfuse export` learnt, in the shape `--report` writes."""
+
+    model: str
+    output: str
+    target: str
+    precision: str
+    opset: int
+    form: str = ""
+    steps: list[Step] = field(default_factory=list)
+    fold: dict[str, Any] | None = None
+    exporter: str | None = None
+    export_attempts: list[dict[str, Any]] = field(default_factory=list)
+    op_histogram: dict[str, int] = field(default_factory=dict)
+    fusion: dict[str, Any] | None = None
+    verify: list[dict[str, Any]] = field(default_factory=list)
+    error: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def table(self) -> str:
+        """The summary the CLI prints: steps, then verification per output."""
+        lines = [f"{'step':<8} {'status':<8} {'time':>8}  detail"]
+        lines += [f"{s.name:<8} {s.status:<8} {s.seconds:>7.2f}s  {s.detail}" for s in self.steps]
+        for check in self.verify:
+            shapes = ", ".join(f"{k}={'x'.join(map(str, v))}" for k, v in check["shapes"].items())
+            lines.append(f"\nverify at {shapes}")
+            lines.append(f"  {'output':<28} {'max abs err':>12} {'max rel err':>12} {'tolerance':>10}  result")
+            for o in check["outputs"]:
+                verdict = "ok" if o["passed"] else "FAIL"
+                lines.append(f"  {o['name']:<28} {o['max_abs_error']:>12.3e} {o['max_rel_error']:>12.3e} {o['tolerance']:>10.1e}  {verdict}")
+        return "\n".join(lines)

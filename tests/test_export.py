@@ -1,0 +1,126 @@
+"""`deployfuse export` end to end on real models: every MODEL form, dynamic axes, the report.
+
+Each exported file is checked again here, independently of deployfuse's own verification:
+ORT with graph optimisations off against the original PyTorch module on fresh random inputs.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import zoo
+from conftest import assert_onnx_matches_torch
+
+import deployfuse
+from deployfuse.inputs import DynamicAxis, make_inputs, resized, specs_of
+
+
+@pytest.mark.parametrize("name", ["bert", "gpt2", "vit", "resnet18"])
+def test_zoo_model_exports_and_matches_pytorch_at_two_shapes(name, tmp_path):
+    entry = zoo.ZOO[name]
+    module, example = entry.build()
+    out = tmp_path / f"{name}.onnx"
+    result = deployfuse.export(module, out, example_inputs=example, dynamic=entry.dynamic, fuse=False)
+
+    assert out.is_file() and result.report.exporter == "dynamo"
+    assert len(result.report.verify) == 2, "a dynamic export is verified at a second shape"
+    assert result.report.verify[0]["shapes"] != result.report.verify[1]["shapes"]
+    for shape in (specs_of(example), resized(specs_of(example), entry.dynamic, grow=2)):
+        assert_onnx_matches_torch(out, module, make_inputs(shape, module))
+
+
+def test_factory_form_with_example_inputs_and_report(cli, tmp_path):
+    out, report = tmp_path / "bert.onnx", tmp_path / "bert.json"
+    code, stdout, _ = cli("export", "examples.tiny_bert:build", "-o", out, "--report", report, "--no-fuse",
+                          "--dynamic", "input_ids:1:seq", "--dynamic", "attention_mask:1:seq")
+    assert code == 0, stdout
+    data = json.loads(report.read_text())
+    assert data["form"] == "factory" and data["exporter"] == "dynamo"
+    assert [s["name"] for s in data["steps"]] == ["load", "fold", "export", "clean", "fuse", "verify", "save"]
+    assert all(s["seconds"] >= 0 for s in data["steps"]) and data["op_histogram"]["MatMul"] > 0
+    assert {o["name"] for o in data["verify"][0]["outputs"]} == {"last_hidden_state", "pooler_output"}
+    assert "last_hidden_state" in stdout and "wrote" in stdout
+
+    from examples.tiny_bert import build
+
+    module, example = build()
+    assert_onnx_matches_torch(out, module, make_inputs(resized(specs_of(example), [DynamicAxis("input_ids", 1, "seq"), DynamicAxis("attention_mask", 1, "seq")]), module))
+
+
+def _resnet(tmp_path):
+    module, example = zoo.resnet18()
+    return module, example["x"]
+
+
+def test_torchscript_archive(cli, tmp_path):
+    module, x = _resnet(tmp_path)
+    path = tmp_path / "r.ts"
+    torch.jit.save(torch.jit.trace(module, x), path)
+    out = tmp_path / "r.onnx"
+    code, stdout, err = cli("export", path, "-o", out, "--input", "x:1x3x64x64", "--dynamic", "x:0:batch", "--no-fuse")
+    assert code == 0, err
+    assert "torchscript" in stdout
+    assert_onnx_matches_torch(out, module, {"x": torch.randn(3, 3, 64, 64)})
+
+
+def test_exported_program_carries_its_example_inputs(cli, tmp_path):
+    module, x = _resnet(tmp_path)
+    path = tmp_path / "r.pt2"
+    torch.export.save(torch.export.export(module, (x,)), path)
+    out = tmp_path / "r.onnx"
+    code, _, err = cli("export", path, "-o", out, "--no-fuse")
+    assert code == 0, err
+    assert_onnx_matches_torch(out, module, {"x": torch.randn(2, 3, 64, 64)})
+
+
+def test_pickled_module_needs_trust_pickle(cli, tmp_path):
+    module, x = _resnet(tmp_path)
+    path, inputs = tmp_path / "r.pt", tmp_path / "in.pt"
+    torch.save(module, path)
+    torch.save((x,), inputs)
+    out = tmp_path / "r.onnx"
+    code, _, err = cli("export", path, "-o", out, "--example-inputs", inputs)
+    assert code == 2 and "--trust-pickle" in err and not out.exists()
+    code, _, err = cli("export", path, "-o", out, "--example-inputs", inputs, "--trust-pickle", "--no-fuse")
+    assert code == 0, err
+    assert_onnx_matches_torch(out, module, {"x": torch.randn(2, 3, 64, 64)})
+
+
+def test_batch_of_one_stays_dynamic(tmp_path):
+    module, example = zoo.gpt2()
+    ids = example["input_ids"][:1]
+    out = tmp_path / "g.onnx"
+    deployfuse.export(module, out, example_inputs={"input_ids": ids}, dynamic=zoo.ZOO["gpt2"].dynamic, fuse=False)
+    assert_onnx_matches_torch(out, module, {"input_ids": torch.randint(0, 512, (4, 9))})
+
+
+class _Noisy(torch.nn.Module):
+    """Adds fresh noise on every call: no export can reproduce it, so verification must fail."""
+
+    def forward(self, x):
+        return x + torch.rand_like(x)
+
+
+def test_accuracy_failure_exits_1_and_writes_no_model(cli, tmp_path):
+    path, out, report = tmp_path / "noisy.pt", tmp_path / "noisy.onnx", tmp_path / "noisy.json"
+    torch.save(_Noisy(), path)
+    code, _, err = cli("export", path, "-o", out, "--input", "x:4x8", "--trust-pickle", "--report", report)
+    assert code == 1, err
+    assert "differs from PyTorch" in err and not out.exists()
+    assert json.loads(report.read_text())["error"]
+
+
+def test_large_models_use_external_data(tmp_path):
+    from deployfuse.pipeline import save_model
+
+    module = torch.nn.Linear(64, 32)
+    x = torch.randn(2, 64)
+    out = tmp_path / "lin.onnx"
+    deployfuse.export(module, out, example_inputs=(x,), fuse=False)
+    import onnx
+
+    save_model(onnx.load(out), tmp_path / "ext.onnx", external_data_threshold=1024)
+    assert (tmp_path / "ext.onnx.data").stat().st_size >= 64 * 32 * 4
+    assert_onnx_matches_torch(tmp_path / "ext.onnx", module, {"input": torch.randn(3, 64)})

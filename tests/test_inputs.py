@@ -1,0 +1,53 @@
+"""Parsing of --input / --dynamic and the validity of random inputs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from deployfuse.errors import UsageError
+from deployfuse.inputs import DynamicAxis, InputSpec, make_inputs, resized
+
+
+def test_input_spec_parses_shape_and_dtype():
+    spec = InputSpec.parse("input_ids:2x128:int64")
+    assert (spec.name, spec.shape, spec.dtype) == ("input_ids", (2, 128), torch.int64)
+    assert InputSpec.parse("pixel_values:1x3x224x224").dtype == torch.float32
+
+
+@pytest.mark.parametrize("text", ["x", "x:", "x:1xax3", "x:0x3", "x:1x3:float99", "1x:1x3", "x:1x3:fp32:extra"])
+def test_malformed_input_spec_is_a_usage_error(text):
+    with pytest.raises(UsageError, match="--input"):
+        InputSpec.parse(text)
+
+
+@pytest.mark.parametrize("text", ["x:0", "x:a:batch", "x:0:", ":0:batch"])
+def test_malformed_dynamic_is_a_usage_error(text):
+    with pytest.raises(UsageError, match="--dynamic"):
+        DynamicAxis.parse(text)
+
+
+def test_token_ids_stay_inside_the_smallest_embedding():
+    module = torch.nn.Sequential(torch.nn.Embedding(7, 4), torch.nn.Embedding(50, 4))
+    ids = make_inputs([InputSpec("input_ids", (64, 64), torch.int64)], module)["input_ids"]
+    assert 0 <= int(ids.min()) and int(ids.max()) < 7
+    assert len(ids.unique()) > 1
+
+
+def test_masks_are_ones_and_floats_are_random():
+    got = make_inputs([InputSpec("attention_mask", (2, 5), torch.int64), InputSpec("x", (3, 4))], torch.nn.Identity())
+    assert torch.equal(got["attention_mask"], torch.ones(2, 5, dtype=torch.int64))
+    assert got["x"].std() > 0
+
+
+def test_resized_changes_every_axis_of_a_label_alike():
+    specs = [InputSpec("ids", (2, 16), torch.int64), InputSpec("mask", (2, 16), torch.int64)]
+    dynamic = [DynamicAxis("ids", 1, "seq"), DynamicAxis("mask", 1, "seq"), DynamicAxis("ids", 0, "batch")]
+    ids, mask = resized(specs, dynamic)
+    assert ids.shape[1] == mask.shape[1] != 16
+    assert ids.shape[0] != 2 and mask.shape[0] == 2
+
+
+def test_dynamic_axis_of_unknown_input_is_a_usage_error():
+    with pytest.raises(UsageError, match="not among the inputs"):
+        resized([InputSpec("x", (1, 3))], [DynamicAxis("y", 0, "batch")])
