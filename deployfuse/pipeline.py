@@ -159,7 +159,7 @@ def _run(model, out_path, report, steps, specs, example_inputs, dynamic, fold, f
         with steps.step("fold") as step:
             from deployfuse.fold import fold_batchnorm
 
-            fold_report = fold_batchnorm(loaded.module)
+            fold_report = fold_batchnorm(loaded.module, example)
             report.fold = fold_report.to_dict()
             step.detail = ", ".join(f"{k} {v}" for k, v in fold_report.counts.items()) or "nothing to fold"
     else:

@@ -6,12 +6,14 @@ custom-op library is registered, so every stage runs the model the same way.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
 import onnx
 
+CUDA_OPTIONS_KEY = "deployfuse.cuda_provider_options"  # model metadata: JSON of CUDA EP options the artefact was tuned with
 PROVIDERS = {"ort-cpu": ["CPUExecutionProvider"], "ort-cuda": ["CUDAExecutionProvider", "CPUExecutionProvider"]}
 
 
@@ -42,11 +44,28 @@ def session(
         options.intra_op_num_threads = threads
     if custom_ops_library is not None:
         options.register_custom_ops_library(str(custom_ops_library))
+    if "CUDAExecutionProvider" in providers:
+        cuda_options = artefact_provider_options(model if isinstance(model, (onnx.ModelProto, str, Path)) else onnx.load_from_string(model))
+        providers = [("CUDAExecutionProvider", cuda_options) if p == "CUDAExecutionProvider" else p for p in providers]
     if isinstance(model, onnx.ModelProto):
         model = model.SerializeToString()
     elif isinstance(model, Path):
         model = str(model)
     return ort.InferenceSession(model, sess_options=options, providers=list(providers))
+
+
+def artefact_provider_options(model: onnx.ModelProto | str | Path) -> dict[str, str]:
+    """The CUDA EP options stored in the model's metadata by `deployfuse export --target ort-cuda`.
+
+    They travel inside the artefact, so every session deployfuse makes (and any user who reads
+    them) runs the model as it was measured.
+    """
+    if not isinstance(model, onnx.ModelProto):
+        model = onnx.load(str(model), load_external_data=False)
+    for prop in model.metadata_props:
+        if prop.key == CUDA_OPTIONS_KEY:
+            return {str(k): str(v) for k, v in json.loads(prop.value).items()}
+    return {}
 
 
 def run(sess, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:

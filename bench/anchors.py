@@ -1,0 +1,93 @@
+"""The graphs deployfuse is measured against, made from one export of one model.
+
+`build` makes the benchmark models (real architectures from their library configs, random
+weights); `variants` writes the ONNX files a user could pick instead of deployfuse: the plain
+dynamo export, the ORT transformers optimizer's output, onnxscript's `optimize_for_ort`
+output, and deployfuse's own export for a target. A variant that cannot be made maps to its
+error message instead of a path.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+# name -> (ORT transformers optimizer model type, heads, hidden size)
+ORT_OPT_TYPES = {"bert": ("bert", 12, 768), "vit": ("vit", 12, 768), "gpt2": ("gpt2", 12, 768)}
+
+
+def build(name: str, batch: int, seq: int = 128) -> tuple[torch.nn.Module, dict[str, torch.Tensor]]:
+    """BERT-base, ViT-B/16 (224), GPT-2 (124M) or ResNet-50, with inputs of the given batch."""
+    torch.manual_seed(0)
+    if name == "resnet50":
+        import torchvision
+
+        return torchvision.models.resnet50().eval(), {"x": torch.randn(batch, 3, 224, 224)}
+    import transformers
+
+    if name == "bert":
+        cfg = transformers.BertConfig()
+        ids = torch.randint(0, cfg.vocab_size, (batch, seq))
+        return transformers.BertModel(cfg, add_pooling_layer=False).eval(), {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    if name == "vit":
+        return transformers.ViTModel(transformers.ViTConfig(), add_pooling_layer=False).eval(), {"pixel_values": torch.randn(batch, 3, 224, 224)}
+    if name == "gpt2":
+        cfg = transformers.GPT2Config(use_cache=False)
+        return transformers.GPT2Model(cfg).eval(), {"input_ids": torch.randint(0, cfg.vocab_size, (batch, seq))}
+    raise ValueError(f"unknown model {name}")
+
+
+def _error(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"[:300]
+
+
+def variants(name: str, module: torch.nn.Module, inputs: dict[str, torch.Tensor], workdir: Path, target: str, precision: str) -> dict[str, Path | str]:
+    """ONNX files for ort-plain, ort-opt, onnxscript and deployfuse (or why each failed).
+
+    `module` and `inputs` are already in the benchmark's dtype and device.
+    """
+    out: dict[str, Path | str] = {}
+    plain = workdir / f"{name}_{precision}_plain.onnx"
+    try:
+        torch.onnx.export(module, (), str(plain), kwargs=inputs, dynamo=True, opset_version=20, optimize=True)
+        out["ort-plain"] = plain
+    except Exception as exc:
+        return dict.fromkeys(("ort-plain", "ort-opt", "onnxscript", "deployfuse"), f"export failed: {_error(exc)}")
+
+    if name in ORT_OPT_TYPES:
+        try:
+            from onnxruntime.transformers.optimizer import optimize_model
+
+            model_type, heads, hidden = ORT_OPT_TYPES[name]
+            optimized = optimize_model(str(plain), model_type=model_type, num_heads=heads, hidden_size=hidden, opt_level=0, use_gpu=target != "ort-cpu")
+            path = workdir / f"{name}_{precision}_ortopt.onnx"
+            optimized.save_model_to_file(str(path))
+            out["ort-opt"] = path
+        except Exception as exc:
+            out["ort-opt"] = _error(exc)
+    else:
+        out["ort-opt"] = "the ORT transformers optimizer has no model type for this architecture"
+
+    try:
+        import onnx_ir as ir
+        from onnxscript.rewriter.ort_fusions import optimize_for_ort
+
+        model = ir.load(str(plain))
+        optimize_for_ort(model)
+        path = workdir / f"{name}_{precision}_onnxscript.onnx"
+        ir.save(model, str(path))
+        out["onnxscript"] = path
+    except Exception as exc:
+        out["onnxscript"] = _error(exc)
+
+    try:
+        import deployfuse
+
+        path = workdir / f"{name}_{precision}_deployfuse.onnx"
+        deployfuse.export(module, path, example_inputs=inputs, target=target, precision=precision, verify=False)
+        out["deployfuse"] = path
+    except Exception as exc:
+        out["deployfuse"] = _error(exc)
+    return out
