@@ -161,7 +161,7 @@ def _run(model, out_path, report, steps, specs, example_inputs, dynamic, fold, f
 
             fold_report = fold_batchnorm(loaded.module, example)
             report.fold = fold_report.to_dict()
-            step.detail = ", ".join(f"{k} {v}" for k, v in fold_report.counts.items()) or "nothing to fold"
+            step.detail = ", ".join(f"{k} {v}" for k, v in fold_report.counts.items() if v) or "nothing to fold"
     else:
         steps.skip("fold", "--no-fold")
 

@@ -25,6 +25,9 @@ def test_zoo_model_exports_and_matches_pytorch_at_two_shapes(name, tmp_path):
     result = deployfuse.export(module, out, example_inputs=example, dynamic=entry.dynamic, fuse=False)
 
     assert out.is_file() and result.report.exporter == "dynamo"
+    if name == "resnet18":  # every BN folded into its conv before export
+        assert result.report.fold["counts"]["conv-bn"] == 20
+        assert "BatchNormalization" not in result.report.op_histogram
     assert len(result.report.verify) == 2, "a dynamic export is verified at a second shape"
     assert result.report.verify[0]["shapes"] != result.report.verify[1]["shapes"]
     for shape in (specs_of(example), resized(specs_of(example), entry.dynamic, grow=2)):
