@@ -1,5 +1,6 @@
 """deployfuse: export PyTorch models to fused, verified ONNX for ONNX Runtime and TensorRT."""
 
+from deployfuse.build import BuildResult, build_engine
 from deployfuse.errors import AccuracyError, DeployfuseError, UsageError
 from deployfuse.inputs import DynamicAxis, InputSpec
 from deployfuse.pipeline import TARGETS, ExportResult, export
@@ -10,11 +11,13 @@ __version__ = "0.1.0"
 __all__ = [
     "TARGETS",
     "AccuracyError",
+    "BuildResult",
     "DeployfuseError",
     "DynamicAxis",
     "ExportReport",
     "ExportResult",
     "InputSpec",
     "UsageError",
+    "build_engine",
     "export",
 ]

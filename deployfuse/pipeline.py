@@ -23,6 +23,7 @@ import numpy as np
 import onnx
 import torch
 
+from deployfuse import metadata
 from deployfuse.backends import ort as ort_backend
 from deployfuse.errors import AccuracyError, DeployfuseError, UsageError
 from deployfuse.export import EXPORTERS, clean, flatten_outputs, to_onnx
@@ -187,6 +188,7 @@ def _run(model, out_path, report, steps, specs, example_inputs, dynamic, fold, f
             step.detail = f"{len(onnx_model.graph.node)} nodes"
     else:
         steps.skip("fuse", "--no-fuse" if not fuse else "fusion rules not installed")
+    metadata.write(onnx_model, metadata.INPUT_SHAPES, {k: list(v.shape) for k, v in example.items()})
     report.op_histogram = dict(Counter(f"{n.domain + '.' if n.domain else ''}{n.op_type}" for n in onnx_model.graph.node).most_common())
 
     if verify:

@@ -6,14 +6,14 @@ custom-op library is registered, so every stage runs the model the same way.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
 import onnx
 
-CUDA_OPTIONS_KEY = "deployfuse.cuda_provider_options"  # model metadata: JSON of CUDA EP options the artefact was tuned with
+from deployfuse import metadata
+
 PROVIDERS = {"ort-cpu": ["CPUExecutionProvider"], "ort-cuda": ["CUDAExecutionProvider", "CPUExecutionProvider"]}
 
 
@@ -62,10 +62,8 @@ def artefact_provider_options(model: onnx.ModelProto | str | Path) -> dict[str, 
     """
     if not isinstance(model, onnx.ModelProto):
         model = onnx.load(str(model), load_external_data=False)
-    for prop in model.metadata_props:
-        if prop.key == CUDA_OPTIONS_KEY:
-            return {str(k): str(v) for k, v in json.loads(prop.value).items()}
-    return {}
+    options = metadata.read(model, metadata.CUDA_PROVIDER_OPTIONS) or {}
+    return {str(k): str(v) for k, v in options.items()}  # type: ignore[union-attr]
 
 
 def run(sess, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -1,0 +1,252 @@
+"""`build_engine`: a fused ONNX model in, a serialized TensorRT engine out.
+
+The steps, each failing with a one-line reason before any time is spent building:
+load the ONNX -> pick the builder -> load plugin libraries -> prepare the graph (give function
+overloads their own names, lower the precision) -> pre-flight every node -> resolve the
+optimisation profile -> parse with Polygraphy's `NetworkFromOnnxPath` -> build with
+`EngineBytesFromNetwork` -> write the plan atomically.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+import time
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import onnx
+
+from deployfuse.build import builders, plugins as plugin_libs, precision as lowp
+from deployfuse.build.preflight import Preflight, check_nodes, split_overloads, walk_nodes
+from deployfuse.build.profiles import ShapeProfile, export_shapes, model_inputs, resolve_profiles
+from deployfuse.build.progress import progress_monitor
+from deployfuse.errors import DeployfuseError, UsageError
+from deployfuse.io import atomic_path, check_writable_target
+
+PRECISIONS = ("fp32", "fp16", "bf16")
+DEPLOYFUSE_DOMAIN = "deployfuse"
+
+
+@dataclass
+class BuildResult:
+    """What was built, how, and what it took."""
+
+    engine: Path
+    builder: str
+    builder_version: str
+    precision: str
+    compute_capability: str | None
+    profiles: list[ShapeProfile]
+    network_layers: int
+    plugin_layers: int
+    preflight: Preflight
+    plugin_libraries: list[Path] = field(default_factory=list)
+    timing_cache: Path | None = None
+    size_bytes: int = 0
+    seconds: float = 0.0
+
+    def summary(self) -> str:
+        """A few lines for the terminal."""
+        target = f"compute capability {self.compute_capability}" if self.compute_capability else "the builder's default target"
+        nodes = f"{sum(self.preflight.native.values())} native"
+        if self.preflight.plugin:
+            nodes += ", plugins: " + ", ".join(f"{op} x{n}" for op, n in self.preflight.plugin.items())
+        if self.preflight.function:
+            nodes += ", from function bodies: " + ", ".join(f"{op} x{n}" for op, n in self.preflight.function.items())
+        lines = [
+            f"engine     {self.engine} ({self.size_bytes / 1e6:.2f} MB, built in {self.seconds:.1f} s)",
+            f"builder    {self.builder} {self.builder_version}, {target}",
+            f"precision  {self.precision}",
+            f"layers     {self.network_layers} in the network, {self.plugin_layers} of them plugins",
+            f"nodes      {nodes}",
+        ]
+        lines += [f"profile    {p}" for p in self.profiles]
+        if self.timing_cache is not None:
+            lines.append(f"timing     {self.timing_cache}")
+        return "\n".join(lines)
+
+
+def build_engine(
+    model: str | os.PathLike[str],
+    output: str | os.PathLike[str],
+    *,
+    precision: str = "fp32",
+    profiles: Sequence[ShapeProfile] = (),
+    plugins: Sequence[str | os.PathLike[str]] = (),
+    deployfuse_plugins: bool = True,
+    timing_cache: str | os.PathLike[str] | None = None,
+    workspace_mib: int | None = None,
+    compute_capability: str | None = None,
+    builder: str = "auto",
+    progress: Callable[[str], None] | None = None,
+) -> BuildResult:
+    """Build a TensorRT engine from the ONNX file `model` and write it to `output`.
+
+    Args:
+        model: an ONNX file, ideally exported with `--target tensorrt`.
+        output: where the serialized engine goes (written atomically).
+        precision: "fp32", "fp16" or "bf16"; the lower ones rewrite the graph (see
+            `deployfuse.build.precision`), the engine's inputs and outputs stay float32.
+        profiles: min/opt/max shapes for dynamic inputs; the rest are derived (see
+            `deployfuse.build.profiles`).
+        plugins: TensorRT plugin libraries to load.
+        deployfuse_plugins: also load deployfuse's own plugin library when the model has
+            `deployfuse` nodes and the library is built; otherwise those nodes are built from
+            their ONNX function bodies.
+        timing_cache: read the timing cache from this file if it exists, and write it back.
+        workspace_mib: cap on the builder's workspace memory.
+        compute_capability: "8.9" etc., the GPU generation to build for (TensorRT-RTX only:
+            it builds without a GPU); TensorRT proper builds for the GPU it runs on.
+        builder: "tensorrt", "tensorrt-rtx" or "auto" (TensorRT when installed).
+        progress: called with one line per build phase.
+
+    Raises:
+        UsageError: bad arguments, or nodes TensorRT cannot build (all listed); nothing written.
+        DeployfuseError: TensorRT failed to build the engine.
+    """
+    say = progress or (lambda line: None)
+    start = time.perf_counter()
+    if precision not in PRECISIONS:
+        raise UsageError(f"unknown precision {precision!r}; choose one of {', '.join(PRECISIONS)}")
+    if workspace_mib is not None and workspace_mib <= 0:
+        raise UsageError(f"--workspace must be a positive number of MiB, got {workspace_mib}")
+    target = check_writable_target(output)
+    cache = check_writable_target(timing_cache) if timing_cache is not None else None
+    onnx_model = _load_onnx(Path(model))
+    name = builders.resolve_builder(builder)
+    capability = _parse_capability(compute_capability, name)
+    trt = builders.activate(name)
+    say(f"builder: {name} {trt.__version__}")
+    if cache is not None and name == "tensorrt-rtx":
+        say(f"timing cache {cache} not used: TensorRT-RTX has none (its timing cache calls are no-ops)")
+        cache = None
+
+    libraries = [Path(p) for p in plugins]
+    own = plugin_libs.deployfuse_plugin_library() if deployfuse_plugins and _uses_domain(onnx_model, DEPLOYFUSE_DOMAIN) else None
+    if own is not None and own not in libraries:
+        libraries.append(own)
+    plugin_libs.load_libraries(trt, libraries)
+    registered = plugin_libs.registered_plugins(trt)
+
+    split_overloads(onnx_model, registered)
+    if precision != "fp32":
+        lowp.lower_precision(onnx_model, precision)
+    preflight = check_nodes(onnx_model, _OperatorSupport(trt), registered)
+    preflight.raise_for_offenders()
+    shape_profiles = resolve_profiles(model_inputs(onnx_model), profiles, export_shapes(onnx_model))
+
+    from polygraphy.logger import G_LOGGER
+
+    with tempfile.TemporaryDirectory(prefix=".deployfuse-build.") as tmp, G_LOGGER.verbosity(G_LOGGER.WARNING):
+        prepared = Path(tmp) / "model.onnx"
+        onnx.save_model(onnx_model, prepared, save_as_external_data=True, all_tensors_to_one_file=True, location="model.onnx.data", size_threshold=1024)
+        network = _parse(trt, prepared, use_plugins=bool(preflight.plugin))
+        network_layers = network[1].num_layers
+        plugin_layers = sum(1 for i in range(network_layers) if "PLUGIN" in network[1].get_layer(i).type.name)
+        say(f"parsed: {network_layers} layers ({plugin_layers} plugins); building for {precision}" + (f", compute capability {compute_capability}" if capability else ""))
+        config = _config(trt, name, shape_profiles, capability, cache, workspace_mib, progress_monitor(trt, say))
+        engine = _build(network, config, cache)
+
+    with atomic_path(target) as tmp_engine:
+        tmp_engine.write_bytes(memoryview(engine))
+    return BuildResult(
+        engine=target, builder=name, builder_version=trt.__version__, precision=precision,
+        compute_capability=compute_capability if capability else None, profiles=shape_profiles,
+        network_layers=network_layers, plugin_layers=plugin_layers, preflight=preflight,
+        plugin_libraries=libraries, timing_cache=cache, size_bytes=target.stat().st_size,
+        seconds=time.perf_counter() - start,
+    )
+
+
+def _load_onnx(path: Path) -> onnx.ModelProto:
+    if not path.is_file():
+        raise UsageError(f"no such ONNX file: {path}")
+    try:
+        return onnx.load(os.fspath(path))
+    except Exception as exc:  # protobuf raises DecodeError, external data raises anything
+        raise UsageError(f"{path} is not a readable ONNX model: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from exc
+
+
+def _parse_capability(text: str | None, builder: str) -> tuple[int, int] | None:
+    if text is None:
+        return None
+    if builder != "tensorrt-rtx":
+        raise UsageError("--compute-capability needs --builder tensorrt-rtx: TensorRT builds for the GPU it runs on")
+    match = re.fullmatch(r"(\d+)\.(\d)", text)
+    if match is None:
+        raise UsageError(f"--compute-capability {text!r}: expected MAJOR.MINOR, e.g. 8.9")
+    return int(match[1]), int(match[2])
+
+
+def _uses_domain(model: onnx.ModelProto, domain: str) -> bool:
+    return any(n.domain == domain for n in walk_nodes(model.graph.node, *(f.node for f in model.functions)))
+
+
+class _OperatorSupport:
+    """`supports_operator` of a throwaway ONNX parser, cached per op type.
+
+    The parser holds its network and builder by reference, so this object keeps all three alive.
+    """
+
+    def __init__(self, trt: Any) -> None:
+        from polygraphy.backend.trt import util as trt_util
+
+        logger = trt_util.get_trt_logger()
+        self._builder = trt.Builder(logger)
+        self._network = self._builder.create_network(0)
+        self._parser = trt.OnnxParser(self._network, logger)
+        self._cache: dict[str, bool] = {}
+
+    def __call__(self, op_type: str) -> bool:
+        if op_type not in self._cache:
+            self._cache[op_type] = bool(self._parser.supports_operator(op_type))
+        return self._cache[op_type]
+
+
+def _parse(trt: object, path: Path, use_plugins: bool) -> tuple:
+    """Polygraphy's NetworkFromOnnxPath, strongly typed; plugins win over function bodies."""
+    from polygraphy.backend.trt import NetworkFromOnnxPath
+    from polygraphy.exception import PolygraphyException
+
+    flags = [trt.OnnxParserFlag.ENABLE_PLUGIN_OVERRIDE] if use_plugins and hasattr(trt.OnnxParserFlag, "ENABLE_PLUGIN_OVERRIDE") else None  # type: ignore[attr-defined]
+    try:
+        return NetworkFromOnnxPath(os.fspath(path), flags=flags, strongly_typed=True)()
+    except PolygraphyException as exc:
+        raise UsageError(f"TensorRT's ONNX parser rejected the model: {str(exc).strip().splitlines()[-1]}") from exc
+
+
+def _config(trt, builder, shape_profiles, capability, cache, workspace_mib, monitor):  # type: ignore[no-untyped-def]
+    """The Polygraphy config loader for `builder`: profiles, cache, workspace, target, progress."""
+    from polygraphy.backend.trt import CreateConfig, Profile
+
+    profile = Profile()
+    for p in shape_profiles:
+        profile.add(p.name, p.min, p.opt, p.max)
+    options = {
+        "profiles": [profile] if shape_profiles else None,
+        "load_timing_cache": os.fspath(cache) if cache is not None and cache.is_file() else None,
+        "memory_pool_limits": {trt.MemoryPoolType.WORKSPACE: workspace_mib << 20} if workspace_mib else None,
+        "progress_monitor": monitor,
+    }
+    if builder == "tensorrt-rtx":
+        from polygraphy.backend.tensorrt_rtx import CreateConfigRTX
+
+        return CreateConfigRTX(compute_capabilities=[capability] if capability else None, **options)
+    return CreateConfig(**options)
+
+
+def _build(network: tuple, config: object, cache: Path | None) -> object:
+    from polygraphy.backend.trt import EngineBytesFromNetwork
+    from polygraphy.exception import PolygraphyException
+
+    try:
+        with warnings.catch_warnings():  # Polygraphy always sets a timing cache, which TensorRT-RTX deprecates
+            warnings.simplefilter("ignore", DeprecationWarning)
+            return EngineBytesFromNetwork(network, config=config, save_timing_cache=os.fspath(cache) if cache is not None else None)()
+    except PolygraphyException as exc:
+        raise DeployfuseError(f"TensorRT could not build the engine: {str(exc).strip().splitlines()[-1]}") from exc

@@ -1,0 +1,45 @@
+"""`deployfuse build`: a TensorRT engine from a (fused) ONNX model."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from deployfuse.build import BUILDERS, ShapeProfile, build_engine
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add the `build` command."""
+    parser = subparsers.add_parser(
+        "build", help="build a TensorRT engine from an ONNX model",
+        description="Build a TensorRT engine (TensorRT >= 10 or TensorRT-RTX) from an ONNX model, "
+        "ideally one exported with --target tensorrt. Dynamic inputs get min 1, opt = the export shape, "
+        "max = 2x the export shape unless --profile says otherwise.",
+    )
+    parser.add_argument("onnx", help="the ONNX model")
+    parser.add_argument("-o", "--output", required=True, metavar="ENGINE.plan", help="where to write the engine")
+    precision = parser.add_mutually_exclusive_group()
+    precision.add_argument("--fp16", dest="precision", action="store_const", const="fp16", help="build in float16 (inputs and outputs stay float32)")
+    precision.add_argument("--bf16", dest="precision", action="store_const", const="bf16", help="build in bfloat16 (inputs and outputs stay float32)")
+    parser.set_defaults(precision="fp32")
+    parser.add_argument("--profile", action="append", default=[], metavar="NAME:MIN:OPT:MAX", help="shapes of one dynamic input, e.g. input_ids:1x128:4x128:8x128 (repeatable)")
+    parser.add_argument("--plugins", action="append", default=[], metavar="LIB", help="a TensorRT plugin library to load (repeatable); deployfuse's own is loaded when the model needs it")
+    parser.add_argument("--timing-cache", metavar="FILE", help="read the timing cache from FILE if it exists and write it back")
+    parser.add_argument("--workspace", type=int, metavar="MiB", help="cap on the builder's workspace memory")
+    parser.add_argument("--compute-capability", metavar="X.Y", help="GPU generation to build for (TensorRT-RTX only), e.g. 8.9")
+    parser.add_argument("--builder", choices=BUILDERS, default="auto", help="which TensorRT builds (default: TensorRT when installed, else TensorRT-RTX)")
+    parser.add_argument("-q", "--quiet", action="store_true", help="print only the summary")
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Build and print the summary; errors reach the CLI as DeployfuseError."""
+    profiles = [ShapeProfile.parse(p) for p in args.profile]
+    progress = None if args.quiet else (lambda line: print(line, file=sys.stderr, flush=True))
+    result = build_engine(
+        args.onnx, args.output, precision=args.precision, profiles=profiles, plugins=args.plugins,
+        timing_cache=args.timing_cache, workspace_mib=args.workspace, compute_capability=args.compute_capability,
+        builder=args.builder, progress=progress,
+    )
+    print(result.summary())
+    return 0

@@ -1,0 +1,64 @@
+"""Real engines, built by TensorRT-RTX on this CPU for compute capability 8.9 (no GPU needed).
+
+Running an engine needs a GPU; what these tests check is that TensorRT accepts the graph,
+the profile and the precision, and that the plan is written atomically with a true summary.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from deployfuse.build import ShapeProfile, build_engine
+
+CC = ("--compute-capability", "8.9")
+BERT_PROFILE = ("--profile", "input_ids:1x8:2x16:4x32")
+
+
+def test_bert_dynamic_fp32_cli(bert_onnx, tmp_path, cli):
+    engine = tmp_path / "bert.plan"
+    code, out, err = cli("build", bert_onnx, "-o", engine, *BERT_PROFILE, *CC)
+    assert code == 0, err
+    assert engine.stat().st_size > 100_000
+    assert f"engine     {engine} (" in out and "tensorrt-rtx" in out and "compute capability 8.9" in out
+    assert "profile    attention_mask:1x8:2x16:4x32" in out  # follows input_ids through the shared axes
+    assert "Building engine" in err  # progress from TensorRT's phases
+    assert [p.name for p in tmp_path.iterdir()] == ["bert.plan"]  # no temporaries left behind
+
+
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_bert_low_precision(bert_onnx, tmp_path, precision):
+    result = build_engine(bert_onnx, tmp_path / "bert.plan", precision=precision, compute_capability="8.9", profiles=[ShapeProfile.parse("input_ids:1x8:2x16:4x32")])
+    assert result.precision == precision and result.network_layers > 100
+    assert "Cast" in result.preflight.native  # the float32 interface casts in and out
+    assert result.engine.stat().st_size == result.size_bytes
+
+
+def test_resnet_static(resnet_onnx, tmp_path, cli):
+    code, out, err = cli("build", resnet_onnx, "-o", tmp_path / "r.plan", *CC, "--workspace", "256", "--timing-cache", tmp_path / "t.cache", "--fp16", "-q")
+    assert code == 0, err
+    assert "profile" not in out and "precision  fp16" in out
+    assert "timing cache" not in out and not (tmp_path / "t.cache").exists()  # TensorRT-RTX has none
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("missing.onnx", "-o", "e.plan"), "no such ONNX file"),
+        (("junk.onnx", "-o", "e.plan"), "not a readable ONNX model"),
+        (("MODEL", "-o", "e.plan", "--compute-capability", "89"), "expected MAJOR.MINOR"),
+        (("MODEL", "-o", "e.plan", "--profile", "input_ids:1x8:2x8"), "expected NAME:MIN:OPT:MAX"),
+        (("MODEL", "-o", "e.plan", "--profile", "ids:1x8:2x8:4x8"), "not a model input"),
+        (("MODEL", "-o", "e.plan"), "give --profile input_ids:"),
+        (("MODEL", "-o", "no/such/dir/e.plan"), "output directory does not exist"),
+        (("MODEL", "-o", "e.plan", "--workspace", "0"), "--workspace must be a positive"),
+        (("MODEL", "-o", "e.plan", "--plugins", "nope.so", *BERT_PROFILE), "--plugins nope.so: no such file"),
+        (("MODEL", "-o", "e.plan", "--fp16", "--bf16"), "not allowed with"),
+        (("MODEL", "-o", "e.plan", "--builder", "onnxruntime"), "invalid choice"),
+    ],
+)
+def test_bad_input_exits_2(bert_onnx, tmp_path, monkeypatch, cli, args, message):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "junk.onnx").write_bytes(b"not a protobuf at all \xff\xfe")
+    code, _, err = cli("build", *[bert_onnx if a == "MODEL" else a for a in args])
+    assert code == 2 and message in err, err
+    assert not (tmp_path / "e.plan").exists()

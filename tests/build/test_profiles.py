@@ -1,0 +1,55 @@
+"""Optimisation profiles: parsing, shared labels, export-shape defaults, and the errors."""
+
+from __future__ import annotations
+
+import json
+
+import onnx
+import pytest
+
+from deployfuse.build import EXPORT_SHAPES_KEY, ShapeProfile
+from deployfuse.build.profiles import export_shapes, model_inputs, resolve_profiles
+from deployfuse.errors import UsageError
+
+TEXT = {"input_ids": ("batch", "seq"), "attention_mask": ("batch", "seq")}
+
+
+def test_parse_round_trips():
+    p = ShapeProfile.parse("input_ids:1x128:4x128:8x128")
+    assert (p.min, p.opt, p.max) == ((1, 128), (4, 128), (8, 128))
+    assert str(p) == "input_ids:1x128:4x128:8x128"
+
+
+@pytest.mark.parametrize("text", ["input_ids:1x8:2x8", "x:1x0:1x1:1x2", "x:2:1:3", "x:1x8:2x8:4", "1x:1:1:1"])
+def test_parse_rejects(text):
+    with pytest.raises(UsageError):
+        ShapeProfile.parse(text)
+
+
+def test_shared_labels_follow_the_given_profile():
+    given = [ShapeProfile.parse("input_ids:1x8:2x16:4x32")]
+    out = {p.name: p for p in resolve_profiles(TEXT, given, {})}
+    assert out["attention_mask"] == ShapeProfile("attention_mask", (1, 8), (2, 16), (4, 32))
+
+
+def test_export_shape_defaults_are_1_s_2s():
+    out = resolve_profiles({"x": ("batch", 3, 32, 32)}, [], {"x": (5, 3, 32, 32)})
+    assert out == [ShapeProfile("x", (1, 3, 32, 32), (5, 3, 32, 32), (10, 3, 32, 32))]
+
+
+def test_export_shapes_are_read_from_metadata(bert_onnx):
+    model = onnx.load(bert_onnx, load_external_data=False)
+    onnx.helper.set_model_props(model, {EXPORT_SHAPES_KEY: json.dumps({"input_ids": [2, 16], "attention_mask": [2, 16]})})
+    profiles = resolve_profiles(model_inputs(model), [], export_shapes(model))
+    assert [(p.min, p.opt, p.max) for p in profiles] == [((1, 1), (2, 16), (4, 32))] * 2
+
+
+def test_errors_say_what_to_do():
+    with pytest.raises(UsageError, match=r"give --profile input_ids:1x1:4x4:8x8"):
+        resolve_profiles(TEXT, [], {})
+    with pytest.raises(UsageError, match="not a model input"):
+        resolve_profiles(TEXT, [ShapeProfile.parse("ids:1x8:2x8:4x8")], {})
+    with pytest.raises(UsageError, match="static with size 3"):
+        resolve_profiles({"x": ("batch", 3)}, [ShapeProfile.parse("x:1x3:2x4:4x4")], {})
+    with pytest.raises(UsageError, match="disagree"):
+        resolve_profiles(TEXT, [ShapeProfile.parse("input_ids:1x8:2x8:4x8"), ShapeProfile.parse("attention_mask:1x8:2x9:4x9")], {})
