@@ -6,6 +6,7 @@ the profile and the precision, and that the plan is written atomically with a tr
 
 from __future__ import annotations
 
+import onnx
 import pytest
 
 from deployfuse.build import ShapeProfile, build_engine
@@ -48,7 +49,7 @@ def test_resnet_static(resnet_onnx, tmp_path, cli):
         (("MODEL", "-o", "e.plan", "--compute-capability", "89"), "expected MAJOR.MINOR"),
         (("MODEL", "-o", "e.plan", "--profile", "input_ids:1x8:2x8"), "expected NAME:MIN:OPT:MAX"),
         (("MODEL", "-o", "e.plan", "--profile", "ids:1x8:2x8:4x8"), "not a model input"),
-        (("MODEL", "-o", "e.plan"), "give --profile input_ids:"),
+        (("BARE", "-o", "e.plan"), "give --profile input_ids:"),
         (("MODEL", "-o", "no/such/dir/e.plan"), "output directory does not exist"),
         (("MODEL", "-o", "e.plan", "--workspace", "0"), "--workspace must be a positive"),
         (("MODEL", "-o", "e.plan", "--plugins", "nope.so", *BERT_PROFILE), "--plugins nope.so: no such file"),
@@ -59,6 +60,17 @@ def test_resnet_static(resnet_onnx, tmp_path, cli):
 def test_bad_input_exits_2(bert_onnx, tmp_path, monkeypatch, cli, args, message):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "junk.onnx").write_bytes(b"not a protobuf at all \xff\xfe")
-    code, _, err = cli("build", *[bert_onnx if a == "MODEL" else a for a in args])
+    bare = tmp_path / "bare.onnx"  # the same model without the export's recorded input shapes
+    model = onnx.load(bert_onnx)
+    del model.metadata_props[:]
+    onnx.save(model, bare)
+    code, _, err = cli("build", *[{"MODEL": bert_onnx, "BARE": bare}.get(a, a) for a in args])
     assert code == 2 and message in err, err
     assert not (tmp_path / "e.plan").exists()
+
+
+def test_dynamic_model_builds_from_its_export_shapes(bert_onnx, tmp_path, cli):
+    """No --profile: min 1, opt = the shapes recorded at export, max = twice them."""
+    code, out, err = cli("build", bert_onnx, "-o", tmp_path / "e.plan")
+    assert code == 0, err
+    assert (tmp_path / "e.plan").stat().st_size > 0
