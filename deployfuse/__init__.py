@@ -3,6 +3,7 @@
 from deployfuse.build import BuildResult, build_engine
 from deployfuse.errors import AccuracyError, DeployfuseError, UsageError
 from deployfuse.inputs import DynamicAxis, InputSpec
+from deployfuse.ops import ort_custom_ops_library
 from deployfuse.pipeline import TARGETS, ExportResult, export
 from deployfuse.report import ExportReport
 
@@ -20,4 +21,5 @@ __all__ = [
     "UsageError",
     "build_engine",
     "export",
+    "ort_custom_ops_library",
 ]

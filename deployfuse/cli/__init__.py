@@ -14,6 +14,7 @@ from deployfuse.errors import DeployfuseError
 # its parser with `set_defaults(run=...)`, where run(args) -> exit code.
 COMMANDS: list[tuple[str, str]] = [
     ("export", "export"),
+    ("plugins", "plugins"),
     ("build", "build"),
 ]
 

@@ -1,0 +1,179 @@
+"""GPU check and benchmark of the deployfuse CUDA kernels (run on a CUDA machine by gpu_ops.sh).
+
+Correctness: every op in fp32/fp16/bf16 over awkward shapes, outputs poisoned with NaN before
+each launch, compared by ||out - ref|| / ||ref|| against the spec's PyTorch reference computed
+in float64. Speed: median of CUDA-event timings vs a device copy of the same bytes, PyTorch
+eager and torch.compile of the same math.
+
+    python bench/ops_gpu.py LIB.so
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib.util
+import math
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+# specs.py alone (torch only): the package __init__ pulls in modules this GPU check never needs.
+_spec = importlib.util.spec_from_file_location("deployfuse_specs", Path(__file__).parents[1] / "deployfuse/ops/specs.py")
+_specs = sys.modules["deployfuse_specs"] = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_specs)
+SPECS = _specs.SPECS
+
+DT = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
+ACT = {"none": 0, "relu": 1, "gelu": 2, "gelu_tanh": 3, "silu": 4, "sigmoid": 5}
+TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
+
+
+class MhaShape(ctypes.Structure):
+    _fields_ = [("batch", ctypes.c_int64), ("q_seq", ctypes.c_int64), ("k_seq", ctypes.c_int64), ("heads", ctypes.c_int64),
+                ("head_dim", ctypes.c_int64), ("scale", ctypes.c_float), ("causal", ctypes.c_bool), ("mask_stride", ctypes.c_int64 * 4)]
+
+
+lib = ctypes.CDLL(sys.argv[1])
+P, I, Fl = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
+lib.df_layer_norm_gelu.argtypes = [ctypes.c_int, P, P, P, P, P, I, I, Fl, ctypes.c_int]
+lib.df_group_norm_act.argtypes = [ctypes.c_int, P, P, P, P, P, I, I, I, I, Fl, ctypes.c_int]
+lib.df_bias_act.argtypes = [ctypes.c_int, P, P, P, P, I, I, ctypes.c_int]
+lib.df_fused_mha.argtypes = [ctypes.c_int, P, P, P, P, P, P, ctypes.POINTER(MhaShape)]
+
+
+def ptr(t):
+    return None if t is None else ctypes.c_void_p(t.data_ptr())
+
+
+def stream():
+    return ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
+
+
+def ok(rc):
+    assert rc == 0, f"CUDA error {rc}"
+
+
+def native(op, xs, attrs, y):
+    x = xs[0]
+    d = DT[x.dtype]
+    if op == "LayerNormGelu":
+        cols = xs[1].numel()
+        ok(lib.df_layer_norm_gelu(d, stream(), ptr(x), ptr(xs[1]), ptr(xs[2]), ptr(y), x.numel() // cols, cols, attrs.get("epsilon", 1e-5), attrs.get("approximate") == "tanh"))
+    elif op == "GroupNormAct":
+        n, c = x.shape[:2]
+        ok(lib.df_group_norm_act(d, stream(), ptr(x), ptr(xs[1]), ptr(xs[2]), ptr(y), n, c, x[0, 0].numel(), attrs["num_groups"], attrs.get("epsilon", 1e-5), ACT[attrs.get("activation", "silu")]))
+    elif op == "BiasAct":
+        ok(lib.df_bias_act(d, stream(), ptr(x), ptr(xs[1]), ptr(y), x.numel(), x.shape[-1], ACT[attrs.get("activation", "gelu")]))
+    else:
+        q, k, v, mask = xs
+        heads = attrs["num_heads"]
+        hd = q.shape[2] // heads
+        strides = [0, 0, 0, 0]
+        if mask is not None:
+            m4 = mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))
+            strides = [0 if m4.shape[i] == 1 else m4.stride(i) for i in range(4)]
+        s = MhaShape(q.shape[0], q.shape[1], k.shape[1], heads, hd, attrs.get("scale", 0.0) or 1 / math.sqrt(hd), bool(attrs.get("causal", 0)), (ctypes.c_int64 * 4)(*strides))
+        ok(lib.df_fused_mha(d, stream(), ptr(q), ptr(k), ptr(v), ptr(mask), ptr(y), ctypes.byref(s)))
+
+
+def inputs(op, shape, dtype, attrs):
+    g = lambda *s, scale=1.0, shift=0.0: (torch.randn(*s, device="cuda") * scale + shift).to(dtype)
+    if op == "LayerNormGelu":
+        return [g(*shape, scale=2, shift=0.5), g(shape[-1], shift=1), g(shape[-1])]
+    if op == "GroupNormAct":
+        return [g(*shape, scale=2, shift=0.5), g(shape[1], shift=1), g(shape[1])]
+    if op == "BiasAct":
+        return [g(*shape), g(shape[-1])]
+    b, sq, sk, hid = shape
+    return [g(b, sq, hid), g(b, sk, hid), g(b, sk, hid), g(b, 1, 1, sk) if attrs.get("mask") else None]
+
+
+CHECKS = [
+    ("LayerNormGelu", (1, 1, 7), {}), ("LayerNormGelu", (3, 77, 771), {"approximate": "tanh"}),
+    ("LayerNormGelu", (2, 5, 65537), {}), ("LayerNormGelu", (64, 512, 768), {"epsilon": 1e-3}),
+    ("GroupNormAct", (2, 12, 7, 9), {"num_groups": 4}), ("GroupNormAct", (4, 320, 33, 31), {"num_groups": 32, "activation": "gelu"}),
+    ("GroupNormAct", (1, 6, 1, 3), {"num_groups": 3, "activation": "none"}),
+    ("BiasAct", (1, 3), {"activation": "relu"}), ("BiasAct", (5, 77, 1001), {"activation": "gelu"}),
+    ("BiasAct", (129, 4100), {"activation": "gelu_tanh"}), ("BiasAct", (64, 512, 3072), {"activation": "silu"}),
+    ("BiasAct", (3, 7, 13), {"activation": "sigmoid"}),
+    ("FusedMHA", (2, 7, 7, 24), {"num_heads": 3}), ("FusedMHA", (2, 33, 65, 128), {"num_heads": 2, "causal": 1, "mask": True, "scale": 0.3}),
+    ("FusedMHA", (1, 1, 1000, 640), {"num_heads": 5, "mask": True}), ("FusedMHA", (4, 300, 300, 1024), {"num_heads": 16, "causal": 1}),
+    ("FusedMHA", (1, 70, 70, 512), {"num_heads": 2}),
+]
+
+
+def check():
+    worst = 0.0
+    for op, shape, attrs in CHECKS:
+        for dtype in DT:
+            torch.manual_seed(hash((op, shape, str(dtype))) % 2**31)
+            xs = inputs(op, shape, dtype, attrs)
+            a = {k: v for k, v in attrs.items() if k != "mask"}
+            y = torch.full_like(xs[0] if op != "FusedMHA" else xs[0], float("nan"))
+            native(op, xs, a, y)
+            torch.cuda.synchronize()
+            ref = SPECS[op].reference_fn(*[None if t is None else t.double() for t in xs], **SPECS[op].resolve(**a))
+            assert not torch.isnan(y).any(), f"{op} {shape} {dtype}: unwritten/NaN outputs"
+            rel = ((y.double() - ref).norm() / ref.norm()).item()
+            status = "ok" if rel < TOL[dtype] else "FAIL"
+            worst = max(worst, rel / TOL[dtype])
+            print(f"check {status:4} {op:13} {str(shape):22} {str(dtype):15} rel_err={rel:.2e} {a}")
+    return worst
+
+
+def median_ms(fn, reps=50):
+    for _ in range(5):
+        fn()
+    times = []
+    for _ in range(reps):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record(); fn(); e.record(); e.synchronize()
+        times.append(s.elapsed_time(e))
+    return sorted(times)[len(times) // 2]
+
+
+def bench():
+    rows = []
+    big = torch.empty(2 * 2**30, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(big)
+    copy_ms = median_ms(lambda: dst.copy_(big), 20)
+    copy_bw = 2 * big.numel() / copy_ms / 1e6
+    del big, dst
+    print(f"copy bandwidth {copy_bw:.0f} GB/s (read+write, 2 GiB)")
+    cases = [
+        ("LayerNormGelu", (16384, 1024 * 4), {}, lambda x, w, b: F.gelu(F.layer_norm(x, (x.shape[-1],), w, b))),
+        ("GroupNormAct", (16, 512, 64, 64), {"num_groups": 32}, lambda x, w, b: F.silu(F.group_norm(x, 32, w, b))),
+        ("BiasAct", (8192, 16384), {"activation": "gelu"}, lambda x, b: F.gelu(x + b)),
+    ]
+    for op, shape, attrs, eager in cases:
+        for dtype in (torch.float16, torch.bfloat16, torch.float32):
+            xs = inputs(op, shape, dtype, attrs)
+            y = torch.empty_like(xs[0])
+            nbytes = 2 * xs[0].numel() * xs[0].element_size()
+            t_native = median_ms(lambda: native(op, xs, attrs, y))
+            t_eager = median_ms(lambda: eager(*xs))
+            comp = torch.compile(eager)
+            t_comp = median_ms(lambda: comp(*xs))
+            bw = nbytes / t_native / 1e6
+            rows.append(f"| {op} | {shape} | {str(dtype)[6:]} | {t_native:.3f} | {bw:.0f} ({100 * bw / copy_bw:.0f}%) | {t_eager:.3f} | {t_comp:.3f} |")
+    for sq in (128, 512, 2048):
+        attrs = {"num_heads": 16}
+        xs = inputs("FusedMHA", (8, sq, sq, 1024), torch.float16, attrs)
+        y = torch.empty_like(xs[0])
+        sdpa = lambda q, k, v, m: F.scaled_dot_product_attention(*(t.view(8, sq, 16, 64).transpose(1, 2) for t in (q, k, v))).transpose(1, 2).reshape(8, sq, 1024)
+        t_native = median_ms(lambda: native("FusedMHA", xs, attrs, y), 20)
+        t_eager = median_ms(lambda: sdpa(*xs), 20)
+        rows.append(f"| FusedMHA | (8, {sq}, 16x64) | float16 | {t_native:.3f} | - | {t_eager:.3f} (SDPA) | - |")
+    print("| op | shape | dtype | deployfuse ms | GB/s (of copy) | eager ms | torch.compile ms |")
+    print("|---|---|---|---|---|---|---|")
+    print("\n".join(rows))
+
+
+if __name__ == "__main__":
+    print(torch.cuda.get_device_name(), torch.__version__)
+    worst = check()
+    print(f"worst error / tolerance: {worst:.2f}")
+    bench()
+    sys.exit(0 if worst < 1 else 1)

@@ -1,0 +1,79 @@
+"""The ONNX function bodies: valid ONNX at every supported opset, and ONNX Runtime running a
+deployfuse node with no library loaded matches the PyTorch reference."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+import torch
+
+from deployfuse.backends.ort import run, session
+from deployfuse.ops import SPECS, attach_functions
+from deployfuse.ops.models import example_inputs, single_op_model
+from tests.ops.cases import CASES, case_id
+
+
+def _run_case(case, opset: int, dtype=np.float32):
+    op, shape, attrs = case
+    attrs = dict(attrs)
+    xs = example_inputs(op, shape, dtype=dtype, **attrs)
+    attrs.pop("mask", None)
+    model = single_op_model(op, xs, opset=opset, **attrs)
+    onnx.checker.check_model(model, full_check=True)
+    feed = {n: x for n, x in zip(SPECS[op].inputs, xs) if x is not None}
+    got = run(session(model, optimize=False), feed)["Y"]
+    ref = SPECS[op].reference(*[None if x is None else torch.from_numpy(x) for x in xs], **attrs).numpy()
+    return got, ref
+
+
+@pytest.mark.parametrize("opset", [17, 20, 23])
+@pytest.mark.parametrize("case", CASES, ids=case_id)
+def test_function_body_matches_reference(case, opset):
+    got, ref = _run_case(case, opset)
+    assert got.shape == ref.shape
+    np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4)
+
+
+def test_function_body_float16():
+    for case in CASES[::3]:
+        got, ref = _run_case(case, 20, np.float16)
+        assert got.dtype == np.float16
+        np.testing.assert_allclose(got.astype(np.float32), ref.astype(np.float32), rtol=2e-2, atol=2e-2)
+
+
+def _two_bias_acts(opset: int = 20) -> onnx.ModelProto:
+    h = onnx.helper
+    nodes = [
+        h.make_node("BiasAct", ["x", "b"], ["r"], domain="deployfuse", activation="relu"),
+        h.make_node("BiasAct", ["r", "b"], ["y"], domain="deployfuse", activation="sigmoid"),
+    ]
+    vi = [h.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["n", 6]), h.make_tensor_value_info("b", onnx.TensorProto.FLOAT, [6])]
+    graph = h.make_graph(nodes, "g", vi, [h.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["n", 6])])
+    return h.make_model(graph, opset_imports=[h.make_opsetid("", opset)], ir_version=8)
+
+
+def test_attach_functions_mixed_variants_and_idempotent():
+    model = _two_bias_acts()
+    attach_functions(model)
+    attach_functions(model)
+    assert sorted(f.overload for f in model.functions) == ["activation=relu", "activation=sigmoid"]
+    assert model.ir_version >= 10 and any(i.domain == "deployfuse" for i in model.opset_import)
+    x, b = np.random.randn(5, 6).astype(np.float32), np.random.randn(6).astype(np.float32)
+    got = run(session(model, optimize=False), {"x": x, "b": b})["y"]
+    ref = torch.sigmoid(torch.relu(torch.from_numpy(x + b)) + torch.from_numpy(b)).numpy()
+    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-6)
+
+
+def test_attach_functions_rejects_bad_nodes():
+    model = _two_bias_acts()
+    model.graph.node[0].attribute[0].s = b"tanh"
+    with pytest.raises(ValueError, match="activation='tanh' is not one of"):
+        attach_functions(model)
+    model = _two_bias_acts(opset=16)
+    with pytest.raises(ValueError, match="opset >= 17"):
+        attach_functions(model)
+    model = _two_bias_acts()
+    model.graph.node[0].op_type = "Nope"
+    with pytest.raises(ValueError, match="unknown deployfuse op 'Nope'"):
+        attach_functions(model)
