@@ -91,6 +91,7 @@ def export(
     target: str = "ort-cpu",
     precision: str = "fp32",
     opset: int | None = None,
+    exporter: str = "auto",
     fold: bool = True,
     fuse: bool = True,
     verify: bool = True,
@@ -111,6 +112,7 @@ def export(
         target: "ort-cpu", "ort-cuda" or "tensorrt": which ops the fusions may emit.
         precision: "fp32", "fp16" or "bf16": the dtype the model is exported in.
         opset: the ONNX opset; default 20.
+        exporter: "auto" (dynamo, then TorchScript if dynamo fails), "dynamo" or "torchscript".
         fold, fuse, verify: run those steps.
         trust_pickle: allow loading a pickled module (runs code from the file).
         report_path: write the JSON report there.
@@ -123,6 +125,8 @@ def export(
     """
     if target not in TARGETS:
         raise UsageError(f"unknown target {target!r}; choose one of {', '.join(TARGETS)}")
+    if exporter != "auto" and exporter not in EXPORTERS:
+        raise UsageError(f"unknown exporter {exporter!r}; choose auto or one of {', '.join(EXPORTERS)}")
     if precision not in PRECISIONS:
         raise UsageError(f"unknown precision {precision!r}; choose one of {', '.join(PRECISIONS)}")
     out_path = check_writable_target(output)
@@ -130,7 +134,7 @@ def export(
     report = ExportReport(str(model) if not isinstance(model, torch.nn.Module) else type(model).__name__, str(out_path), target, precision, opset or DEFAULT_OPSET)
     steps = _Steps(report, progress)
     try:
-        _run(model, out_path, report, steps, inputs, example_inputs, dynamic, fold, fuse, verify, trust_pickle, rtol)
+        _run(model, out_path, report, steps, inputs, example_inputs, dynamic, exporter, fold, fuse, verify, trust_pickle, rtol)
     except DeployfuseError as exc:
         report.error = str(exc)
         if report_file is not None and not isinstance(exc, UsageError):
@@ -141,7 +145,7 @@ def export(
     return ExportResult(out_path, report, report_file)
 
 
-def _run(model, out_path, report, steps, specs, example_inputs, dynamic, fold, fuse, verify, trust_pickle, rtol) -> None:  # noqa: PLR0913
+def _run(model, out_path, report, steps, specs, example_inputs, dynamic, exporter, fold, fuse, verify, trust_pickle, rtol) -> None:  # noqa: PLR0913
     with steps.step("load") as step:
         loaded = load_model(model, trust_pickle=trust_pickle)
         report.form = step.detail = loaded.form
@@ -168,7 +172,7 @@ def _run(model, out_path, report, steps, specs, example_inputs, dynamic, fold, f
 
     with steps.step("export") as step:
         # torch.export cannot trace TorchScript, so archives go straight to the TorchScript exporter.
-        exporters = ("torchscript",) if loaded.form == "torchscript" else EXPORTERS
+        exporters = ("torchscript",) if loaded.form == "torchscript" else EXPORTERS if exporter == "auto" else (exporter,)
         onnx_model, attempts = to_onnx(loaded, _traceable(example, dynamic), dynamic, output_names, report.opset, exporters)
         report.export_attempts = [vars(a) for a in attempts]
         report.exporter = attempts[-1].exporter

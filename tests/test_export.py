@@ -34,6 +34,18 @@ def test_zoo_model_exports_and_matches_pytorch_at_two_shapes(name, tmp_path):
         assert_onnx_matches_torch(out, module, make_inputs(shape, module))
 
 
+@pytest.mark.parametrize("name", ["bert", "llama"])
+def test_torchscript_exporter_on_transformers(name, tmp_path):
+    entry = zoo.ZOO[name]
+    module, example = entry.build()
+    example["attention_mask"] = torch.ones_like(example["input_ids"])  # transformers' TorchScript path needs one
+    dynamic = [*entry.dynamic, DynamicAxis("attention_mask", 0, "batch"), DynamicAxis("attention_mask", 1, "seq")] if name == "llama" else entry.dynamic
+    out = tmp_path / f"{name}.onnx"
+    result = deployfuse.export(module, out, example_inputs=example, dynamic=dynamic, exporter="torchscript")
+    assert result.report.exporter == "torchscript" and len(result.report.verify) == 2
+    assert_onnx_matches_torch(out, module, make_inputs(resized(specs_of(example), dynamic, grow=2), module))
+
+
 def test_factory_form_with_example_inputs_and_report(cli, tmp_path):
     out, report = tmp_path / "bert.onnx", tmp_path / "bert.json"
     code, stdout, _ = cli("export", "examples.tiny_bert:build", "-o", out, "--report", report, "--no-fuse",

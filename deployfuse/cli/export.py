@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from deployfuse.cli._args import add_model_input_arguments
+from deployfuse.export import EXPORTERS
 from deployfuse.pipeline import DEFAULT_OPSET, PRECISIONS, TARGETS, export
 from deployfuse.report import Step
 
@@ -38,6 +39,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--target", choices=TARGETS, default="ort-cpu", help="runtime the fusions lower for (default: ort-cpu)")
     p.add_argument("--precision", choices=list(PRECISIONS), default="fp32", help="dtype to export in (default: fp32)")
     p.add_argument("--opset", type=int, default=DEFAULT_OPSET, metavar="N", help=f"ONNX opset (default: {DEFAULT_OPSET})")
+    p.add_argument("--exporter", choices=("auto", *EXPORTERS), default="auto",
+                   help="auto: the dynamo exporter, then the TorchScript exporter if it fails (default: auto)")
     p.add_argument("--rtol", type=float, metavar="R", help="verification tolerance relative to each output's max |value| (default: fp32 1e-4, fp16 1e-2, bf16 5e-2)")
     p.add_argument("--no-fold", action="store_true", help="do not fold BatchNorm into Conv/Linear")
     p.add_argument("--no-fuse", action="store_true", help="do not rewrite the graph into fused nodes")
@@ -58,7 +61,7 @@ def _progress(name: str, step: Step | None) -> None:
 def run(args: argparse.Namespace) -> int:
     result = export(
         args.model, args.output, inputs=args.inputs, example_inputs=args.example_inputs, dynamic=args.dynamic,
-        target=args.target, precision=args.precision, opset=args.opset, fold=not args.no_fold, fuse=not args.no_fuse,
+        target=args.target, precision=args.precision, opset=args.opset, exporter=args.exporter, fold=not args.no_fold, fuse=not args.no_fuse,
         verify=not args.no_verify, trust_pickle=args.trust_pickle, report_path=args.report, rtol=args.rtol,
         progress=None if args.quiet else _progress,
     )

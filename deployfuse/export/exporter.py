@@ -53,14 +53,31 @@ def _dynamo(loaded: LoadedModel, inputs: Inputs, dynamic: Sequence[DynamicAxis],
     return program.model_proto
 
 
+class _KeywordCall(torch.nn.Module):
+    """Calls a module with keyword inputs from positional ones.
+
+    The TorchScript exporter passes inputs positionally; transformers models (whose forwards
+    take more than their tensors) refuse that, so every input is passed by name.
+    """
+
+    def __init__(self, module: torch.nn.Module, names: Sequence[str]):
+        super().__init__()
+        self.module, self.names = module, list(names)
+        # The exporter restores the wrapper's mode afterwards, recursively: it must match the model's.
+        self.train(module.training)
+
+    def forward(self, *tensors: torch.Tensor) -> object:
+        return self.module(**dict(zip(self.names, tensors)))
+
+
 def _torchscript(loaded: LoadedModel, inputs: Inputs, dynamic: Sequence[DynamicAxis], output_names: list[str], opset: int) -> onnx.ModelProto:
-    args, kwargs = loaded.call_arguments(inputs)
-    if kwargs:  # the TorchScript exporter takes trailing keyword inputs as a dict at the end of args
-        args = (*args, kwargs)
-    names = list(inputs)
+    if isinstance(loaded.module, torch.jit.ScriptModule):
+        module, args = loaded.module, loaded.call_arguments(inputs)[0]
+    else:
+        module, args = _KeywordCall(loaded.module, list(inputs)), tuple(inputs.values())
     buffer = io.BytesIO()
     torch.onnx.export(
-        loaded.module, args, buffer, dynamo=False, input_names=names, output_names=output_names,
+        module, args, buffer, dynamo=False, input_names=list(inputs), output_names=output_names,
         dynamic_axes=_axes(dynamic, inputs) or None, opset_version=min(opset, 20), do_constant_folding=True,
     )
     return onnx.load_from_string(buffer.getvalue())
