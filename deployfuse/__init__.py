@@ -1,6 +1,7 @@
 """deployfuse: export PyTorch models to fused, verified ONNX for ONNX Runtime and TensorRT."""
 
 from deployfuse.build import BuildResult, build_engine
+from deployfuse.compare import CompareResult, compare
 from deployfuse.errors import AccuracyError, DeployfuseError, UsageError
 from deployfuse.inputs import DynamicAxis, InputSpec
 from deployfuse.ops import ort_custom_ops_library
@@ -13,6 +14,7 @@ __all__ = [
     "TARGETS",
     "AccuracyError",
     "BuildResult",
+    "CompareResult",
     "DeployfuseError",
     "DynamicAxis",
     "ExportReport",
@@ -20,6 +22,7 @@ __all__ = [
     "InputSpec",
     "UsageError",
     "build_engine",
+    "compare",
     "export",
     "ort_custom_ops_library",
 ]

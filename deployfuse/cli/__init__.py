@@ -16,6 +16,7 @@ COMMANDS: list[tuple[str, str]] = [
     ("export", "export"),
     ("plugins", "plugins"),
     ("build", "build"),
+    ("compare", "compare"),
 ]
 
 DESCRIPTION = """\

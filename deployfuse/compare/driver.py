@@ -1,0 +1,248 @@
+"""`compare`: run one set of inputs through PyTorch, ONNX Runtime and TensorRT with Polygraphy's
+`Comparator`, judge every backend against the first, time each, and localise a failure."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import os
+import tempfile
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import torch
+
+from deployfuse.compare import feeds as feed_lib
+from deployfuse.compare.accuracy import StatsCompareFunc
+from deployfuse.compare.latency import measure
+from deployfuse.compare.localize import Localization, fused_nodes, localize
+from deployfuse.compare.result import BackendAccuracy, CompareResult
+from deployfuse.compare.tolerances import Tolerances
+from deployfuse.errors import UsageError
+from deployfuse.inputs import DynamicAxis, InputSpec
+from deployfuse.io import check_writable_target
+from deployfuse.loading import LoadedModel, load_model
+
+BACKENDS = ("torch", "ort-cpu", "ort-cuda", "trt")
+DEFAULT_BACKENDS = ("torch", "ort-cpu")
+Progress = Callable[[str], None]
+
+
+@contextlib.contextmanager
+def _quiet_polygraphy(verbose: bool) -> Iterator[None]:
+    """Polygraphy logs every inference at INFO; our table says it once."""
+    from polygraphy.logger import G_LOGGER
+
+    old = G_LOGGER.module_severity
+    if not verbose:
+        G_LOGGER.module_severity = G_LOGGER.CRITICAL
+    try:
+        yield
+    finally:
+        G_LOGGER.module_severity = old
+
+
+def _check_backends(backends: Sequence[str]) -> list[str]:
+    chosen = list(dict.fromkeys(b.strip() for b in backends if b.strip()))
+    unknown = [b for b in chosen if b not in BACKENDS]
+    if unknown:
+        raise UsageError(f"unknown backend {unknown[0]!r}; choose from {', '.join(BACKENDS)}")
+    if len(chosen) < 2:
+        raise UsageError(f"--backends needs at least two backends to compare (got {', '.join(chosen) or 'none'})")
+    return chosen
+
+
+def _load_onnx(path: Path) -> onnx.ModelProto:
+    if not path.is_file():
+        raise UsageError(f"ONNX file not found: {path}")
+    try:
+        return onnx.load(str(path))
+    except Exception as exc:
+        raise UsageError(f"{path} is not an ONNX model: {(str(exc).splitlines() or [''])[0]}") from exc
+
+
+def _output_dtypes(model: onnx.ModelProto) -> dict[str, str]:
+    names = {onnx.TensorProto.BFLOAT16: "bfloat16"}
+    return {o.name: names.get(o.type.tensor_type.elem_type) or str(onnx.helper.tensor_dtype_to_np_dtype(o.type.tensor_type.elem_type)) for o in model.graph.output}
+
+
+def _runners(backends: Sequence[str], loaded: LoadedModel, onnx_path: Path, feed: Mapping[str, np.ndarray], engine: Path | None,
+             custom_ops: str | os.PathLike[str] | None, plugins: Sequence[str | os.PathLike[str]], torch_device: str) -> list[Any]:
+    from polygraphy.common import TensorMetadata
+
+    from deployfuse.compare.ort_runner import OrtRunner
+    from deployfuse.compare.torch_runner import TorchRunner
+    from deployfuse.compare.trt_runner import TrtRunner
+
+    made = []
+    for backend in backends:
+        if backend == "torch":
+            meta = TensorMetadata()
+            for name, value in feed.items():
+                meta.add(name, value.dtype, tuple(None for _ in value.shape))
+            made.append(TorchRunner(loaded, meta, torch_device))
+        elif backend == "trt":
+            made.append(TrtRunner(engine, plugins))  # type: ignore[arg-type]
+        else:
+            made.append(OrtRunner(onnx_path, backend, custom_ops))
+    return made
+
+
+def _engine_for(onnx_path: Path, engine: str | os.PathLike[str] | None, plugins: Sequence[str | os.PathLike[str]], workdir: Path, say: Progress) -> Path:
+    if engine is not None:
+        if not Path(engine).is_file():
+            raise UsageError(f"--engine {engine}: no such file")
+        return Path(engine)
+    from deployfuse.build import build_engine
+
+    say("building a TensorRT engine (no --engine given)")
+    return build_engine(onnx_path, workdir / "model.plan", plugins=plugins).engine
+
+
+def _derive_reference(model: Any, onnx_model: onnx.ModelProto, feed: Mapping[str, np.ndarray], dynamic: Sequence[DynamicAxis],
+                      trust_pickle: bool, workdir: Path) -> Path:
+    """Export MODEL again without fusions, as `deployfuse export --no-fuse --no-verify` would."""
+    from deployfuse.pipeline import export
+
+    opset = next((i.version for i in onnx_model.opset_import if i.domain in ("", "ai.onnx")), None)
+    floats = [v.dtype for v in feed.values() if np.issubdtype(v.dtype, np.floating)]
+    precision = "fp16" if floats and floats[0] == np.float16 else "fp32"
+    source = copy.deepcopy(model) if isinstance(model, torch.nn.Module) else model  # folding changes a module in place
+    example = {k: torch.from_numpy(v.astype(np.float32) if v.dtype == np.float16 else v) for k, v in feed.items()}
+    path = workdir / "unfused.onnx"
+    export(source, path, example_inputs=example, dynamic=dynamic, precision=precision, opset=opset, fuse=False, verify=False, trust_pickle=trust_pickle)
+    return path
+
+
+def compare(
+    model: str | os.PathLike[str] | torch.nn.Module,
+    onnx_path: str | os.PathLike[str],
+    *,
+    backends: Sequence[str] = DEFAULT_BACKENDS,
+    inputs: Sequence[InputSpec] = (),
+    example_inputs: Any = None,
+    dynamic: Sequence[DynamicAxis] = (),
+    trust_pickle: bool = False,
+    atol: float | Mapping[str, float] | Tolerances | None = None,
+    rtol: float | Mapping[str, float] | None = None,
+    iterations: int = 20,
+    warmup: int = 3,
+    engine: str | os.PathLike[str] | None = None,
+    custom_ops: str | os.PathLike[str] | None = None,
+    plugins: Sequence[str | os.PathLike[str]] = (),
+    reference_onnx: str | os.PathLike[str] | None = None,
+    localize_failures: bool = True,
+    torch_device: str = "cpu",
+    seed: int | None = None,
+    json_path: str | os.PathLike[str] | None = None,
+    report_path: str | os.PathLike[str] | None = None,
+    save_results: str | os.PathLike[str] | None = None,
+    verbose: bool = False,
+    progress: Progress | None = None,
+) -> CompareResult:
+    """Compare `onnx_path` (and an engine) with `model` on the same random inputs.
+
+    Args:
+        model: a model file, `package.module:callable` or an `nn.Module` (the PyTorch side).
+        onnx_path: the ONNX artefact.
+        backends: among "torch", "ort-cpu", "ort-cuda", "trt"; the first is the reference.
+        inputs, example_inputs, dynamic, trust_pickle: as for `deployfuse.export`.
+        atol, rtol: one value for every output, a mapping output -> value ("" = the rest), or a
+            `Tolerances` as `atol` (then `rtol` is ignored); unset ones default by output dtype.
+        iterations, warmup: timed and untimed runs per backend; 0 iterations skips latency.
+        engine: a TensorRT engine for "trt"; built from `onnx_path` when None.
+        custom_ops: the deployfuse ONNX Runtime custom-op library to register.
+        plugins: TensorRT plugin libraries.
+        reference_onnx: the unfused export, for localising a failure; derived when None.
+        localize_failures: on failure, find the first fused node that diverges.
+        torch_device: "cpu" or "cuda" for the PyTorch runner.
+        seed: random seed for the inputs.
+        json_path, report_path, save_results: write the JSON, the HTML report, Polygraphy RunResults.
+        verbose: let Polygraphy log.
+        progress: called with a line per stage.
+
+    Returns:
+        The result; `result.passed` is False on an accuracy failure (nothing is raised for it).
+
+    Raises:
+        UsageError: bad arguments, files or inputs.
+    """
+    say = progress or (lambda line: None)
+    chosen = _check_backends(backends)
+    tolerances = atol if isinstance(atol, Tolerances) else Tolerances.of(atol, rtol)
+    targets = {key: check_writable_target(p) for key, p in (("json", json_path), ("report", report_path), ("results", save_results)) if p is not None}
+    if report_path is not None:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            raise UsageError("--report draws its plots with matplotlib: pip install matplotlib") from None
+    onnx_file = Path(onnx_path)
+    onnx_model = _load_onnx(onnx_file)
+    loaded = load_model(model, trust_pickle=trust_pickle)
+    feeds = feed_lib.make_feeds(loaded, onnx_model, inputs, example_inputs, dynamic, seed)
+    dtypes = _output_dtypes(onnx_model)
+    result = CompareResult(str(model) if not isinstance(model, torch.nn.Module) else type(model).__name__, str(onnx_file), chosen)
+
+    from polygraphy.comparator import Comparator
+
+    with tempfile.TemporaryDirectory(prefix="deployfuse-compare-") as tmp, _quiet_polygraphy(verbose):
+        workdir = Path(tmp)
+        plan = _engine_for(onnx_file, engine, plugins, workdir, say) if "trt" in chosen else None
+        say(f"running {', '.join(chosen)} on {len(feeds)} input set(s)")
+        runners = _runners(chosen, loaded, onnx_file, feeds[0], plan, custom_ops, plugins, torch_device)
+        run_results = Comparator.run(runners, data_loader=feeds)
+        result.run_results = run_results
+        reference_outputs = run_results[0][1][0]
+        tolerances.check_names(reference_outputs.keys())
+        compare_func = StatsCompareFunc(tolerances, dtypes)
+        accuracy = Comparator.compare_accuracy(run_results, comparisons=[(0, i) for i in range(1, len(runners))], compare_func=compare_func)
+        for (ref_name, name), per_feed in accuracy[0].items():
+            for index, stats in enumerate(per_feed):
+                shapes = {k: list(v.shape) for k, v in feeds[index].items()}
+                result.accuracy.append(BackendAccuracy(name, ref_name, index, shapes, list(stats.values())))
+        if iterations:
+            for runner in runners:
+                say(f"timing {runner.name}: {warmup} warm-up + {iterations} runs")
+                result.latency.append(measure(runner, feeds[0], warmup, iterations))
+        if not result.passed and localize_failures and fused_nodes(onnx_model):
+            failing = next(a.feed for a in result.accuracy if not a.passed)
+            if reference_onnx is not None:
+                reference_file = Path(reference_onnx)
+            else:
+                say("exporting the unfused reference graph for localisation")
+                reference_file = _derive_reference(model, onnx_model, feeds[failing], dynamic, trust_pickle, workdir)
+            say("localising: fused-node outputs against the unfused graph")
+            result.localization = localize(onnx_model, _load_onnx(reference_file), feeds[failing], tolerances,
+                                           str(reference_file) if reference_onnx is not None else "(derived: unfused export of MODEL)", custom_ops)
+        elif not result.passed and localize_failures:
+            result.localization = Localization(str(reference_onnx or ""), 0, 0, note="the ONNX model has no fused nodes (none carries deployfuse.rule metadata)")
+        _write_outputs(result, feeds, targets)
+    return result
+
+
+def _write_outputs(result: CompareResult, feeds: list[feed_lib.Feed], targets: Mapping[str, Path]) -> None:
+    import json
+
+    from deployfuse.io import atomic_path, write_text_atomic
+
+    if "results" in targets:
+        from polygraphy.json import save_json
+
+        # The inputs go beside the outputs: `polygraphy run M.onnx --onnxrt --load-inputs I --load-outputs R`.
+        inputs = targets["results"].with_name(targets["results"].stem + ".inputs.json")
+        with atomic_path(inputs) as tmp:
+            save_json(feeds, str(tmp))
+        with atomic_path(targets["results"]) as tmp:
+            result.run_results.save(str(tmp))
+        result.files.update(results=str(targets["results"]), inputs=str(inputs))
+    if "report" in targets:
+        from deployfuse.compare.report import html_report
+
+        write_text_atomic(targets["report"], html_report(result))
+        result.files["report"] = str(targets["report"])
+    if "json" in targets:
+        result.files["json"] = str(targets["json"])
+        write_text_atomic(targets["json"], json.dumps(result.to_dict(), indent=2))

@@ -1,0 +1,106 @@
+"""The `--report` HTML page: the tables, a latency plot and an error histogram per output.
+
+Plots are PNGs drawn with matplotlib's object API (no pyplot global state) and embedded as
+data URIs, so the report is one file that can be mailed or attached to a CI run.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+
+import numpy as np
+
+from deployfuse.compare.result import CompareResult
+
+
+def _png(figure) -> str:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    FigureCanvasAgg(figure)
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=100, bbox_inches="tight")
+    return base64.b64encode(buffer.getvalue()).decode("ascii")
+
+
+def latency_png(result: CompareResult) -> str:
+    """Median latency per backend, with the p90 as a whisker (base64 PNG)."""
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(6, 0.6 + 0.5 * len(result.latency)))
+    axes = figure.add_subplot()
+    names = [lat.backend for lat in result.latency]
+    medians = [lat.median_ms for lat in result.latency]
+    whiskers = [[0.0] * len(medians), [lat.p90_ms - lat.median_ms for lat in result.latency]]
+    axes.barh(names, medians, xerr=whiskers, color="#4c72b0", capsize=4)
+    axes.invert_yaxis()
+    axes.set_xlabel("latency, ms (bar: median, whisker: p90)")
+    return _png(figure)
+
+
+def error_png(result: CompareResult, output: str) -> str:
+    """Histogram of log10 |actual - reference| of one output for every backend (first feed)."""
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(6, 3))
+    axes = figure.add_subplot()
+    runs = result.run_results
+    reference = runs[0][1][0]
+    for name, iterations in list(runs.items())[1:]:
+        got = iterations[0]
+        if output not in got or output not in reference or np.shape(got[output]) != np.shape(reference[output]):
+            continue
+        diff = np.abs(np.asarray(got[output], dtype=np.float64) - np.asarray(reference[output], dtype=np.float64)).ravel()
+        diff = diff[np.isfinite(diff)]
+        axes.hist(np.log10(np.maximum(diff, 1e-12)), bins=60, alpha=0.6, label=name)
+    axes.set_xlabel(f"log10 |error| of {output} vs {result.reference} (1e-12 = exact)")
+    axes.set_ylabel("elements")
+    axes.legend()
+    return _png(figure)
+
+
+def _table(headers: list[str], rows: list[list[str]], failed: list[bool] | None = None) -> str:
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in headers)
+    body = "".join(
+        f"<tr{' class=fail' if failed and failed[i] else ''}>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>"
+        for i, row in enumerate(rows)
+    )
+    return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def html_report(result: CompareResult) -> str:
+    """The whole page."""
+    parts = [
+        "<!doctype html><meta charset=utf-8><title>deployfuse compare</title>",
+        "<style>body{font-family:sans-serif;margin:2em}table{border-collapse:collapse;margin:1em 0}"
+        "td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}.fail{background:#fdd}.verdict{font-size:1.3em}</style>",
+        f"<h1>deployfuse compare</h1><p>model <code>{html.escape(result.model)}</code>, ONNX <code>{html.escape(result.onnx)}</code>, "
+        f"reference backend <b>{html.escape(result.reference)}</b></p>",
+        f"<p class=verdict>{'PASSED' if result.passed else 'FAILED: ' + html.escape(', '.join(result.failures()))}</p>",
+    ]
+    first = result.first_divergence
+    if first is not None:
+        parts.append(f"<h2>First divergence</h2><p>node <b>{html.escape(first['node'])}</b> ({html.escape(first['op_type'])}, rule "
+                     f"<b>{html.escape(first['rule'])}</b>), tensor <code>{html.escape(first['tensor'])}</code>, max abs error {first['max_abs_error']:.3e}</p>")
+    elif result.localization is not None:
+        parts.append(f"<h2>Localisation</h2><p>{html.escape(result.localization.note)}</p>")
+    parts.append("<h2>Accuracy</h2>")
+    for a in result.accuracy:
+        shapes = ", ".join(f"{k}={'x'.join(map(str, v))}" for k, v in a.shapes.items())
+        rows = [[o.name, f"{o.max_abs_error:.2e}", f"{o.mean_abs_error:.2e}", f"{o.median_abs_error:.2e}", f"{o.p99_abs_error:.2e}",
+                 f"{o.max_rel_error:.2e}", f"{o.p99_rel_error:.2e}", f"{o.cosine_similarity:.6f}", f"{o.atol:g}", f"{o.rtol:g}",
+                 "ok" if o.passed else f"FAIL ({o.reason or f'{o.mismatched} elements'})"] for o in a.outputs]
+        parts.append(f"<h3>{html.escape(a.backend)} vs {html.escape(a.reference)} at {html.escape(shapes)}</h3>")
+        parts.append(_table(["output", "max abs", "mean abs", "median abs", "p99 abs", "max rel", "p99 rel", "cosine", "atol", "rtol", "result"],
+                            rows, [not o.passed for o in a.outputs]))
+    if result.run_results is not None and len(result.backends) > 1:
+        parts.append("<h2>Error distribution</h2>")
+        for output in dict.fromkeys(o.name for a in result.accuracy for o in a.outputs):
+            parts.append(f"<img alt='error histogram of {html.escape(output)}' src='data:image/png;base64,{error_png(result, output)}'>")
+    if result.latency:
+        rows = [[lat.backend, f"{lat.median_ms:.3f}", f"{lat.p90_ms:.3f}", f"{lat.mean_ms:.3f}", f"{lat.min_ms:.3f}", f"{lat.throughput_per_s:.1f}",
+                 f"{lat.samples_per_s:.1f}", f"{lat.timing}, {lat.iterations} runs after {lat.warmup} warm-up"] for lat in result.latency]
+        parts.append("<h2>Latency</h2>" + _table(["backend", "median ms", "p90 ms", "mean ms", "min ms", "inferences/s", "samples/s", "timing"], rows))
+        parts.append(f"<img alt='latency per backend' src='data:image/png;base64,{latency_png(result)}'>")
+    return "\n".join(parts) + "\n"

@@ -1,0 +1,102 @@
+"""`CompareResult`: every figure a comparison produced, as a terminal table and as JSON."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from deployfuse.compare.accuracy import OutputStats
+from deployfuse.compare.latency import LatencyStats
+from deployfuse.compare.localize import Localization
+
+
+@dataclass
+class BackendAccuracy:
+    """One backend's outputs against the reference backend's, on one feed."""
+
+    backend: str
+    reference: str
+    feed: int
+    shapes: dict[str, list[int]]
+    outputs: list[OutputStats]
+
+    @property
+    def passed(self) -> bool:
+        return all(o.passed for o in self.outputs)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"backend": self.backend, "reference": self.reference, "feed": self.feed, "shapes": self.shapes,
+                "passed": self.passed, "outputs": [o.to_dict() for o in self.outputs]}
+
+
+@dataclass
+class CompareResult:
+    """What `compare` found. `passed` is the verdict: every backend matches the first one."""
+
+    model: str
+    onnx: str
+    backends: list[str]
+    accuracy: list[BackendAccuracy] = field(default_factory=list)
+    latency: list[LatencyStats] = field(default_factory=list)
+    localization: Localization | None = None
+    files: dict[str, str] = field(default_factory=dict)
+    run_results: Any = field(default=None, repr=False)  # Polygraphy RunResults, for plots and --save-results
+
+    @property
+    def passed(self) -> bool:
+        return all(a.passed for a in self.accuracy)
+
+    @property
+    def reference(self) -> str:
+        return self.backends[0]
+
+    @property
+    def first_divergence(self) -> dict[str, Any] | None:
+        """The first fused node whose output departs from the unfused graph, when localised."""
+        first = self.localization.first if self.localization is not None else None
+        if first is None:
+            return None
+        s = first.stats
+        return {"node": first.node, "op_type": first.op_type, "domain": first.domain, "rule": first.rule, "tensor": first.tensor,
+                "max_abs_error": s.max_abs_error, "max_rel_error": s.max_rel_error, "cosine_similarity": s.cosine_similarity,
+                "mismatched": s.mismatched, "reason": s.reason}
+
+    def failures(self) -> list[str]:
+        """`backend:output` for every output outside tolerance (once each)."""
+        return list(dict.fromkeys(f"{a.backend}:{o.name}" for a in self.accuracy for o in a.outputs if not o.passed))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "model": self.model, "onnx": self.onnx, "backends": self.backends, "reference": self.reference, "passed": self.passed,
+            "accuracy": [a.to_dict() for a in self.accuracy],
+            "latency": [lat.to_dict() for lat in self.latency],
+            "first_divergence": self.first_divergence,
+            "localization": self.localization.to_dict() if self.localization is not None else None,
+            "files": self.files,
+        }
+
+    def table(self) -> str:
+        """Accuracy per backend, feed and output; latency per backend; where it first diverges."""
+        lines = []
+        for a in self.accuracy:
+            shapes = ", ".join(f"{k}={'x'.join(map(str, v))}" for k, v in a.shapes.items())
+            lines.append(f"{a.backend} vs {a.reference} at {shapes}")
+            lines.append(f"  {'output':<24} {'max abs':>10} {'mean abs':>10} {'p99 abs':>10} {'max rel':>10} {'p99 rel':>10} {'cosine':>10} {'atol':>8} {'rtol':>8}  result")
+            for o in a.outputs:
+                verdict = "ok" if o.passed else f"FAIL ({o.reason or f'{o.mismatched} elements'})"
+                lines.append(f"  {o.name:<24} {o.max_abs_error:>10.2e} {o.mean_abs_error:>10.2e} {o.p99_abs_error:>10.2e} {o.max_rel_error:>10.2e} "
+                             f"{o.p99_rel_error:>10.2e} {o.cosine_similarity:>10.6f} {o.atol:>8.0e} {o.rtol:>8.0e}  {verdict}")
+        if self.latency:
+            lines.append(f"\n{'backend':<10} {'median ms':>10} {'p90 ms':>10} {'inf/s':>10} {'samples/s':>10}  timing")
+            for lat in self.latency:
+                lines.append(f"{lat.backend:<10} {lat.median_ms:>10.3f} {lat.p90_ms:>10.3f} {lat.throughput_per_s:>10.1f} {lat.samples_per_s:>10.1f}  "
+                             f"{lat.timing}, {lat.iterations} runs after {lat.warmup} warm-up")
+        if self.localization is not None:
+            first = self.first_divergence
+            if first is not None:
+                lines.append(f"\nfirst divergence: node {first['node']} ({first['domain'] + '::' if first['domain'] else ''}{first['op_type']}, "
+                             f"rule {first['rule']}), tensor {first['tensor']}, max abs error {first['max_abs_error']:.3e}")
+            else:
+                lines.append(f"\nlocalisation: {self.localization.note}")
+        lines.append("\n" + ("PASSED: every backend matches " + self.reference if self.passed else "FAILED: " + ", ".join(self.failures())))
+        return "\n".join(lines)

@@ -1,0 +1,87 @@
+"""A Polygraphy runner for a serialized TensorRT engine, timed with CUDA events.
+
+Inputs are copied to the device and outputs allocated there before the clock starts; the
+figure is `execute_async_v3` on PyTorch's current stream between two CUDA events, so no host
+copy is in it. Needs a CUDA GPU and TensorRT (or TensorRT-RTX for the GPU it built for);
+plugin libraries (deployfuse's own and `--plugins`) are loaded before the engine.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+from polygraphy.backend.base import BaseRunner
+from polygraphy.common import TensorMetadata
+
+from deployfuse.errors import UsageError
+
+
+class TrtRunner(BaseRunner):
+    """Runs a TensorRT engine file."""
+
+    timing = "CUDA events"
+
+    def __init__(self, engine: str | os.PathLike[str], plugins: Sequence[str | os.PathLike[str]] = (), name: str = "trt"):
+        super().__init__(name=name)
+        self.engine_path, self.plugins = Path(engine), [Path(p) for p in plugins]
+
+    def activate_impl(self) -> None:
+        import torch
+
+        from deployfuse.build import builders, plugins as plugin_libs
+
+        if not torch.cuda.is_available():
+            raise UsageError("trt: running a TensorRT engine needs a CUDA GPU, and this machine has none")
+        if not self.engine_path.is_file():
+            raise UsageError(f"--engine {self.engine_path}: no such file")
+        trt = builders.activate(builders.resolve_builder("auto"))
+        own = plugin_libs.deployfuse_plugin_library()
+        plugin_libs.load_libraries(trt, self.plugins + ([own] if own is not None and own not in self.plugins else []))
+        runtime = trt.Runtime(trt.Logger(trt.Logger.WARNING))
+        engine = runtime.deserialize_cuda_engine(self.engine_path.read_bytes())
+        if engine is None:
+            raise UsageError(f"--engine {self.engine_path}: TensorRT {trt.__version__} cannot deserialize it (built by another version or for another GPU?)")
+        self.trt, self.torch, self.runtime, self.engine = trt, torch, runtime, engine
+        self.context = engine.create_execution_context()
+        names = [engine.get_tensor_name(i) for i in range(engine.num_io_tensors)]
+        self.inputs = [n for n in names if engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT]
+        self.outputs = [n for n in names if engine.get_tensor_mode(n) == trt.TensorIOMode.OUTPUT]
+
+    def _torch_dtype(self, name: str):
+        return getattr(self.torch, np.dtype(self.trt.nptype(self.engine.get_tensor_dtype(name))).name)
+
+    def get_input_metadata_impl(self) -> TensorMetadata:
+        meta = TensorMetadata()
+        for name in self.inputs:
+            dtype = np.dtype(self.trt.nptype(self.engine.get_tensor_dtype(name)))
+            meta.add(name, dtype, tuple(d if d >= 0 else None for d in self.engine.get_tensor_shape(name)))
+        return meta
+
+    def infer_impl(self, feed_dict) -> dict[str, np.ndarray]:
+        torch, context = self.torch, self.context
+        stream = torch.cuda.current_stream()
+        buffers = {}
+        for name in self.inputs:
+            tensor = torch.from_numpy(np.ascontiguousarray(feed_dict[name])).to("cuda", self._torch_dtype(name))
+            if not context.set_input_shape(name, tuple(tensor.shape)):
+                raise UsageError(f"trt: input {name} of shape {list(tensor.shape)} is outside the engine's optimisation profile")
+            buffers[name] = tensor
+        for name in self.outputs:
+            buffers[name] = torch.empty(tuple(context.get_tensor_shape(name)), dtype=self._torch_dtype(name), device="cuda")
+        for name, tensor in buffers.items():
+            context.set_tensor_address(name, tensor.data_ptr())
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record(stream)
+        ok = context.execute_async_v3(stream.cuda_stream)
+        end.record(stream)
+        end.synchronize()
+        if not ok:
+            raise UsageError("trt: the engine failed to execute")
+        self.inference_time = start.elapsed_time(end) / 1000.0
+        return {name: buffers[name].float().cpu().numpy() if buffers[name].dtype == torch.bfloat16 else buffers[name].cpu().numpy() for name in self.outputs}
+
+    def deactivate_impl(self) -> None:
+        del self.context, self.engine, self.runtime, self.trt, self.torch, self.inputs, self.outputs
