@@ -51,17 +51,23 @@ def median_ms(fn: Callable[[], object], warmup: int, runs: int) -> float:
     return statistics.median(times)
 
 
-def ort_cuda(path: Path, inputs: dict[str, torch.Tensor]) -> Callable[[], torch.Tensor]:
+# CUDA EP options tried on deployfuse's artefact, to find which ones it should carry.
+LEVERS = {"deployfuse+nhwc": {"prefer_nhwc": "1"}, "deployfuse+cudagraph": {"enable_cuda_graph": "1"}}
+
+
+def ort_cuda(path: Path, inputs: dict[str, torch.Tensor], cuda_options: dict[str, str] | None = None) -> Callable[[], torch.Tensor]:
     """An ORT CUDA session bound once to the device inputs and preallocated device outputs.
 
     The session applies the CUDA options stored in the artefact (deployfuse writes them).
     """
     from deployfuse.backends.ort import run, session
 
-    sess = session(path, providers=("CUDAExecutionProvider", "CPUExecutionProvider"))
+    providers = ("CUDAExecutionProvider", "CPUExecutionProvider")
+    sess = session(path, providers=providers, cuda_options=cuda_options)
     wanted = {i.name for i in sess.get_inputs()}
     bound = {k: v.contiguous() for k, v in inputs.items() if k in wanted}
-    first = run(sess, {k: v.cpu().numpy() for k, v in bound.items()})
+    # Output shapes from a separate session: a CUDA-graph session must only ever see the bound buffers.
+    first = run(session(path, providers=providers), {k: v.cpu().numpy() for k, v in bound.items()})
     outputs = [torch.from_numpy(first[o.name]).cuda() for o in sess.get_outputs()]
     binding = sess.io_binding()
     for name, t in bound.items():
@@ -106,6 +112,9 @@ def bench(name: str, dtype_name: str, warmup: int, runs: int, workdir: Path) -> 
     for variant in ("ort-plain", "ort-opt", "onnxscript", "deployfuse"):
         made = files[variant]
         record(variant, made if isinstance(made, str) else (lambda p=made: ort_cuda(p, inputs)))
+    for lever, options in LEVERS.items():
+        made = files["deployfuse"]
+        record(lever, made if isinstance(made, str) else (lambda p=made, o=options: ort_cuda(p, inputs, o)))
     return rows
 
 

@@ -23,6 +23,7 @@ def session(
     optimize: bool = True,
     custom_ops_library: str | Path | None = None,
     threads: int = 0,
+    cuda_options: Mapping[str, str] | None = None,
 ):  # -> onnxruntime.InferenceSession (imported late: heavy)
     """An `onnxruntime.InferenceSession` for `model`.
 
@@ -34,6 +35,7 @@ def session(
         custom_ops_library: a deployfuse custom-op library to register; None runs deployfuse
             nodes through the ONNX function bodies stored in the model.
         threads: intra-op threads; 0 lets ORT choose.
+        cuda_options: CUDA EP options on top of those the artefact carries.
     """
     import onnxruntime as ort
 
@@ -45,8 +47,9 @@ def session(
     if custom_ops_library is not None:
         options.register_custom_ops_library(str(custom_ops_library))
     if "CUDAExecutionProvider" in providers:
-        cuda_options = artefact_provider_options(model if isinstance(model, (onnx.ModelProto, str, Path)) else onnx.load_from_string(model))
-        providers = [("CUDAExecutionProvider", cuda_options) if p == "CUDAExecutionProvider" else p for p in providers]
+        options = artefact_provider_options(model if isinstance(model, (onnx.ModelProto, str, Path)) else onnx.load_from_string(model))
+        options.update(cuda_options or {})
+        providers = [("CUDAExecutionProvider", options) if p == "CUDAExecutionProvider" else p for p in providers]
     if isinstance(model, onnx.ModelProto):
         model = model.SerializeToString()
     elif isinstance(model, Path):

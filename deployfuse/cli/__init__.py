@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import logging
 import sys
 import warnings
 from collections.abc import Sequence
@@ -42,6 +43,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not getattr(args, "verbose", False):
         # torch and transformers warn about deprecations on every load and export; users act on our errors.
         warnings.filterwarnings("ignore")
+        logging.getLogger("onnxscript").setLevel(logging.ERROR)  # constant folding logs every shape it cannot evaluate
     try:
         return int(args.run(args))
     except DeployfuseError as exc:
