@@ -5,7 +5,7 @@ each launch, compared by ||out - ref|| / ||ref|| against the spec's PyTorch refe
 in float64. Speed: median of CUDA-event timings vs a device copy of the same bytes, PyTorch
 eager and torch.compile of the same math.
 
-    python bench/ops_gpu.py LIB.so
+    python bench/ops_gpu.py LIB.so [--ort libdeployfuse_ort.so]
 """
 
 from __future__ import annotations
@@ -79,7 +79,12 @@ def native(op, xs, attrs, y):
 
 
 def inputs(op, shape, dtype, attrs):
-    g = lambda *s, scale=1.0, shift=0.0: (torch.randn(*s, device="cuda") * scale + shift).to(dtype)
+    def g(*s, scale=1.0, shift=0.0):
+        t = (torch.randn(*s, device="cuda") * scale + shift).to(dtype)
+        if attrs.get("misalign"):  # storage one element off 16-byte alignment: the scalar paths
+            t = torch.cat([t.new_zeros(1), t.flatten()])[1:].view(t.shape)
+        return t
+
     if op == "LayerNormGelu":
         return [g(*shape, scale=2, shift=0.5), g(shape[-1], shift=1), g(shape[-1])]
     if op == "GroupNormAct":
@@ -95,7 +100,14 @@ CHECKS = [
     ("LayerNormGelu", (2, 5, 65537), {}), ("LayerNormGelu", (64, 512, 768), {"epsilon": 1e-3}),
     ("GroupNormAct", (2, 12, 7, 9), {"num_groups": 4}), ("GroupNormAct", (4, 320, 33, 31), {"num_groups": 32, "activation": "gelu"}),
     ("GroupNormAct", (1, 6, 1, 3), {"num_groups": 3, "activation": "none"}),
+    ("GroupNormAct", (2, 64, 16, 16), {"num_groups": 8}), ("GroupNormAct", (3, 96, 40, 40), {"num_groups": 32, "activation": "gelu"}),
+    ("GroupNormAct", (1, 32, 128, 128), {"num_groups": 4, "activation": "none"}),
+    ("GroupNormAct", (2, 16, 8, 8), {"num_groups": 4, "misalign": True}),
+    ("LayerNormGelu", (4, 3, 16384), {}), ("LayerNormGelu", (8, 32768), {"approximate": "tanh"}),
+    ("LayerNormGelu", (5, 4104), {}), ("LayerNormGelu", (6, 512), {"misalign": True}),
     ("BiasAct", (1, 3), {"activation": "relu"}), ("BiasAct", (5, 77, 1001), {"activation": "gelu"}),
+    ("BiasAct", (33, 512), {"activation": "gelu"}), ("BiasAct", (7, 3, 2048), {"activation": "gelu_tanh"}),
+    ("BiasAct", (9, 1024), {"activation": "silu", "misalign": True}),
     ("BiasAct", (129, 4100), {"activation": "gelu_tanh"}), ("BiasAct", (64, 512, 3072), {"activation": "silu"}),
     ("BiasAct", (3, 7, 13), {"activation": "sigmoid"}),
     ("FusedMHA", (2, 7, 7, 24), {"num_heads": 3}), ("FusedMHA", (2, 33, 65, 128), {"num_heads": 2, "causal": 1, "mask": True, "scale": 0.3}),
@@ -110,7 +122,7 @@ def check():
         for dtype in DT:
             torch.manual_seed(hash((op, shape, str(dtype))) % 2**31)
             xs = inputs(op, shape, dtype, attrs)
-            a = {k: v for k, v in attrs.items() if k != "mask"}
+            a = {k: v for k, v in attrs.items() if k not in ("mask", "misalign")}
             y = torch.full_like(xs[0] if op != "FusedMHA" else xs[0], float("nan"))
             native(op, xs, a, y)
             torch.cuda.synchronize()
@@ -120,6 +132,42 @@ def check():
             status = "ok" if rel < TOL[dtype] else "FAIL"
             worst = max(worst, rel / TOL[dtype])
             print(f"check {status:4} {op:13} {str(shape):22} {str(dtype):15} rel_err={rel:.2e} {a}")
+    return worst
+
+
+def ort_check(ort_lib):
+    """Every op through ONNX Runtime's CUDA EP (fp32, fp16): the native kernels of the custom-op
+    library (function bodies removed, so nothing else can run the node) and, without the library,
+    the ONNX function bodies; both against the float64 reference, fresh inputs each time."""
+    import numpy as np
+    import onnxruntime as ort
+
+    from deployfuse.ops.models import example_inputs, single_op_model
+
+    cases = [("LayerNormGelu", (4, 77, 771), {}), ("LayerNormGelu", (8, 64, 1024), {"approximate": "tanh"}),
+             ("GroupNormAct", (2, 64, 16, 16), {"num_groups": 8}), ("GroupNormAct", (2, 12, 7, 9), {"num_groups": 4, "activation": "gelu"}),
+             ("BiasAct", (4, 33, 3072), {"activation": "gelu"}), ("BiasAct", (3, 7, 13), {"activation": "sigmoid"}),
+             ("FusedMHA", (2, 33, 65, 128), {"num_heads": 2, "causal": 1, "mask": True}), ("FusedMHA", (2, 128, 128, 512), {"num_heads": 8})]
+    worst = 0.0
+    for op, shape, attrs in cases:
+        for dtype, tol in ((np.float32, 1e-5), (np.float16, 2e-3)):
+            for with_lib in (True, False):
+                a = dict(attrs)
+                xs = example_inputs(op, shape, dtype, **a)
+                a.pop("mask", None)
+                model = single_op_model(op, xs, **a)
+                options = ort.SessionOptions()
+                if with_lib:
+                    del model.functions[:]
+                    options.register_custom_ops_library(ort_lib)
+                sess = ort.InferenceSession(model.SerializeToString(), options, providers=["CUDAExecutionProvider"])
+                assert sess.get_providers()[0] == "CUDAExecutionProvider", sess.get_providers()
+                feed = {n: x for n, x in zip(SPECS[op].inputs, xs) if x is not None}
+                got = torch.from_numpy(sess.run(None, feed)[0].astype(np.float64))
+                ref = SPECS[op].reference_fn(*[None if x is None else torch.from_numpy(x).double() for x in xs], **SPECS[op].resolve(**a))
+                rel = ((got - ref).norm() / ref.norm()).item()
+                worst = max(worst, rel / tol)
+                print(f"ort-cuda {'ok' if rel < tol else 'FAIL':4} {op:13} {str(shape):18} {np.dtype(dtype).name:8} {'library' if with_lib else 'function body':13} rel_err={rel:.2e}")
     return worst
 
 
@@ -175,5 +223,8 @@ if __name__ == "__main__":
     print(torch.cuda.get_device_name(), torch.__version__)
     worst = check()
     print(f"worst error / tolerance: {worst:.2f}")
+    if len(sys.argv) > 2:  # --ort LIB: onnxruntime-gpu is importable with its CUDA provider
+        worst = max(worst, ort_check(sys.argv[3]))
+        print(f"worst error / tolerance incl. ORT CUDA EP: {worst:.2f}")
     bench()
     sys.exit(0 if worst < 1 else 1)

@@ -212,15 +212,8 @@ struct FusedMHA {
       auto m = c.ctx.GetInput(3);
       if (m) {
         auto md = m.GetTensorTypeAndShapeInfo().GetShape();
-        if (md.size() > 4) fail(kName, "Mask rank > 4");
-        const int64_t full[4] = {s.batch, s.heads, s.q_seq, s.k_seq};
-        int64_t stride = 1;
-        for (int i = 3, j = static_cast<int>(md.size()) - 1; i >= 0; --i, --j) {
-          const int64_t dim = j >= 0 ? md[j] : 1;
-          if (dim != 1 && dim != full[i]) fail(kName, "Mask is not broadcastable to [batch, heads, q_seq, k_seq]");
-          s.mask_stride[i] = dim == 1 ? 0 : stride;
-          stride *= dim;
-        }
+        if (!set_mask_strides(md.data(), static_cast<int>(md.size()), &s))
+          fail(kName, "Mask is not broadcastable to [batch, heads, q_seq, k_seq]");
         mask = m.GetTensorRawData();
       }
     }

@@ -132,6 +132,8 @@ def build_engine(
         libraries.append(own)
     plugin_libs.load_libraries(trt, libraries)
     registered = plugin_libs.registered_plugins(trt)
+    if not deployfuse_plugins:  # the registry is per process: ignore deployfuse creators loaded earlier
+        registered = {p for p in registered if p[1] != DEPLOYFUSE_DOMAIN}
 
     split_overloads(onnx_model, registered)
     if precision != "fp32":

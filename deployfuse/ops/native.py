@@ -2,15 +2,21 @@
 
 ONNX Runtime's wheels ship no C++ headers: they come from ONNXRUNTIME_INCLUDE_DIR, a system
 install, or Debian's libonnxruntime-dev (API 21, fetched with apt-get options that leave the
-system's apt configuration alone) cached in plugins/build/ort-include.
+system's apt configuration alone) cached in plugins/build/ort-include. TensorRT's headers come
+from TENSORRT_INCLUDE_DIR, a system install, or the `kernel-lens` wheel on PyPI (it carries the
+Apache-2.0 TensorRT 10 headers; fetched with pip, never installed) cached in
+plugins/build/trt-include. The TensorRT plugin library needs the CUDA build (nvcc).
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
+import zipfile
 from pathlib import Path
 
 from deployfuse.errors import UsageError
@@ -19,6 +25,8 @@ PLUGINS = Path(__file__).resolve().parents[2] / "plugins"
 BUILD = PLUGINS / "build"
 _HEADER = "onnxruntime_cxx_api.h"
 _DEBIAN = "deb http://deb.debian.org/debian trixie main\n"
+_TRT_HEADER = "NvInferRuntime.h"
+_TRT_HEADERS_WHEEL = "kernel-lens==2.0.1"  # TensorRT 10.14 headers under kernel_lens/include/tensorrt/
 
 
 def _run(cmd: list[str], cwd: Path | None = None) -> None:
@@ -51,19 +59,50 @@ def ort_include_dir(fetch: bool = True) -> Path:
     return target
 
 
-def build_plugins(cuda: bool | None = None) -> Path:
+def trt_include_dir(fetch: bool = True) -> Path:
+    """A directory holding NvInferRuntime.h; fetches the headers from PyPI when none is found."""
+    for cand in (os.environ.get("TENSORRT_INCLUDE_DIR"), str(BUILD / "trt-include"), "/usr/include/x86_64-linux-gnu", "/usr/include", "/usr/local/tensorrt/include"):
+        if cand and (Path(cand) / _TRT_HEADER).is_file():
+            return Path(cand)
+    if not fetch:
+        raise UsageError("TensorRT C++ headers not found: set TENSORRT_INCLUDE_DIR or run `deployfuse plugins build --cuda on`")
+    with tempfile.TemporaryDirectory() as tmp:
+        _run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-q", "-d", tmp, _TRT_HEADERS_WHEEL])
+        target = BUILD / "trt-include"
+        shutil.rmtree(target, ignore_errors=True)
+        target.mkdir(parents=True)
+        with zipfile.ZipFile(next(Path(tmp).glob("*.whl"))) as wheel:
+            for name in wheel.namelist():
+                if name.startswith("kernel_lens/include/tensorrt/") and name.endswith(".h"):
+                    (target / Path(name).name).write_bytes(wheel.read(name))
+    if not (target / _TRT_HEADER).is_file():
+        raise UsageError(f"{_TRT_HEADERS_WHEEL} no longer carries {_TRT_HEADER}: set TENSORRT_INCLUDE_DIR")
+    return target
+
+
+def build_plugins(cuda: bool | None = None, tensorrt: bool | None = None) -> Path:
     """Configure and build plugins/ (CPU ORT library; CUDA too when nvcc exists and cuda is not
-    False). Returns the build directory."""
+    False; with CUDA, the TensorRT plugins too unless tensorrt is False — True makes missing
+    TensorRT headers an error instead of a skip). Returns the build directory."""
     for tool in ("cmake", "c++"):
         if shutil.which(tool) is None:
             raise UsageError(f"building the deployfuse plugins needs `{tool}` on PATH")
     cuda = shutil.which("nvcc") is not None if cuda is None else cuda
     out = BUILD / ("cuda" if cuda else "cpu")
     cmd = ["cmake", "-S", str(PLUGINS), "-B", str(out), f"-DONNXRUNTIME_INCLUDE_DIR={ort_include_dir()}", "-DCMAKE_BUILD_TYPE=Release", f"-DDEPLOYFUSE_CUDA={'ON' if cuda else 'OFF'}"]
+    if cuda and tensorrt is not False:
+        try:
+            cmd.append(f"-DTENSORRT_INCLUDE_DIR={trt_include_dir()}")
+        except UsageError:
+            if tensorrt:
+                raise
     if shutil.which("ninja"):
         cmd += ["-G", "Ninja"]
-    _run(cmd)
-    _run(["cmake", "--build", str(out), "-j", str(os.cpu_count() or 2)])
+    BUILD.mkdir(parents=True, exist_ok=True)
+    with open(BUILD / f".{out.name}.lock", "w") as lock:  # one build of a flavour at a time (pytest -n)
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        _run(cmd)
+        _run(["cmake", "--build", str(out), "-j", str(os.cpu_count() or 2)])
     return out
 
 
@@ -78,3 +117,18 @@ def ort_custom_ops_library(build: bool = True) -> Path:
     if not build:
         raise UsageError("libdeployfuse_ort.so is not built: run `deployfuse plugins build`")
     return build_plugins(cuda=False) / "libdeployfuse_ort.so"
+
+
+def trt_plugins_library(build: bool = True) -> Path:
+    """Path of libdeployfuse_trt.so (TensorRT IPluginV3 plugins), building it if needed.
+
+    Load it with `IPluginRegistry.load_library` (TensorRT >= 10 or TensorRT-RTX). Raises
+    UsageError naming what is missing (nvcc, TensorRT headers, cmake, a compiler)."""
+    lib = BUILD / "cuda" / "libdeployfuse_trt.so"
+    if lib.is_file():
+        return lib
+    if not build:
+        raise UsageError("libdeployfuse_trt.so is not built: run `deployfuse plugins build --cuda on`")
+    if shutil.which("nvcc") is None:
+        raise UsageError("libdeployfuse_trt.so needs the CUDA toolkit (nvcc on PATH) to compile its kernels")
+    return build_plugins(cuda=True, tensorrt=True) / "libdeployfuse_trt.so"

@@ -1,6 +1,10 @@
-// Elementwise with 16-byte vector loads/stores when X and Y are 16-byte aligned (the usual case
-// for framework allocations), a scalar tail for the last total % (16 / sizeof(T)) elements, and a
-// scalar kernel otherwise. The bias column is computed once per vector and then stepped.
+// Elementwise, three paths:
+// - rows of whole 16-byte vectors (cols % (16 / sizeof(T)) == 0, X, Y, Bias 16-byte aligned,
+//   at least 64 vectors a row): a thread owns one column vector, keeps that slice of Bias in
+//   registers and walks down the rows, four rows in flight; no index division at all;
+// - other aligned tensors: 16-byte vectors of X/Y with the bias column stepped per element;
+// - otherwise (and for the tail) a scalar kernel.
+// The vector paths use the fast-intrinsic activations (common/activation.h, act_fast).
 #include "bias_act/bias_act.cuh"
 
 #include <cuda_bf16.h>
@@ -13,27 +17,51 @@ namespace deployfuse {
 namespace {
 
 constexpr int kThreads = 256;
+constexpr int kMinColumnVectors = 64;
 
-template <typename T>
-struct alignas(16) Vec {
-  static constexpr int kSize = 16 / sizeof(T);
-  T v[kSize];
-};
+template <typename T, Act kAct>
+__device__ __forceinline__ Vec<T> bias_act_vec(const Vec<T>& in, const float (&b)[Vec<T>::kSize]) {
+  Vec<T> out;
+#pragma unroll
+  for (int k = 0; k < Vec<T>::kSize; ++k) out.v[k] = from_float<T>(act_fast<kAct>(to_float(in.v[k]) + b[k]));
+  return out;
+}
 
-template <typename T>
+template <typename T, Act kAct>
+__global__ void __launch_bounds__(kThreads) bias_act_rows_kernel(const Vec<T>* __restrict__ x, const Vec<T>* __restrict__ bias,
+                                                                 Vec<T>* __restrict__ y, int64_t rows, int64_t col_vectors) {
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  if (c >= col_vectors) return;
+  float b[Vec<T>::kSize];
+  const Vec<T> bv = bias[c];
+#pragma unroll
+  for (int k = 0; k < Vec<T>::kSize; ++k) b[k] = to_float(bv.v[k]);
+  const int64_t step = gridDim.y;
+  int64_t r = blockIdx.y;
+  for (; r + 3 * step < rows; r += 4 * step) {  // four loads in flight before the first use
+    Vec<T> a[4];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) a[u] = x[(r + u * step) * col_vectors + c];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) y[(r + u * step) * col_vectors + c] = bias_act_vec<T, kAct>(a[u], b);
+  }
+  for (; r < rows; r += step) y[r * col_vectors + c] = bias_act_vec<T, kAct>(x[r * col_vectors + c], b);
+}
+
+template <typename T, Act kAct>
 __global__ void __launch_bounds__(kThreads) bias_act_vec_kernel(const Vec<T>* __restrict__ x, const T* __restrict__ bias,
-                                                                Vec<T>* __restrict__ y, int64_t vectors, int64_t cols, Act act) {
+                                                                Vec<T>* __restrict__ y, int64_t vectors, int64_t cols) {
   constexpr int kSize = Vec<T>::kSize;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(kThreads) + threadIdx.x; i < vectors;
        i += static_cast<int64_t>(gridDim.x) * kThreads) {
-    Vec<T> in = x[i], out;
+    float b[kSize];
     int64_t col = (i * kSize) % cols;
 #pragma unroll
     for (int k = 0; k < kSize; ++k) {
-      out.v[k] = from_float<T>(apply_act(act, to_float(in.v[k]) + to_float(__ldg(bias + col))));
+      b[k] = to_float(__ldg(bias + col));
       if (++col == cols) col = 0;
     }
-    y[i] = out;
+    y[i] = bias_act_vec<T, kAct>(x[i], b);
   }
 }
 
@@ -59,13 +87,28 @@ cudaError_t launch_bias_act(cudaStream_t stream, const T* x, const T* bias, T* y
   if (total == 0) return cudaSuccess;
   if (cols <= 0) return cudaErrorInvalidValue;
   constexpr int kSize = Vec<T>::kSize;
-  const bool aligned = (reinterpret_cast<uintptr_t>(x) % 16 == 0) && (reinterpret_cast<uintptr_t>(y) % 16 == 0);
+  const bool aligned = aligned16(x) && aligned16(y);
+  if (aligned && cols % kSize == 0 && aligned16(bias) && cols / kSize >= kMinColumnVectors) {
+    const int64_t col_vectors = cols / kSize, rows = total / cols;
+    const unsigned gx = static_cast<unsigned>((col_vectors + kThreads - 1) / kThreads);
+    const int64_t want_y = (132 * 16 + gx - 1) / gx;  // ~16 blocks per SM
+    const dim3 grid(gx, static_cast<unsigned>(rows < want_y ? rows : (want_y < 65535 ? want_y : 65535)));
+    with_act(act, [&](auto a) {
+      bias_act_rows_kernel<T, decltype(a)::value><<<grid, kThreads, 0, stream>>>(
+          reinterpret_cast<const Vec<T>*>(x), reinterpret_cast<const Vec<T>*>(bias), reinterpret_cast<Vec<T>*>(y), rows, col_vectors);
+      return 0;
+    });
+    return cudaGetLastError();
+  }
   int64_t done = 0;
   if (aligned) {
     const int64_t vectors = total / kSize;
     if (vectors > 0) {
-      bias_act_vec_kernel<T><<<grid_for(vectors), kThreads, 0, stream>>>(reinterpret_cast<const Vec<T>*>(x), bias,
-                                                                         reinterpret_cast<Vec<T>*>(y), vectors, cols, act);
+      with_act(act, [&](auto a) {
+        bias_act_vec_kernel<T, decltype(a)::value><<<grid_for(vectors), kThreads, 0, stream>>>(
+            reinterpret_cast<const Vec<T>*>(x), bias, reinterpret_cast<Vec<T>*>(y), vectors, cols);
+        return 0;
+      });
       DF_RETURN_IF_ERROR(cudaGetLastError());
     }
     done = vectors * kSize;

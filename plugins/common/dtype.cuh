@@ -3,6 +3,8 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <cstdint>
+
 namespace deployfuse {
 
 template <typename T> __device__ __forceinline__ float to_float(T v);
@@ -14,6 +16,29 @@ template <typename T> __device__ __forceinline__ T from_float(float v);
 template <> __device__ __forceinline__ float from_float<float>(float v) { return v; }
 template <> __device__ __forceinline__ __half from_float<__half>(float v) { return __float2half_rn(v); }
 template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+
+// 16 bytes of T: the unit of the vectorised kernels (8 halves / bf16s, 4 floats).
+template <typename T>
+struct alignas(16) Vec {
+  static constexpr int kSize = 16 / sizeof(T);
+  T v[kSize];
+};
+
+inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// Sum over the block (blockDim.x a multiple of 32, at most 1024); every thread gets the total.
+// Safe to call repeatedly: the first barrier keeps a previous call's readers off the scratch.
+__device__ __forceinline__ float block_sum(float v) {
+  __shared__ float s_warp[32];
+  for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  __syncthreads();
+  if (lane == 0) s_warp[warp] = v;
+  __syncthreads();
+  v = lane < static_cast<int>(blockDim.x >> 5) ? s_warp[lane] : 0.f;
+  for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+  return v;
+}
 
 // Welford running statistics; merge() is Chan's parallel combination.
 struct Welford {

@@ -11,6 +11,21 @@ struct MhaShape {
   int64_t mask_stride[4];                        // element strides of the additive mask over [b, h, q, k]; 0 = broadcast
 };
 
+// Sets s->mask_stride for a contiguous additive mask of `rank` dims, right-aligned and broadcast
+// to [batch, heads, q_seq, k_seq]; false when it is not broadcastable (or rank > 4).
+inline bool set_mask_strides(const int64_t* dims, int rank, MhaShape* s) {
+  if (rank > 4) return false;
+  const int64_t full[4] = {s->batch, s->heads, s->q_seq, s->k_seq};
+  int64_t stride = 1;
+  for (int i = 3, j = rank - 1; i >= 0; --i, --j) {
+    const int64_t dim = j >= 0 ? dims[j] : 1;
+    if (dim != 1 && dim != full[i]) return false;
+    s->mask_stride[i] = dim == 1 ? 0 : stride;
+    stride *= dim;
+  }
+  return true;
+}
+
 // fp32 CPU kernel; mask may be null.
 void fused_mha_cpu(const float* q, const float* k, const float* v, const float* mask, float* y, const MhaShape& s);
 

@@ -91,7 +91,7 @@ def test_unknown_custom_op_names_node_and_fix(tmp_path):
     model.graph.node[0].overload = ""
     onnx.save(model, tmp_path / "m.onnx")
     with pytest.raises(UsageError, match=r"deployfuse.BiasAct x1 \(bias_act_0\): no plugin named 'BiasAct'.*--plugins LIB"):
-        build_engine(tmp_path / "m.onnx", tmp_path / "m.plan", compute_capability="8.9", profiles=())
+        build_engine(tmp_path / "m.onnx", tmp_path / "m.plan", compute_capability="8.9", profiles=(), deployfuse_plugins=False)
     assert not (tmp_path / "m.plan").exists()
 
 
@@ -100,6 +100,6 @@ def test_function_bodies_build_without_plugins(tmp_path):
     onnx.save(model, tmp_path / "m.onnx")
     from deployfuse.build import ShapeProfile
 
-    result = build_engine(tmp_path / "m.onnx", tmp_path / "m.plan", compute_capability="8.9", profiles=[ShapeProfile.parse("x:1x8:4x8:16x8")])
+    result = build_engine(tmp_path / "m.onnx", tmp_path / "m.plan", compute_capability="8.9", profiles=[ShapeProfile.parse("x:1x8:4x8:16x8")], deployfuse_plugins=False)
     assert result.preflight.function == {"deployfuse.BiasAct__sigmoid": 1}
     assert result.size_bytes == (tmp_path / "m.plan").stat().st_size > 0

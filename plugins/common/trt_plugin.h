@@ -1,0 +1,253 @@
+// The TensorRT IPluginV3 machinery shared by every deployfuse plugin: attribute fields (as the
+// ONNX parser hands them over and as an engine stores them), one plugin template implementing
+// IPluginV3OneCore / OneBuild / OneRuntime over an op adapter, and one creator template.
+//
+// An op adapter is a small struct (see trt_plugins.cpp):
+//   static constexpr const char* kName;                    // = the ONNX op type
+//   static constexpr int32_t kMinInputs, kMaxInputs;       // optional inputs come last
+//   static constexpr FieldSpec kFields[];                  // its attributes, with defaults
+//   explicit Op(const Fields&);                            // throws std::invalid_argument on a bad value
+//   cudaError_t enqueue(DataType, const PluginTensorDesc* in, int32_t nb_in,
+//                       const void* const* inputs, void* output, cudaStream_t) const;
+// Every op has one output with the shape and element type of its first input, fp32/fp16/bf16,
+// linear layout. Only interfaces are used (no TensorRT symbol is linked), so the library loads
+// into TensorRT 10 and TensorRT-RTX alike.
+#pragma once
+#include <NvInferRuntime.h>
+
+#include <cstdio>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace deployfuse {
+namespace trt {
+
+using nvinfer1::DataType;
+using nvinfer1::PluginField;
+using nvinfer1::PluginFieldCollection;
+using nvinfer1::PluginFieldType;
+using nvinfer1::PluginTensorDesc;
+
+constexpr const char* kNamespace = "deployfuse";  // = the ONNX domain
+constexpr const char* kVersion = "1";            // = the op set version
+
+// One attribute: kINT32 and kFLOAT32 carry a number, kCHAR a string.
+struct FieldSpec {
+  const char* name;
+  PluginFieldType type;
+  double number;     // default of a number; unused for strings
+  const char* text;  // default of a string; nullptr = the attribute is required
+  bool required;
+};
+
+// The attribute values of one plugin, in the order of its op's FieldSpecs.
+class Fields {
+ public:
+  template <size_t N>
+  static Fields parse(const FieldSpec (&specs)[N], const PluginFieldCollection* fc) {
+    Fields f;
+    for (const FieldSpec& spec : specs) {
+      const PluginField* given = find(fc, spec.name);
+      if (given == nullptr && spec.required) throw std::invalid_argument(std::string("attribute '") + spec.name + "' is required");
+      f.specs_.push_back(spec);
+      if (spec.type == PluginFieldType::kCHAR) {
+        f.texts_.emplace_back(given ? text_of(*given) : std::string(spec.text ? spec.text : ""));
+        f.numbers_.push_back(0.0);
+      } else {
+        f.numbers_.push_back(given ? number_of(*given) : spec.number);
+        f.texts_.emplace_back();
+      }
+    }
+    return f;
+  }
+
+  int64_t integer(size_t i) const { return static_cast<int64_t>(numbers_.at(i)); }
+  float real(size_t i) const { return static_cast<float>(numbers_.at(i)); }
+  const std::string& text(size_t i) const { return texts_.at(i); }
+
+  // The fields an engine stores; valid until the next call.
+  const PluginFieldCollection* serialize() {
+    ints_.assign(specs_.size(), 0);
+    floats_.assign(specs_.size(), 0.f);
+    out_.clear();
+    for (size_t i = 0; i < specs_.size(); ++i) {
+      const FieldSpec& s = specs_[i];
+      if (s.type == PluginFieldType::kCHAR) {
+        out_.emplace_back(s.name, texts_[i].c_str(), PluginFieldType::kCHAR, static_cast<int32_t>(texts_[i].size() + 1));
+      } else if (s.type == PluginFieldType::kINT32) {
+        ints_[i] = static_cast<int32_t>(numbers_[i]);
+        out_.emplace_back(s.name, &ints_[i], PluginFieldType::kINT32, 1);
+      } else {
+        floats_[i] = static_cast<float>(numbers_[i]);
+        out_.emplace_back(s.name, &floats_[i], PluginFieldType::kFLOAT32, 1);
+      }
+    }
+    collection_.nbFields = static_cast<int32_t>(out_.size());
+    collection_.fields = out_.data();
+    return &collection_;
+  }
+
+ private:
+  static const PluginField* find(const PluginFieldCollection* fc, const char* name) {
+    for (int32_t i = 0; fc != nullptr && i < fc->nbFields; ++i)
+      if (fc->fields[i].name != nullptr && std::strcmp(fc->fields[i].name, name) == 0) return &fc->fields[i];
+    return nullptr;
+  }
+  static std::string text_of(const PluginField& f) {
+    if (f.type != PluginFieldType::kCHAR && f.type != PluginFieldType::kINT8)
+      throw std::invalid_argument(std::string("attribute '") + f.name + "' must be a string");
+    const char* data = static_cast<const char*>(f.data);
+    return std::string(data, strnlen(data, static_cast<size_t>(f.length)));
+  }
+  static double number_of(const PluginField& f) {  // the parser may convert ONNX ints/floats to any width
+    if (f.length < 1 || f.data == nullptr) throw std::invalid_argument(std::string("attribute '") + f.name + "' is empty");
+    switch (f.type) {
+      case PluginFieldType::kINT8: return *static_cast<const int8_t*>(f.data);
+      case PluginFieldType::kINT16: return *static_cast<const int16_t*>(f.data);
+      case PluginFieldType::kINT32: return *static_cast<const int32_t*>(f.data);
+      case PluginFieldType::kINT64: return static_cast<double>(*static_cast<const int64_t*>(f.data));
+      case PluginFieldType::kFLOAT32: return *static_cast<const float*>(f.data);
+      case PluginFieldType::kFLOAT64: return *static_cast<const double*>(f.data);
+      default: throw std::invalid_argument(std::string("attribute '") + f.name + "' must be a number");
+    }
+  }
+
+  std::vector<FieldSpec> specs_;
+  std::vector<double> numbers_;
+  std::vector<std::string> texts_;
+  std::vector<int32_t> ints_;
+  std::vector<float> floats_;
+  std::vector<PluginField> out_;
+  PluginFieldCollection collection_{};
+};
+
+inline int64_t volume(const nvinfer1::Dims& d, int32_t begin, int32_t end) {
+  int64_t n = 1;
+  for (int32_t i = begin; i < end; ++i) n *= d.d[i];
+  return n;
+}
+
+// The logger TensorRT hands over through setLoggerFinder (null before that).
+inline nvinfer1::ILoggerFinder* g_logger_finder = nullptr;
+
+// Plugins cannot throw across the interface: failures go to TensorRT's logger (stderr before
+// TensorRT provides one) and out as return codes.
+inline void report(const char* op, const char* why) {
+  nvinfer1::ILogger* logger = g_logger_finder ? g_logger_finder->findLogger() : nullptr;
+  const std::string line = std::string("deployfuse ") + op + ": " + why;
+  if (logger != nullptr) {
+    logger->log(nvinfer1::ILogger::Severity::kERROR, line.c_str());
+  } else {
+    std::fprintf(stderr, "%s\n", line.c_str());
+  }
+}
+
+template <typename Op>
+class Plugin final : public nvinfer1::IPluginV3,
+                     public nvinfer1::IPluginV3OneCore,
+                     public nvinfer1::IPluginV3OneBuild,
+                     public nvinfer1::IPluginV3OneRuntime {
+ public:
+  explicit Plugin(Fields fields) : fields_(std::move(fields)), op_(fields_) {}
+
+  nvinfer1::IPluginCapability* getCapabilityInterface(nvinfer1::PluginCapabilityType type) noexcept override {
+    switch (type) {
+      case nvinfer1::PluginCapabilityType::kCORE: return static_cast<nvinfer1::IPluginV3OneCore*>(this);
+      case nvinfer1::PluginCapabilityType::kBUILD: return static_cast<nvinfer1::IPluginV3OneBuild*>(this);
+      case nvinfer1::PluginCapabilityType::kRUNTIME: return static_cast<nvinfer1::IPluginV3OneRuntime*>(this);
+    }
+    return nullptr;
+  }
+  nvinfer1::IPluginV3* clone() noexcept override {
+    try {
+      return new Plugin(*this);
+    } catch (const std::exception& e) {
+      report(Op::kName, e.what());
+      return nullptr;
+    }
+  }
+
+  // IPluginV3OneCore
+  const char* getPluginName() const noexcept override { return Op::kName; }
+  const char* getPluginVersion() const noexcept override { return kVersion; }
+  const char* getPluginNamespace() const noexcept override { return kNamespace; }
+
+  // IPluginV3OneBuild
+  int32_t getNbOutputs() const noexcept override { return 1; }
+  int32_t getOutputDataTypes(DataType* out, int32_t nb_out, const DataType* in, int32_t nb_in) const noexcept override {
+    if (nb_out != 1 || nb_in < 1) return -1;
+    out[0] = in[0];
+    return 0;
+  }
+  int32_t getOutputShapes(const nvinfer1::DimsExprs* in, int32_t nb_in, const nvinfer1::DimsExprs*, int32_t, nvinfer1::DimsExprs* out,
+                          int32_t nb_out, nvinfer1::IExprBuilder&) noexcept override {
+    if (nb_in < Op::kMinInputs || nb_in > Op::kMaxInputs || nb_out != 1) {
+      report(Op::kName, "wrong number of inputs or outputs");
+      return -1;
+    }
+    out[0] = in[0];
+    return 0;
+  }
+  bool supportsFormatCombination(int32_t pos, const nvinfer1::DynamicPluginTensorDesc* io, int32_t, int32_t) noexcept override {
+    const PluginTensorDesc& d = io[pos].desc;
+    if (d.format != nvinfer1::TensorFormat::kLINEAR) return false;
+    if (pos == 0) return d.type == DataType::kFLOAT || d.type == DataType::kHALF || d.type == DataType::kBF16;
+    return d.type == io[0].desc.type;
+  }
+  int32_t configurePlugin(const nvinfer1::DynamicPluginTensorDesc*, int32_t nb_in, const nvinfer1::DynamicPluginTensorDesc*,
+                          int32_t) noexcept override {
+    nb_inputs_ = nb_in;
+    return 0;
+  }
+
+  // IPluginV3OneRuntime
+  int32_t onShapeChange(const PluginTensorDesc*, int32_t nb_in, const PluginTensorDesc*, int32_t) noexcept override {
+    nb_inputs_ = nb_in;
+    return 0;
+  }
+  int32_t enqueue(const PluginTensorDesc* in, const PluginTensorDesc*, const void* const* inputs, void* const* outputs, void*,
+                  cudaStream_t stream) noexcept override {
+    const cudaError_t err = op_.enqueue(in[0].type, in, nb_inputs_, inputs, outputs[0], stream);
+    if (err != cudaSuccess) report(Op::kName, cudaGetErrorString(err));
+    return err == cudaSuccess ? 0 : -1;
+  }
+  nvinfer1::IPluginV3* attachToContext(nvinfer1::IPluginResourceContext*) noexcept override { return clone(); }
+  const PluginFieldCollection* getFieldsToSerialize() noexcept override { return fields_.serialize(); }
+
+ private:
+  Fields fields_;
+  Op op_;
+  int32_t nb_inputs_ = Op::kMinInputs;
+};
+
+template <typename Op>
+class Creator final : public nvinfer1::IPluginCreatorV3One {
+ public:
+  Creator() {
+    for (const FieldSpec& f : Op::kFields) names_.emplace_back(f.name, nullptr, f.type, 1);
+    collection_.nbFields = static_cast<int32_t>(names_.size());
+    collection_.fields = names_.data();
+  }
+  nvinfer1::IPluginV3* createPlugin(const char*, const PluginFieldCollection* fc, nvinfer1::TensorRTPhase) noexcept override {
+    try {
+      return new Plugin<Op>(Fields::parse(Op::kFields, fc));
+    } catch (const std::exception& e) {
+      report(Op::kName, e.what());
+      return nullptr;
+    }
+  }
+  const PluginFieldCollection* getFieldNames() noexcept override { return &collection_; }
+  const char* getPluginName() const noexcept override { return Op::kName; }
+  const char* getPluginVersion() const noexcept override { return kVersion; }
+  const char* getPluginNamespace() const noexcept override { return kNamespace; }
+
+ private:
+  std::vector<PluginField> names_;
+  PluginFieldCollection collection_{};
+};
+
+}  // namespace trt
+}  // namespace deployfuse
