@@ -52,7 +52,11 @@ def median_ms(fn: Callable[[], object], warmup: int, runs: int) -> float:
 
 
 # CUDA EP options tried on deployfuse's artefact, to find which ones it should carry.
-LEVERS = {"deployfuse+nhwc": {"prefer_nhwc": "1"}, "deployfuse+cudagraph": {"enable_cuda_graph": "1"}}
+LEVERS = {
+    "deployfuse+nhwc": {"prefer_nhwc": "1"},
+    "deployfuse+cudagraph": {"enable_cuda_graph": "1"},
+    "deployfuse+nhwc+cudagraph": {"prefer_nhwc": "1", "enable_cuda_graph": "1"},
+}
 
 
 def ort_cuda(path: Path, inputs: dict[str, torch.Tensor], cuda_options: dict[str, str] | None = None) -> Callable[[], torch.Tensor]:

@@ -7,6 +7,7 @@ report, when asked for, is written in both cases so the failure can be read).
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import shutil
@@ -95,6 +96,7 @@ def export(
     fold: bool = True,
     fuse: bool = True,
     verify: bool = True,
+    cuda_graph: bool = False,
     trust_pickle: bool = False,
     report_path: str | os.PathLike[str] | None = None,
     rtol: float | None = None,
@@ -114,6 +116,8 @@ def export(
         opset: the ONNX opset; default 20.
         exporter: "auto" (dynamo, then TorchScript if dynamo fails), "dynamo" or "torchscript".
         fold, fuse, verify: run those steps.
+        cuda_graph: (ort-cuda, static shapes) have ORT capture the model in a CUDA graph; the
+            caller must then bind inputs and outputs with IO binding at fixed addresses.
         trust_pickle: allow loading a pickled module (runs code from the file).
         report_path: write the JSON report there.
         rtol: verification tolerance relative to each output's max |value|.
@@ -125,6 +129,8 @@ def export(
     """
     if target not in TARGETS:
         raise UsageError(f"unknown target {target!r}; choose one of {', '.join(TARGETS)}")
+    if cuda_graph and (target != "ort-cuda" or dynamic):
+        raise UsageError("--cuda-graph needs --target ort-cuda and static shapes (no --dynamic): a CUDA graph replays fixed shapes")
     if exporter != "auto" and exporter not in EXPORTERS:
         raise UsageError(f"unknown exporter {exporter!r}; choose auto or one of {', '.join(EXPORTERS)}")
     if precision not in PRECISIONS:
@@ -134,7 +140,7 @@ def export(
     report = ExportReport(str(model) if not isinstance(model, torch.nn.Module) else type(model).__name__, str(out_path), target, precision, opset or DEFAULT_OPSET)
     steps = _Steps(report, progress)
     try:
-        _run(model, out_path, report, steps, inputs, example_inputs, dynamic, exporter, fold, fuse, verify, trust_pickle, rtol)
+        _run(model, out_path, report, steps, inputs, example_inputs, dynamic, exporter, fold, fuse, verify, cuda_graph, trust_pickle, rtol)
     except DeployfuseError as exc:
         report.error = str(exc)
         if report_file is not None and not isinstance(exc, UsageError):
@@ -145,9 +151,10 @@ def export(
     return ExportResult(out_path, report, report_file)
 
 
-def _run(model, out_path, report, steps, specs, example_inputs, dynamic, exporter, fold, fuse, verify, trust_pickle, rtol) -> None:  # noqa: PLR0913
+def _run(model, out_path, report, steps, specs, example_inputs, dynamic, exporter, fold, fuse, verify, cuda_graph, trust_pickle, rtol) -> None:  # noqa: PLR0913
     with steps.step("load") as step:
-        loaded = load_model(model, trust_pickle=trust_pickle)
+        # Folding and casting happen in place: work on a copy of a module the caller handed us.
+        loaded = load_model(copy.deepcopy(model) if isinstance(model, torch.nn.Module) else model, trust_pickle=trust_pickle)
         report.form = step.detail = loaded.form
         example = _example_inputs(loaded, specs, example_inputs)
         dtype = PRECISIONS[report.precision]
@@ -193,6 +200,8 @@ def _run(model, out_path, report, steps, specs, example_inputs, dynamic, exporte
     else:
         steps.skip("fuse", "--no-fuse" if not fuse else "fusion rules not installed")
     metadata.write(onnx_model, metadata.INPUT_SHAPES, {k: list(v.shape) for k, v in example.items()})
+    if report.target == "ort-cuda":
+        metadata.write(onnx_model, metadata.CUDA_PROVIDER_OPTIONS, cuda_provider_options(onnx_model, report.precision, cuda_graph))
     report.op_histogram = dict(Counter(f"{n.domain + '.' if n.domain else ''}{n.op_type}" for n in onnx_model.graph.node).most_common())
 
     if verify:
@@ -210,6 +219,21 @@ def _run(model, out_path, report, steps, specs, example_inputs, dynamic, exporte
     with steps.step("save") as step:
         size = save_model(onnx_model, out_path)
         step.detail = f"{out_path.name}, {size / 1e6:.1f} MB"
+
+
+def cuda_provider_options(model: onnx.ModelProto, precision: str, cuda_graph: bool) -> dict[str, str]:
+    """The ORT CUDA EP options an ort-cuda artefact carries, chosen from H200 measurements.
+
+    prefer_nhwc for fp16/bf16 models with convolutions (ResNet-50 fp16, batch 32: 2.78 -> 1.92 ms;
+    in fp32 it was slower, so not there); enable_cuda_graph when asked (BERT-base fp16: 2.02 ->
+    1.00 ms), since it constrains how the caller runs the model. See bench/results/h200.md.
+    """
+    options: dict[str, str] = {}
+    if precision != "fp32" and any(n.op_type in ("Conv", "ConvTranspose") and n.domain in ("", "ai.onnx") for n in model.graph.node):
+        options["prefer_nhwc"] = "1"
+    if cuda_graph:
+        options["enable_cuda_graph"] = "1"
+    return options
 
 
 def _has_rewrite() -> bool:

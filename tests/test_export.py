@@ -139,3 +139,23 @@ def test_large_models_use_external_data(tmp_path):
     save_model(onnx.load(out), tmp_path / "ext.onnx", external_data_threshold=1024)
     assert (tmp_path / "ext.onnx.data").stat().st_size >= 64 * 32 * 4
     assert_onnx_matches_torch(tmp_path / "ext.onnx", module, {"input": torch.randn(2, 64)})
+
+
+def test_ort_cuda_artefact_carries_its_provider_options(tmp_path):
+    from deployfuse.backends.ort import artefact_provider_options
+
+    module = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.ReLU())
+    x = torch.randn(1, 3, 16, 16)
+    out = tmp_path / "conv.onnx"
+    deployfuse.export(module, out, example_inputs=(x,), target="ort-cuda", precision="fp16", cuda_graph=True, verify=False)
+    assert artefact_provider_options(out) == {"prefer_nhwc": "1", "enable_cuda_graph": "1"}
+    deployfuse.export(module, out, example_inputs=(x,), target="ort-cuda")
+    assert artefact_provider_options(out) == {}, "fp32 convolutions stay NCHW; no CUDA graph unless asked"
+
+
+def test_cuda_graph_refuses_dynamic_shapes(cli, tmp_path):
+    path = tmp_path / "m.pt"
+    torch.save(torch.nn.Linear(4, 4), path)
+    code, _, err = cli("export", path, "-o", tmp_path / "m.onnx", "--trust-pickle", "--input", "input:2x4",
+                       "--target", "ort-cuda", "--cuda-graph", "--dynamic", "input:0:batch")
+    assert code == 2 and "static shapes" in err
