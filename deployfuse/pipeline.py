@@ -32,9 +32,10 @@ from deployfuse.inputs import DynamicAxis, InputSpec, Inputs, make_inputs, resiz
 from deployfuse.io import check_writable_target, write_text_atomic
 from deployfuse.loading import LoadedModel, load_model
 from deployfuse.report import ExportReport, Step
+from deployfuse.rewrite import TARGETS, FusionReport
+from deployfuse.rewrite import fuse as fuse_graph
 from deployfuse.verify import DEFAULT_RTOL, compare_outputs, to_numpy
 
-TARGETS = ("ort-cpu", "ort-cuda", "tensorrt")
 PRECISIONS = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 DEFAULT_OPSET = 20
 EXTERNAL_DATA_THRESHOLD = 2 * 1024**3  # protobuf cannot serialise a model above 2 GiB
@@ -44,11 +45,13 @@ Progress = Callable[[str, Step | None], None]  # (step name, None when it starts
 
 @dataclass
 class ExportResult:
-    """What `export` produced: the ONNX file, the report, and where the report went."""
+    """What `export` produced: the ONNX file, the report, where the report went, and the
+    fusion report (None with fuse=False)."""
 
     onnx_path: Path
     report: ExportReport
     report_path: Path | None = None
+    fusion: FusionReport | None = None
 
 
 class _Steps:
@@ -97,6 +100,7 @@ def export(
     fuse: bool = True,
     verify: bool = True,
     cuda_graph: bool = False,
+    debug: bool = False,
     trust_pickle: bool = False,
     report_path: str | os.PathLike[str] | None = None,
     rtol: float | None = None,
@@ -118,6 +122,7 @@ def export(
         fold, fuse, verify: run those steps.
         cuda_graph: (ort-cuda, static shapes) have ORT capture the model in a CUDA graph; the
             caller must then bind inputs and outputs with IO binding at fixed addresses.
+        debug: record near misses of the fusion rules (why a candidate did not fuse).
         trust_pickle: allow loading a pickled module (runs code from the file).
         report_path: write the JSON report there.
         rtol: verification tolerance relative to each output's max |value|.
@@ -140,7 +145,7 @@ def export(
     report = ExportReport(str(model) if not isinstance(model, torch.nn.Module) else type(model).__name__, str(out_path), target, precision, opset or DEFAULT_OPSET)
     steps = _Steps(report, progress)
     try:
-        _run(model, out_path, report, steps, inputs, example_inputs, dynamic, exporter, fold, fuse, verify, cuda_graph, trust_pickle, rtol)
+        fusion = _run(model, out_path, report, steps, inputs, example_inputs, dynamic, exporter, fold, fuse, verify, cuda_graph, debug, trust_pickle, rtol)
     except DeployfuseError as exc:
         report.error = str(exc)
         if report_file is not None and not isinstance(exc, UsageError):
@@ -148,10 +153,10 @@ def export(
         raise
     if report_file is not None:
         write_text_atomic(report_file, json.dumps(report.to_dict(), indent=2))
-    return ExportResult(out_path, report, report_file)
+    return ExportResult(out_path, report, report_file, fusion)
 
 
-def _run(model, out_path, report, steps, specs, example_inputs, dynamic, exporter, fold, fuse, verify, cuda_graph, trust_pickle, rtol) -> None:  # noqa: PLR0913
+def _run(model, out_path, report, steps, specs, example_inputs, dynamic, exporter, fold, fuse, verify, cuda_graph, debug, trust_pickle, rtol) -> FusionReport | None:  # noqa: PLR0913
     with steps.step("load") as step:
         # Folding and casting happen in place: work on a copy of a module the caller handed us.
         loaded = load_model(copy.deepcopy(model) if isinstance(model, torch.nn.Module) else model, trust_pickle=trust_pickle)
@@ -189,16 +194,15 @@ def _run(model, out_path, report, steps, specs, example_inputs, dynamic, exporte
         onnx_model = clean(onnx_model)
         step.detail = f"{len(onnx_model.graph.node)} nodes"
 
-    if fuse and _has_rewrite():
+    if fuse:
         with steps.step("fuse") as step:
-            from deployfuse.rewrite import fuse as fuse_graph
-
             feeds = [{k: to_numpy(v) for k, v in x.items()} for x in checks]
-            onnx_model, fusion = fuse_graph(onnx_model, report.target, feeds)
+            onnx_model, fusion = fuse_graph(onnx_model, report.target, feeds, debug=debug)
             report.fusion = fusion.to_dict()
             step.detail = f"{len(onnx_model.graph.node)} nodes"
     else:
-        steps.skip("fuse", "--no-fuse" if not fuse else "fusion rules not installed")
+        fusion = None
+        steps.skip("fuse", "--no-fuse")
     metadata.write(onnx_model, metadata.INPUT_SHAPES, {k: list(v.shape) for k, v in example.items()})
     if report.target == "ort-cuda":
         metadata.write(onnx_model, metadata.CUDA_PROVIDER_OPTIONS, cuda_provider_options(onnx_model, report.precision, cuda_graph))
@@ -219,6 +223,7 @@ def _run(model, out_path, report, steps, specs, example_inputs, dynamic, exporte
     with steps.step("save") as step:
         size = save_model(onnx_model, out_path)
         step.detail = f"{out_path.name}, {size / 1e6:.1f} MB"
+    return fusion
 
 
 def cuda_provider_options(model: onnx.ModelProto, precision: str, cuda_graph: bool) -> dict[str, str]:
@@ -234,14 +239,6 @@ def cuda_provider_options(model: onnx.ModelProto, precision: str, cuda_graph: bo
     if cuda_graph:
         options["enable_cuda_graph"] = "1"
     return options
-
-
-def _has_rewrite() -> bool:
-    try:
-        from deployfuse.rewrite import fuse  # noqa: F401
-    except ImportError:
-        return False
-    return True
 
 
 def _example_inputs(loaded: LoadedModel, specs: Sequence[InputSpec], example_inputs: Any) -> Inputs:
