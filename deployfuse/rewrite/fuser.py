@@ -1,0 +1,127 @@
+"""`fuse`: run every rule family for a target, guard each, keep what stays valid and equal."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+import onnxscript.optimizer
+from onnxscript.rewriter import pattern
+from onnxscript.rewriter._rewrite_rule import RULE_NAME_TAG
+
+from deployfuse.errors import UsageError
+from deployfuse.rewrite import guard, rules as rule_families
+from deployfuse.rewrite.profiles import DEPLOYFUSE, Profile, profile
+from deployfuse.rewrite.rules._common import dtype_name
+from deployfuse.rewrite.report import FamilyResult, FusionReport
+
+RULE_TAG = "deployfuse.rule"
+
+
+def fuse(
+    model: onnx.ModelProto,
+    target: str,
+    feeds: Sequence[Mapping[str, np.ndarray]],
+    debug: bool = False,
+    families: Sequence[str] | None = None,
+) -> tuple[onnx.ModelProto, FusionReport]:
+    """Rewrite `model` into fused nodes for `target`, one guarded rule family at a time.
+
+    Args:
+        model: the exported model (not modified).
+        target: one of `TARGETS`.
+        feeds: random input dicts for the guard's numeric checks (at least one).
+        debug: also record near misses (why the closest candidate of each rule failed).
+        families: run only these families (names as in `family_names()`), still in
+            registration order; None runs all. For ablations and autotuning.
+
+    Returns:
+        The fused model and the report. A family the guard rejects is rolled back and
+        reported with its reason; the others are kept.
+    """
+    prof = profile(target)
+    if not feeds:
+        raise ValueError("fuse needs at least one feed for the guard")
+    modules = rule_families.families()
+    if families is not None:
+        unknown = set(families) - {m.FAMILY for m in modules}
+        if unknown:
+            raise UsageError(f"unknown fusion families {sorted(unknown)}; known: {', '.join(m.FAMILY for m in modules)}")
+        modules = [m for m in modules if m.FAMILY in families]
+    providers = guard.providers_for(target)
+    current = onnx.ModelProto()
+    current.CopyFrom(model)
+    reference = guard.run_outputs(current, feeds, providers)
+    report = FusionReport(target)
+    for module in modules:
+        rules = module.rules(target)
+        if not rules:
+            continue
+        result = FamilyResult(module.FAMILY)
+        report.families.append(result)
+        try:
+            candidate = _apply(current, rules, result, debug, prof)
+            if not result.fused:
+                continue
+            reference = guard.check(candidate, reference, feeds, providers)
+        except guard.GuardFailure as exc:
+            result.rolled_back, result.reason = True, str(exc)
+            continue
+        except Exception as exc:  # a rule's own bug must not stop the export: roll back, report
+            result.rolled_back, result.reason = True, f"rule error: {type(exc).__name__}: {guard.first_line(exc)}"
+            continue
+        current = candidate
+    return current, report
+
+
+def family_names() -> list[str]:
+    """The rule families, in the order `fuse` runs them."""
+    return [m.FAMILY for m in rule_families.families()]
+
+
+def _apply(model: onnx.ModelProto, rules: list[pattern.RewriteRule], result: FamilyResult, debug: bool, prof: Profile) -> onnx.ModelProto:
+    """Apply `rules` to a copy of `model`, one rule name at a time (its variants together);
+    count, tag new nodes, attach deployfuse function bodies.
+
+    Raises GuardFailure when a new node is an op (or dtype) the target has no kernel for.
+    """
+    ir_model = ir.serde.deserialize_model(model)
+    opset = ir_model.opset_imports.get("", 0)
+    by_name: dict[str, list[pattern.RewriteRule]] = {}
+    for rule in rules:
+        by_name.setdefault(rule.name, []).append(rule)
+    for name, group in by_name.items():
+        seen = set(ir_model.graph.all_nodes())
+        count = pattern.RewriteRuleSet(group).apply_to_model(ir_model)
+        result.matches[name] = count
+        if count:
+            for node in ir_model.graph.all_nodes():
+                if node not in seen and node.op_type != "Constant":
+                    node.metadata_props.pop(RULE_NAME_TAG, None)
+                    node.metadata_props[RULE_TAG] = name
+                    _check_profile(node, prof, opset)
+    if debug:
+        tracer = pattern.MatchingTracer()
+        pattern.RewriteRuleSet(rules).apply_to_model(ir_model, tracer=tracer)
+        for rule, infos in tracer.best_matches_map.items():
+            reasons = sorted({i.match_result.reason for i in infos if i.status == pattern.MatchStatus.CONDITION_FAILED and i.match_result.reason})
+            if reasons:
+                known = result.near_misses.setdefault(rule.name, [])
+                known.extend(r for r in reasons if r not in known)
+    onnxscript.optimizer.remove_unused_nodes(ir_model)
+    out = ir.serde.serialize_model(ir_model)
+    if any(n.domain == DEPLOYFUSE for n in out.graph.node):
+        from deployfuse.ops import attach_functions
+
+        attach_functions(out)
+    return out
+
+
+def _check_profile(node: ir.Node, prof: Profile, opset: int) -> None:
+    """GuardFailure when a fused node is an op the target cannot run on its input dtype."""
+    first = node.inputs[0] if node.inputs else None
+    dtype = dtype_name(first) or "float"
+    if not prof.emits(node.domain, node.op_type, opset, dtype):
+        raise guard.GuardFailure(f"emitted {node.domain or 'ai.onnx'}::{node.op_type} on {dtype}, which {prof.target} cannot run")

@@ -1,0 +1,123 @@
+"""The guard: a family's rewrite is kept only if the graph stays valid and computes the same.
+
+Checks, in order: `onnx.checker` (full), strict shape inference, an ONNX Runtime session with
+ORT's own graph optimisations OFF (so ORT cannot hide or cause a difference), and the outputs
+against the model from before the family on the caller's feeds:
+
+    |after - before| <= rtol * (|before| + max|before|)   elementwise, NaN/Inf where before has none fails
+
+For ort-cuda / tensorrt the CPU session is a proxy (CUDA is used when this ORT has it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import onnx
+
+from deployfuse.backends import ort as ort_backend
+from deployfuse.rewrite.profiles import ORT_ONNX_DOMAIN_OPS
+
+_ORT_PRIVATE = "deployfuse.ort_onnx_domain"
+RTOL = {np.dtype(np.float32): 1e-3, np.dtype(np.float64): 1e-6, np.dtype(np.float16): 2e-2}
+
+
+class GuardFailure(Exception):
+    """The rewrite broke the graph; the message is the one-line reason."""
+
+
+def providers_for(target: str) -> list[str]:
+    """Execution providers the guard runs `target` on: the real one when present, else CPU."""
+    import onnxruntime as ort
+
+    if target == "ort-cuda" and "CUDAExecutionProvider" in ort.get_available_providers():
+        return ["CUDAExecutionProvider", "CPUExecutionProvider"]
+    return ["CPUExecutionProvider"]
+
+
+def run_outputs(model: onnx.ModelProto, feeds: Sequence[Mapping[str, np.ndarray]], providers: Sequence[str]) -> list[dict[str, np.ndarray]]:
+    """Outputs of `model` on every feed, ORT graph optimisations off."""
+    sess = ort_backend.session(model, providers=providers, optimize=False, threads=1)
+    return [ort_backend.run(sess, feed) for feed in feeds]
+
+
+def check_model(model: onnx.ModelProto) -> None:
+    """onnx.checker (full) and strict shape inference, GuardFailure with the reason.
+
+    ORT's schema-less ONNX-domain contrib ops (SimplifiedLayerNormalization) are checked as
+    custom-domain nodes: use this, not a bare onnx.checker, on a model fused for ONNX Runtime.
+    """
+    schema_view = _without_ort_onnx_domain_ops(model)
+    try:
+        onnx.checker.check_model(schema_view, full_check=True)
+    except Exception as exc:  # the checker raises several types
+        raise GuardFailure(f"onnx.checker: {first_line(exc)}") from None
+    try:
+        onnx.shape_inference.infer_shapes(schema_view, check_type=True, strict_mode=True, data_prop=True)
+    except Exception as exc:
+        raise GuardFailure(f"shape inference: {first_line(exc)}") from None
+
+
+def check(model: onnx.ModelProto, reference: list[dict[str, np.ndarray]], feeds: Sequence[Mapping[str, np.ndarray]], providers: Sequence[str]) -> list[dict[str, np.ndarray]]:
+    """The outputs of `model` on `feeds`; GuardFailure with the reason when `model` is invalid
+    or its outputs differ from `reference`.
+
+    Args:
+        model: the rewritten model.
+        reference: outputs of the model before the rewrite, one dict per feed.
+        feeds: the inputs `reference` was computed on.
+        providers: execution providers for the session.
+    """
+    check_model(model)
+    try:
+        got = run_outputs(model, feeds, providers)
+    except Exception as exc:
+        raise GuardFailure(f"onnxruntime: {first_line(exc)}") from None
+    for i, (want, have) in enumerate(zip(reference, got)):
+        for name, ref in want.items():
+            if name not in have:
+                raise GuardFailure(f"output {name!r} disappeared")
+            _compare(name, i, ref, have[name])
+    return got
+
+
+def _without_ort_onnx_domain_ops(model: onnx.ModelProto) -> onnx.ModelProto:
+    """`model`, with ORT's schema-less ONNX-domain contrib ops moved to a private domain so
+    that onnx.checker and shape inference check everything else instead of stopping at them."""
+    if not any(n.domain in ("", "ai.onnx") and n.op_type in ORT_ONNX_DOMAIN_OPS for n in model.graph.node):
+        return model
+    view = onnx.ModelProto()
+    view.CopyFrom(model)
+    for node in view.graph.node:
+        if node.domain in ("", "ai.onnx") and node.op_type in ORT_ONNX_DOMAIN_OPS:
+            node.domain = _ORT_PRIVATE
+    view.opset_import.append(onnx.helper.make_opsetid(_ORT_PRIVATE, 1))
+    return view
+
+
+def _compare(name: str, feed: int, ref: np.ndarray, out: np.ndarray) -> None:
+    if ref.shape != out.shape or ref.dtype != out.dtype:
+        raise GuardFailure(f"output {name!r}: {out.dtype}{list(out.shape)} instead of {ref.dtype}{list(ref.shape)}")
+    if not np.issubdtype(ref.dtype, np.floating):
+        if not np.array_equal(ref, out):
+            raise GuardFailure(f"output {name!r} (feed {feed}) changed")
+        return
+    ref64, out64 = ref.astype(np.float64), out.astype(np.float64)
+    finite = np.isfinite(ref64)
+    if not np.array_equal(finite, np.isfinite(out64)):
+        raise GuardFailure(f"output {name!r} (feed {feed}): non-finite values differ")
+    if not finite.any():
+        return
+    rtol = RTOL.get(ref.dtype, 2e-2)
+    err = np.abs(out64 - ref64)[finite]
+    bound = rtol * (np.abs(ref64)[finite] + np.abs(ref64[finite]).max())
+    if (err > bound).any():
+        worst = float((err / np.maximum(bound, 1e-30)).max())
+        raise GuardFailure(f"output {name!r} (feed {feed}): max abs error {err.max():.3e}, {worst:.1f}x the tolerance")
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of an exception's message (at most 300 characters)."""
+    text = str(exc).strip().splitlines()
+    return text[0][:300] if text else type(exc).__name__

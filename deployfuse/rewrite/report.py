@@ -1,0 +1,75 @@
+"""What a fusion run did, per family and rule: matches, rollbacks and why, near misses."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class FamilyResult:
+    """One rule family's outcome.
+
+    Attributes:
+        family: the family name (a rule module's FAMILY).
+        matches: rule name -> rewrites applied (before any rollback).
+        rolled_back: True when the guard rejected the family and its rewrites were undone.
+        reason: why the guard rejected it (one line).
+        near_misses: rule name -> why the closest candidate failed (filled with debug=True).
+    """
+
+    family: str
+    matches: dict[str, int] = field(default_factory=dict)
+    rolled_back: bool = False
+    reason: str = ""
+    near_misses: dict[str, list[str]] = field(default_factory=dict)
+
+    @property
+    def fused(self) -> int:
+        """Rewrites kept in the model."""
+        return 0 if self.rolled_back else sum(self.matches.values())
+
+
+@dataclass
+class FusionReport:
+    """The fusion report of one `fuse` call, in family order."""
+
+    target: str
+    families: list[FamilyResult] = field(default_factory=list)
+
+    def counts(self) -> dict[str, int]:
+        """Kept rewrites per rule name (rolled-back families count 0)."""
+        return {rule: (0 if f.rolled_back else n) for f in self.families for rule, n in f.matches.items()}
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able form, for `--report`."""
+        return {
+            "target": self.target,
+            "families": [
+                {
+                    "family": f.family,
+                    "matches": dict(f.matches),
+                    "fused": f.fused,
+                    "rolled_back": f.rolled_back,
+                    "reason": f.reason,
+                    **({"near_misses": f.near_misses} if f.near_misses else {}),
+                }
+                for f in self.families
+            ],
+        }
+
+    def table(self, all_rules: bool = False) -> str:
+        """A plain-text table, one row per rule that matched (every rule with `all_rules`),
+        plus rolled-back families with their reasons and near misses (debug runs)."""
+        rows = [("family", "rule", "matches", "status")]
+        for f in self.families:
+            status = f"rolled back: {f.reason}" if f.rolled_back else "kept"
+            for rule, n in f.matches.items():
+                if n or all_rules:
+                    rows.append((f.family, rule, str(n), status if n else "-"))
+            for rule, why in f.near_misses.items():
+                rows.extend((f.family, rule, "near miss", line) for line in why)
+        if len(rows) == 1:
+            return f"no fusion applied for {self.target}"
+        widths = [max(len(r[i]) for r in rows) for i in range(3)]
+        return "\n".join("  ".join(c.ljust(w) for c, w in zip(r[:3], widths)) + "  " + r[3] for r in rows)

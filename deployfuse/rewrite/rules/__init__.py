@@ -1,0 +1,31 @@
+"""The ONE ordered registration list of fusion-rule families.
+
+Families run in this order; each module exposes `FAMILY: str` and
+`rules(target) -> list[RewriteRule]` (empty when it has nothing for that target). The order
+matters: norms and GELU are recognised first so that attention, skip-norm, bias+activation and
+norm+activation rules can match the fused forms; bias_gelu runs before bias_act so ONNX Runtime
+gets its own BiasGelu kernel and bias_act keeps the remaining epilogues.
+"""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+
+FAMILY_MODULES: tuple[str, ...] = (
+    "layernorm",
+    "gelu",
+    "rmsnorm",
+    "attention",
+    "rotary",
+    "skip_layernorm",
+    "bias_gelu",
+    "bias_act",
+    "norm_act",
+    "fused_conv",
+)
+
+
+def families() -> list[ModuleType]:
+    """The rule-family modules, in run order."""
+    return [importlib.import_module(f"{__name__}.{name}") for name in FAMILY_MODULES]

@@ -1,0 +1,168 @@
+"""Reading a scaled dot-product attention core off the graph, whatever exporter wrote it.
+
+The core every exporter emits, on 4-D tensors Q [B, H, S, D], K [B, H, L, D], V [B, H, L, Dv]:
+
+    scores = (Q·a) @ (Kᵀ·b) · c  [+ mask]          a, b, c scalar constants (Mul, or Div by 1/x)
+    P      = Softmax(scores, axis=-1)  [NaN → 0]   (the NaN guard of torch's SDPA decomposition)
+    O      = P @ V                                 O = softmax(Q Kᵀ · abc + mask) V
+
+Kᵀ comes as Transpose(K, [0,1,3,2]), as Transpose(K_bshd, [0,2,3,1]) straight from the
+[B, L, H, D] split, or as Reshape→Transpose([0,2,1])→Reshape through 3-D (torch's
+decomposition); each reshape is proven with `_attention_shapes`, never assumed.
+`read_core` walks back from Softmax's input and returns a `Core`, or the reason it declines.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import onnx_ir as ir
+
+from deployfuse.rewrite.rules._attention_shapes import DimOf, rank, reshape_target, same_dim, scalar, split_heads_source, split_source, static_dim
+
+
+@dataclass
+class Core:
+    """The parts of one attention core.
+
+    Attributes:
+        query: Q as [B, H, S, D].
+        key: K as [B, H, L, D] (`key_layout` "bhsd") or [B, L, H, D] ("bshd").
+        value: V as [B, H, L, Dv].
+        mask: the additive mask (broadcastable to [B, H, S, L]) or None.
+        scale: the product of every constant factor on the scores.
+        heads, head_dim, value_head_dim: H, D, Dv.
+    """
+
+    query: ir.Value
+    key: ir.Value
+    key_layout: str
+    value: ir.Value
+    mask: ir.Value | None
+    scale: float
+    heads: int
+    head_dim: int
+    value_head_dim: int
+
+
+def _is(node: ir.Node | None, op_type: str) -> bool:
+    return node is not None and node.op_type == op_type and node.domain in ("", "ai.onnx")
+
+
+def _peel_scale(value: ir.Value) -> tuple[ir.Value, float]:
+    """`(x, f)` with value = x·f, peeling Mul / Div by scalar constants."""
+    factor = 1.0
+    while True:
+        node = value.producer()
+        if _is(node, "Mul"):
+            a, b = node.inputs
+            if scalar(b) is not None:
+                value, factor = a, factor * scalar(b)
+                continue
+            if scalar(a) is not None:
+                value, factor = b, factor * scalar(a)
+                continue
+        if _is(node, "Div") and scalar(node.inputs[1]) not in (None, 0.0):
+            value, factor = node.inputs[0], factor / scalar(node.inputs[1])
+            continue
+        return value, factor
+
+
+def _perm(node: ir.Node) -> list[int] | None:
+    perm = node.attributes.get("perm")
+    return list(perm.as_ints()) if perm is not None else None
+
+
+def _matches(entries: list, wanted: list[DimOf]) -> int:
+    return sum(1 for e, w in zip(entries, wanted) if same_dim(e, w))
+
+
+def _untranspose_key(key_t: ir.Value) -> tuple[ir.Value, str] | None:
+    """K and its layout from Kᵀ ([B, H, D, L]), or None when Kᵀ is not provably a transpose."""
+    node = key_t.producer()
+    if _is(node, "Transpose"):
+        perm = _perm(node)
+        if perm == [0, 1, 3, 2]:
+            return node.inputs[0], "bhsd"
+        if perm == [0, 2, 3, 1]:
+            return node.inputs[0], "bshd"
+        return None
+    if not _is(node, "Reshape"):
+        return None
+    transpose = node.inputs[0].producer()
+    if not _is(transpose, "Transpose") or _perm(transpose) != [0, 2, 1]:
+        return None
+    flatten = transpose.inputs[0].producer()
+    if not _is(flatten, "Reshape"):
+        return None
+    key = flatten.inputs[0]
+    if rank(key) != 4:
+        return None
+    flat, back = reshape_target(flatten), reshape_target(node)
+    if flat is None or back is None or len(flat) != 3 or len(back) != 4:
+        return None
+    # [X, L, D] keeps the last two axes (X is then forced to B·H); [B, H, D, L] restores them
+    # swapped: three provable entries force the fourth, the element count being fixed.
+    if _matches(flat[1:], [DimOf(key, 2), DimOf(key, 3)]) != 2:
+        return None
+    if _matches(back, [DimOf(key, 0), DimOf(key, 1), DimOf(key, 3), DimOf(key, 2)]) < 3:
+        return None
+    return key, "bhsd"
+
+
+def _heads(value: ir.Value) -> tuple[int | None, int | None]:
+    """(H, D) of a [B, H, S, D] tensor: from its shape, else from the split that made it."""
+    heads, head_dim = static_dim(value, 1), static_dim(value, 3)
+    if heads is None or head_dim is None:
+        source = split_heads_source(value)
+        if source is not None:
+            heads, head_dim = heads or source[1], head_dim or source[2]
+    return heads, head_dim
+
+
+def _heads_bshd(value: ir.Value) -> tuple[int | None, int | None]:
+    """(H, D) of a [B, S, H, D] tensor: from its shape, else from the split that made it."""
+    heads, head_dim = static_dim(value, 2), static_dim(value, 3)
+    if heads is None or head_dim is None:
+        source = split_source(value)
+        if source is not None:
+            heads, head_dim = heads or source[1], head_dim or source[2]
+    return heads, head_dim
+
+
+def read_core(scores: ir.Value, value: ir.Value) -> Core | str:
+    """The attention core whose Softmax input is `scores` and whose P @ V uses `value`; or why not."""
+    mask = None
+    node = scores.producer()
+    if _is(node, "Add"):
+        for side in (0, 1):
+            inner, _ = _peel_scale(node.inputs[side])
+            if _is(inner.producer(), "MatMul"):
+                scores, mask = node.inputs[side], node.inputs[1 - side]
+                break
+        else:
+            return "Softmax input is an Add without a Q·Kᵀ MatMul operand"
+    product, score_scale = _peel_scale(scores)
+    matmul = product.producer()
+    if not _is(matmul, "MatMul"):
+        return "Softmax input is not (scaled, masked) Q·Kᵀ"
+    if len(product.uses()) != 1:
+        return "the attention scores have other consumers"
+    query, query_scale = _peel_scale(matmul.inputs[0])
+    key_t, key_scale = _peel_scale(matmul.inputs[1])
+    key_and_layout = _untranspose_key(key_t)
+    if key_and_layout is None:
+        return "the key operand is not a provable transpose of K"
+    key, layout = key_and_layout
+    if rank(query) != 4 or rank(key) != 4 or rank(value) != 4:
+        return "Q, K, V are not 4-D"
+    heads, head_dim = _heads(query)
+    value_heads, value_head_dim = _heads(value)
+    key_heads, key_head_dim = _heads(key) if layout == "bhsd" else _heads_bshd(key)
+    if None in (heads, head_dim, value_head_dim):
+        return "heads / head sizes are not static"
+    if key_heads != heads or key_head_dim != head_dim or value_heads != heads:
+        return "K / V heads or head size differ from Q's (grouped K/V must be expanded first)"
+    if mask is not None and (rank(mask) is None or rank(mask) > 4):
+        return "the mask's rank is unknown or above 4"
+    return Core(query, key, layout, value, mask, query_scale * key_scale * score_scale, heads, head_dim, value_head_dim)

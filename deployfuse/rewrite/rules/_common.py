@@ -1,0 +1,97 @@
+"""Helpers every rule uses: constants in the graph, dtypes, and the target's choice of op."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import onnx_ir as ir
+from onnxscript.rewriter import pattern
+
+from deployfuse.rewrite.profiles import Profile, profile
+
+def scalar(value: ir.Value | None) -> float | None:
+    """The value of a one-element constant tensor, else None."""
+    if value is None:
+        return None
+    const = ir.convenience.get_const_tensor(value)
+    if const is None or const.size != 1:
+        return None
+    return float(np.asarray(const.numpy()).reshape(()))
+
+
+def dtype_name(value: ir.Value | None) -> str:
+    """ONNX type name of a value's element type ("float", "float16", ...; "" if unknown)."""
+    if value is None or value.dtype is None:
+        return ""
+    return {ir.DataType.FLOAT: "float", ir.DataType.FLOAT16: "float16", ir.DataType.BFLOAT16: "bfloat16", ir.DataType.DOUBLE: "double"}.get(value.dtype, "")
+
+
+def default_opset(context: Any) -> int:
+    """The model's default-domain opset (context is the rule's MatchContext)."""
+    imports = context.model.opset_imports
+    return imports.get("", imports.get("ai.onnx", 0))
+
+
+def const_1d(value: ir.Value | None, size: int | None = None) -> bool:
+    """True when `value` is a constant vector (rank 1), of `size` elements if given."""
+    if value is None:
+        return False
+    const = ir.convenience.get_const_tensor(value)
+    return const is not None and len(const.shape) == 1 and (size is None or const.shape[0] == size)
+
+
+def last_dim(value: ir.Value | None) -> int | None:
+    """The static size of a value's last axis, else None."""
+    if value is None or value.shape is None or len(value.shape) == 0:
+        return None
+    dim = value.shape[-1]
+    return dim if isinstance(dim, int) else None
+
+
+def either(op_type: Any, a: Any, b: Any) -> Any:
+    """A commutative binary op pattern (op.Mul, op.Add) matching either operand order.
+
+    Cheaper than `RewriteRule.commute()`, which multiplies whole rules by 2^(commutative nodes).
+    Only for an operand that is a node pattern or a constant: between two plain variables the
+    first order always binds, and a check that fails later cannot retry the other order.
+    """
+    return pattern.OrValue([op_type(a, b), op_type(b, a)])
+
+
+@dataclass(frozen=True)
+class Lowering:
+    """One way to emit a fused node: `domain::op_type` with fixed attributes."""
+
+    domain: str
+    op_type: str
+    attrs: dict[str, Any] = field(default_factory=dict)
+
+
+class FusionRule(pattern.RewriteRuleClassBase):
+    """A rewrite rule that knows its target; `choose` picks the first lowering the target runs."""
+
+    def __init__(self, name: str, target: str) -> None:
+        super().__init__(name)
+        self.profile: Profile = profile(target)
+        self.lowering: Lowering | None = None
+
+    def choose(self, context: Any, x: ir.Value, options: Sequence[Lowering]) -> pattern.MatchResult:
+        """Set `self.lowering` to the first option with a kernel for `x`'s dtype, or fail saying why."""
+        opset, dtype = default_opset(context), dtype_name(x)
+        if not dtype:
+            return pattern.MatchResult().fail("input dtype is not a known float type", x)
+        for option in options:
+            if self.profile.emits(option.domain, option.op_type, opset, dtype):
+                self.lowering = option
+                return pattern.MatchResult()
+        names = ", ".join(f"{o.domain or 'ai.onnx'}::{o.op_type}" for o in options) or "nothing"
+        return pattern.MatchResult().fail(f"{self.profile.target} has no kernel for {names} on {dtype} (opset {opset})")
+
+    def emit(self, op: Any, *inputs: ir.Value | None, **attrs: Any) -> ir.Value:
+        """Emit the chosen lowering with `inputs` and extra attributes."""
+        low = self.lowering
+        assert low is not None, "choose() must succeed before emit()"
+        return getattr(op, low.op_type)(*inputs, _domain=low.domain, **low.attrs, **attrs)

@@ -1,0 +1,209 @@
+"""Scaled dot-product attention → one fused attention node per layer.
+
+    O = softmax(Q Kᵀ · scale + mask) V          per head; Q [B,H,S,D], K [B,H,L,D], V [B,H,L,Dv]
+
+`ort-cpu` / `ort-cuda` get com.microsoft.MultiHeadAttention (fp32 and fp16 kernels on both EPs;
+grouped-query models reach it with K/V already expanded by the model, which is exact),
+`tensorrt` gets deployfuse.FusedMHA (TensorRT parses no com.microsoft op). Both take
+Q, K, V as [B, S, heads·head_dim], so each is taken from before the model split its heads when
+that split is provable, else re-merged with Transpose + Reshape.
+
+Masks of every kind (additive, boolean via Where, padding, causal, GPT-2's combined one) arrive
+as the additive tensor the model computed; it is passed on as the attention bias, with -inf
+clamped to the dtype's lowest finite value: a fully masked row then averages V instead of
+turning into NaN, which the fused kernels cannot zero as torch's decomposition does (and a NaN
+row poisons every later layer through 0·NaN). MultiHeadAttention needs the bias as
+[B|1, H|1, S, L], so a [.., 1, L] padding mask is expanded over the queries.
+
+Rules: `attention` (core + the output head-merge, the usual form), `attention_core` (the core
+alone, when its output has other consumers) and `attention_merge` (cancels the
+merge→split→merge round trip `attention_core` leaves).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_ir as ir
+from onnxscript.rewriter import pattern
+
+from deployfuse.rewrite.profiles import DEPLOYFUSE, MS, profile
+from deployfuse.rewrite.rules import rotary
+from deployfuse.rewrite.rules._attention_core import Core, read_core
+from deployfuse.rewrite.rules._attention_shapes import DimOf, rank, reshape_is_noop, reshape_target, same_dim, scalar, shape_vector, split_heads_source, split_source
+
+FAMILY = "attention"
+
+_FUSED = {(MS, "MultiHeadAttention"), (DEPLOYFUSE, "FusedMHA")}
+
+
+def _const(op, values: list[int]) -> ir.Value:
+    return op.Constant(value=ir.tensor(np.array(values, dtype=np.int64)))
+
+
+def _lowest(dtype: ir.DataType | None) -> float:
+    return float(np.finfo(dtype.numpy() if dtype is not None and dtype.is_floating_point() else np.float32).min)
+
+
+class _Attention(pattern.RewriteRuleClassBase):
+    """Softmax → [NaN guard] → MatMul V [→ Transpose(0,2,1,3) → Reshape to [B, S, H·Dv]]."""
+
+    def __init__(self, target: str, nan_guard: bool, merged: bool) -> None:
+        super().__init__(name="attention" if merged else "attention_core")
+        self._fused_op = "MultiHeadAttention" if target != "tensorrt" else "FusedMHA"
+        self._nan_guard, self._merged = nan_guard, merged
+        self._core: Core | None = None
+
+    def pattern(self, op, scores, value, zero, merged_shape):
+        probs = op.Softmax(scores, _outputs=["probs"])
+        if self._nan_guard:
+            probs = op.Where(op.IsNaN(probs), zero, probs)
+        out = op.MatMul(probs, value, _outputs=["attended"])
+        if self._merged:
+            out = op.Reshape(op.Transpose(out, perm=[0, 2, 1, 3]), merged_shape, _outputs=["merged"])
+        return out
+
+    def check(self, context, scores, value, probs, zero=None, merged=None, **_) -> pattern.MatchResult:
+        result = pattern.MatchResult()
+        if self._nan_guard and scalar(zero) != 0.0:
+            return result.fail("the NaN guard does not write zeros", zero)
+        axis = probs.producer().attributes.get("axis")
+        if axis is None or axis.as_int() not in (-1, 3) or rank(scores) != 4:
+            return result.fail("Softmax is not over the last axis of 4-D scores", probs)
+        core = read_core(scores, value)
+        if isinstance(core, str):
+            return result.fail(core, scores)
+        self._keep_reshape = False
+        if merged is not None:
+            reason = self._check_merge(merged, core)
+            if reason:
+                return result.fail(reason, merged)
+        self._core = core
+        return result
+
+    def _check_merge(self, merged: ir.Value, core: Core) -> str | None:
+        """Why the output Reshape cannot take the fused [B, S, H·Dv] output, or None.
+
+        The fused output holds the same elements in the same order as the [B, S, H, Dv]
+        tensor the model reshapes, so `Reshape(fused, target)` is exact unless the target copies
+        (`0`) an axis past the first two, where the two inputs' shapes differ.
+        """
+        node = merged.producer()
+        raw = shape_vector(node.inputs[1])
+        if raw is None:
+            return "the output merge's target shape is not readable"
+        allowzero = node.attributes.get("allowzero")
+        if (allowzero is None or allowzero.as_int() == 0) and any(not isinstance(e, int) or e == 0 for e in raw[2:]):
+            return "the output merge copies a head axis"
+        out = node.inputs[0]  # [B, S, H, Dv]
+        wanted = [DimOf(out, 0), DimOf(out, 1), core.heads * core.value_head_dim]
+        target = reshape_target(node) or []
+        exact = len(target) == 3 and all(same_dim(e, w) or e == -1 for e, w in zip(target, wanted)) and sum(e == -1 for e in target) <= 1
+        self._keep_reshape = not exact
+        return None
+
+    def rewrite(self, op, attended, merged=None, **_):
+        core = self._core
+        assert core is not None
+        query = _merged_heads(op, core.query, core.heads, core.head_dim)
+        key = _merged_heads(op, core.key, core.heads, core.head_dim) if core.key_layout == "bhsd" else _merged_bshd(op, core.key)
+        value = _merged_heads(op, core.value, core.heads, core.value_head_dim)
+        out_shape = attended.shape  # [B, H, S, Dv]
+        mask = None if core.mask is None else _bias(op, core.mask, query, key, self._fused_op == "MultiHeadAttention")
+        if self._fused_op == "MultiHeadAttention":
+            fused = op.MultiHeadAttention(query, key, value, None, None, mask, num_heads=core.heads, scale=core.scale, _domain=MS)
+        else:
+            fused = op.FusedMHA(query, key, value, *([mask] if mask is not None else []), num_heads=core.heads, scale=core.scale, causal=0, _domain=DEPLOYFUSE)
+        _describe(fused, attended, None if out_shape is None else [out_shape[0], out_shape[2], core.heads * core.value_head_dim])
+        if merged is not None:
+            return op.Reshape(fused, merged.producer().inputs[1]) if self._keep_reshape else fused
+        split = op.Reshape(fused, _const(op, [0, 0, core.heads, core.value_head_dim]))
+        _describe(split, attended, None if out_shape is None else [out_shape[0], out_shape[2], core.heads, core.value_head_dim])
+        return op.Transpose(split, perm=[0, 2, 1, 3])
+
+
+def _describe(value: ir.Value, like: ir.Value, dims: list | None) -> None:
+    """Give a value this rule created its dtype and shape, so later rules can prove layouts."""
+    value.dtype = like.dtype
+    if dims is not None:
+        value.shape = ir.Shape(dims)
+
+
+def _merged_heads(op, value: ir.Value, heads: int, head_dim: int) -> ir.Value:
+    """`value` [B, H, S, D] as [B, S, H·D]: the tensor the heads were split from, when provable."""
+    source = split_heads_source(value)
+    if source is not None and source[1:] == (heads, head_dim):
+        return source[0]
+    merged = op.Reshape(op.Transpose(value, perm=[0, 2, 1, 3]), _const(op, [0, 0, heads * head_dim]))
+    _describe(merged, value, None if value.shape is None else [value.shape[0], value.shape[2], heads * head_dim])
+    return merged
+
+
+def _merged_bshd(op, value: ir.Value) -> ir.Value:
+    """`value` [B, L, H, D] as [B, L, H·D]."""
+    source = split_source(value)
+    if source is not None:
+        return source[0]
+    merged = op.Reshape(value, _const(op, [0, 0, -1]))
+    _describe(merged, value, None if value.shape is None or not isinstance(value.shape[3], int) else [value.shape[0], value.shape[1], value.shape[2] * value.shape[3]])
+    return merged
+
+
+def _bias(op, mask: ir.Value, query: ir.Value, key: ir.Value, full_queries: bool) -> ir.Value:
+    """The mask as an attention bias: -inf clamped, rank 4, and (for MHA) [.., S, L] explicitly."""
+    bias = op.Max(mask, op.Constant(value=ir.tensor(np.array(_lowest(mask.dtype), dtype=mask.dtype.numpy() if mask.dtype else np.float32))))
+    mask_rank = rank(mask) or 4
+    if mask_rank < 4:
+        bias = op.Unsqueeze(bias, _const(op, list(range(4 - mask_rank))))
+    if full_queries:
+        shape = mask.shape
+        exact = shape is not None and same_dim(DimOf(mask, mask_rank - 2), DimOf(query, 1)) and same_dim(DimOf(mask, mask_rank - 1), DimOf(key, 1))
+        if not exact or (shape is not None and 1 in (shape[-2], shape[-1])):
+            queries = op.Shape(query, start=1, end=2)
+            keys = op.Shape(key, start=1, end=2)
+            bias = op.Expand(bias, op.Concat(_const(op, [1, 1]), queries, keys, axis=0))
+    return bias
+
+
+class _MergeRoundTrip(pattern.RewriteRuleClassBase):
+    """Reshape(Transpose(Transpose(Reshape(Y, [B,S,H,Dv]), 0213) [no-op Reshapes], 0213), [B,S,H·Dv]) → Y
+    for Y a fused attention output: the split `attention_core` emits, undone by the model's merge."""
+
+    def __init__(self) -> None:
+        super().__init__(name="attention_merge")
+        self._source: ir.Value | None = None
+
+    def pattern(self, op, heads, shape):
+        return op.Reshape(op.Transpose(heads, perm=[0, 2, 1, 3]), shape, _outputs=["merged"])
+
+    def check(self, context, heads, merged, **_) -> pattern.MatchResult:
+        result = pattern.MatchResult()
+        node = heads.producer()
+        while node is not None and node.op_type == "Reshape" and reshape_is_noop(node):
+            node = node.inputs[0].producer()
+        if node is None or node.op_type != "Transpose" or list(node.attributes["perm"].as_ints()) != [0, 2, 1, 3]:
+            return result.fail("not a split of a fused attention output", heads)
+        split = node.inputs[0].producer()
+        source = split.inputs[0] if split is not None and split.op_type == "Reshape" else None
+        fused = source.producer() if source is not None else None
+        if fused is None or (fused.domain, fused.op_type) not in _FUSED:
+            return result.fail("not a split of a fused attention output", heads)
+        target = reshape_target(merged.producer())
+        wanted = [DimOf(source, 0), DimOf(source, 1), source.shape[2] if source.shape is not None else None]
+        if target is None or len(target) != 3 or not all(same_dim(e, w) or e == -1 for e, w in zip(target, wanted) if w is not None) or sum(e == -1 for e in target) > 1:
+            return result.fail("the merge is not back to the fused output's shape", merged)
+        self._source = source
+        return result
+
+    def rewrite(self, op, **_):
+        return op.Identity(self._source)
+
+
+def rules(target: str) -> list[pattern.RewriteRule]:
+    """Attention rules for `target`: rotary first (its 3-D outputs let Q and K feed the fused node
+    without a re-merge), then the merged form, the bare core, and the round-trip cleanup."""
+    prof = profile(target)
+    op = (MS, "MultiHeadAttention") if target != "tensorrt" else (DEPLOYFUSE, "FusedMHA")
+    if not prof.emits(*op, opset=0):
+        return []
+    found = [_Attention.rule(target, guard, merged) for merged in (True, False) for guard in (True, False)]
+    return [*rotary.rules(target), *found, _MergeRoundTrip.rule()]

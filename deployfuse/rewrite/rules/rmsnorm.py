@@ -1,0 +1,71 @@
+"""RMSNorm from its decomposed form -> SimplifiedLayerNormalization / RMSNormalization-23.
+
+    out = γ · x / √(mean(x², -1) + ε)
+
+as LLaMA / T5 / Mistral write it: x · Reciprocal(Sqrt(mean + ε)), x · (1 / Sqrt(·)) or x / Sqrt(·), x² as
+Pow(x, 2) or Mul(x, x), optionally inside an fp16 → float → fp16 upcast. ONNX Runtime gets its
+SimplifiedLayerNormalization (stash_type 1: float statistics); TensorRT gets RMSNormalization-23
+when the model's opset has it. The residual form is fused later by the skip_layernorm family.
+"""
+
+from __future__ import annotations
+
+import onnx_ir as ir
+from onnxscript.rewriter import pattern
+
+from deployfuse.rewrite.rules._common import FusionRule, Lowering, const_1d, last_dim, scalar
+from deployfuse.rewrite.rules.layernorm import DIVISIONS, divide, is_last_axis, reduce_last
+
+FAMILY = "rmsnorm"
+
+_LOWERING = {
+    "ort-cpu": [Lowering("", "SimplifiedLayerNormalization")],
+    "ort-cuda": [Lowering("", "SimplifiedLayerNormalization")],
+    "tensorrt": [Lowering("", "RMSNormalization")],
+}
+
+
+class DecomposedRmsNorm(FusionRule):
+    """The decomposed RMSNorm, one variant per (square form, division form, upcast)."""
+
+    def __init__(self, target: str, square_pow: bool, division: str, upcast: bool) -> None:
+        super().__init__("rmsnorm", target)
+        self.square_pow, self.division, self.upcast = square_pow, division, upcast
+
+    def pattern(self, op, x, axes, two, eps, scale):
+        xf = op.Cast(x, _outputs=["upcast"]) if self.upcast else x
+        sq = op.Pow(xf, two) if self.square_pow else op.Mul(xf, xf)
+        rms = op.Sqrt(op.Add(reduce_last(op, sq, axes), eps))
+        y = divide(op, xf, rms, self.division)
+        if self.upcast:
+            y = op.Cast(y, _outputs=["downcast"])
+        return op.Mul(scale, y)
+
+    def check(self, context, x, axes, eps, scale, two=None, upcast=None, downcast=None, **_) -> pattern.MatchResult:
+        fail = pattern.MatchResult().fail
+        if not is_last_axis(axes, x):
+            return fail("the mean is not over the last axis only", axes)
+        if self.square_pow and scalar(two) != 2.0:
+            return fail("Pow exponent is not 2", two)
+        if scalar(eps) is None:
+            return fail("ε is not a scalar constant", eps)
+        if self.upcast and (upcast.dtype != ir.DataType.FLOAT or downcast.dtype != x.dtype):
+            return fail("casts are not x.dtype -> float -> x.dtype", [upcast, downcast])
+        if not const_1d(scale, last_dim(x)) or scale.dtype != x.dtype:
+            return fail("γ is not a constant vector of the last axis' size and x's dtype", scale)
+        self.epsilon = scalar(eps)
+        return self.choose(context, x, _LOWERING[self.profile.target])
+
+    def rewrite(self, op, x, scale, **_):
+        extra = {"stash_type": 1} if self.lowering.op_type == "SimplifiedLayerNormalization" else {}
+        return self.emit(op, x, scale, axis=-1, epsilon=self.epsilon, **extra)
+
+
+def rules(target: str) -> list[pattern.RewriteRule]:
+    """RMSNorm rules for `target`."""
+    out: list[pattern.RewriteRule] = []
+    for square_pow in (True, False):
+        for division in DIVISIONS:
+            for upcast in (False, True):
+                out += DecomposedRmsNorm.rule(target, square_pow, division, upcast).commute()
+    return out

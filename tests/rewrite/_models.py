@@ -1,0 +1,90 @@
+"""Small hand-built blocks for forms the zoo's transformers do not write (kept tiny).
+
+Each builder returns `(module, inputs)` like tests/zoo.py entries; `dynamic` axes are batch only.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+class HandNorms(torch.nn.Module):
+    """Hand-written LayerNorm and RMSNorm (as older / research code spells them), QuickGELU,
+    tanh-GELU, and Linear + ReLU / SiLU / sigmoid epilogues."""
+
+    def __init__(self, width: int = 32) -> None:
+        super().__init__()
+        self.ln_w, self.ln_b = torch.nn.Parameter(torch.randn(width)), torch.nn.Parameter(torch.randn(width))
+        self.rms_w = torch.nn.Parameter(torch.randn(width))
+        self.fc = torch.nn.ModuleList(torch.nn.Linear(width, width) for _ in range(5))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        mu = x.mean(-1, keepdim=True)
+        var = (x - mu).pow(2).mean(-1, keepdim=True)
+        h = (x - mu) / torch.sqrt(var + 1e-6) * self.ln_w + self.ln_b
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6) * self.rms_w
+        h = self.fc[0](h)
+        h = h * torch.sigmoid(1.702 * h)
+        h = F.gelu(self.fc[1](h), approximate="tanh")
+        h = torch.relu(self.fc[2](h))
+        h = F.silu(self.fc[3](h))
+        return torch.sigmoid(self.fc[4](h))
+
+
+class FeatureEncoder(torch.nn.Module):
+    """wav2vec2-like conv feature layer: Conv1d -> LayerNorm over channels -> GELU."""
+
+    def __init__(self, channels: int = 16) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv1d(4, channels, 3)
+        self.norm = torch.nn.LayerNorm(channels)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.conv(x).transpose(1, 2)
+        return F.gelu(self.norm(h))
+
+
+class UNetBlock(torch.nn.Module):
+    """Diffusion-style ResNet block: GroupNorm -> SiLU -> Conv, twice, plus the residual."""
+
+    def __init__(self, channels: int = 16, groups: int = 4) -> None:
+        super().__init__()
+        self.norm1, self.norm2 = torch.nn.GroupNorm(groups, channels), torch.nn.GroupNorm(groups, channels)
+        self.conv1 = torch.nn.Conv2d(channels, channels, 3, padding=1)
+        self.conv2 = torch.nn.Conv2d(channels, channels, 3, padding=1)
+        for norm in (self.norm1, self.norm2):  # non-trivial affine, as trained weights have
+            torch.nn.init.normal_(norm.weight)
+            torch.nn.init.normal_(norm.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.conv1(F.silu(self.norm1(x)))
+        return x + self.conv2(F.silu(self.norm2(h)))
+
+
+BLOCKS = {
+    "hand_norms": lambda: (HandNorms().eval(), {"x": torch.randn(2, 8, 32)}),
+    "feature_encoder": lambda: (FeatureEncoder().eval(), {"x": torch.randn(2, 4, 20)}),
+    "unet_block": lambda: (UNetBlock().eval(), {"x": torch.randn(2, 16, 8, 8)}),
+}
+
+
+class UpcastNorms(torch.nn.Module):
+    """fp16 norms that compute their statistics in float, as LLaMA's RMSNorm and T5-style
+    LayerNorms do: x.float() -> normalise -> .to(fp16) -> · γ (+ β)."""
+
+    def __init__(self, width: int = 32) -> None:
+        super().__init__()
+        self.ln_w, self.ln_b = torch.nn.Parameter(torch.randn(width)), torch.nn.Parameter(torch.randn(width))
+        self.rms_w = torch.nn.Parameter(torch.randn(width))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        mu = xf.mean(-1, keepdim=True)
+        var = (xf - mu).pow(2).mean(-1, keepdim=True)
+        h = ((xf - mu) / torch.sqrt(var + 1e-5)).to(x.dtype) * self.ln_w + self.ln_b
+        hf = h.float()
+        return (hf * torch.rsqrt(hf.pow(2).mean(-1, keepdim=True) + 1e-6)).to(x.dtype) * self.rms_w
+
+
+BLOCKS["upcast_norms_fp16"] = lambda: (UpcastNorms().half().eval(), {"x": torch.randn(2, 8, 32).half()})

@@ -1,0 +1,57 @@
+"""Every op a profile may emit has a kernel on that target; TensorRT gets no com.microsoft op."""
+
+import onnxruntime as ort
+import pytest
+from onnxruntime.capi import onnxruntime_pybind11_state as C
+
+from _export import fused
+from deployfuse.errors import UsageError
+from deployfuse.rewrite import TARGETS, fuse
+from deployfuse.rewrite.profiles import PROFILES
+
+
+def _registry(provider: str) -> dict[tuple[str, str], set[str]]:
+    """(domain, op) -> dtypes of the first type constraint, from ORT's own kernel registry."""
+    table: dict[tuple[str, str], set[str]] = {}
+    for k in C.get_all_opkernel_def():
+        if k.provider != provider:
+            continue
+        types = next(iter(k.type_constraints.values()), [])
+        table.setdefault((k.domain, k.op_name), set()).update(t[len("tensor("):-1] for t in types)
+    return table
+
+
+def test_cpu_profile_matches_kernel_registry():
+    registry = _registry("CPUExecutionProvider")
+    for (domain, op), dtypes in PROFILES["ort-cpu"].kernels.items():
+        assert (domain, op) in registry, f"{domain}::{op} has no CPU kernel"
+        assert dtypes <= registry[(domain, op)], f"{domain}::{op}: {sorted(dtypes - registry[(domain, op)])} have no CPU kernel"
+
+
+def test_cpu_profile_refuses_kernel_less_ops():
+    cpu = PROFILES["ort-cpu"]
+    for op in ("GroupNorm", "BiasAdd", "BiasSplitGelu", "SkipGroupNorm"):
+        assert not cpu.emits("com.microsoft", op, 18)
+    assert not cpu.emits("com.microsoft", "BiasGelu", 18, "float16")  # float-only CPU kernel
+    assert not PROFILES["ort-cuda"].emits("com.microsoft", "GroupQueryAttention", 18, "float")
+
+
+@pytest.mark.skipif("CUDAExecutionProvider" not in ort.get_available_providers(), reason="needs a CUDA build of ONNX Runtime")
+def test_cuda_profile_matches_kernel_registry():
+    registry = _registry("CUDAExecutionProvider")
+    for (domain, op), dtypes in PROFILES["ort-cuda"].kernels.items():
+        assert (domain, op) in registry and dtypes <= registry[(domain, op)], f"{domain}::{op}"
+
+
+def test_tensorrt_profile_emits_no_contrib_op():
+    assert PROFILES["tensorrt"].kernels == {}
+    assert not PROFILES["tensorrt"].emits("com.microsoft", "Gelu", 20)
+    for name, exporter in [("bert", "dynamo"), ("gpt2", "dynamo"), ("llama", "dynamo"), ("resnet18", "dynamo"), ("hand_norms", "torchscript")]:
+        model, _, _ = fused(name, exporter, "tensorrt")
+        assert not [n.op_type for n in model.graph.node if n.domain == "com.microsoft"], name
+
+
+def test_unknown_target_is_a_usage_error():
+    with pytest.raises(UsageError, match="ort-cpu, ort-cuda, tensorrt"):
+        fuse(None, "cpu", [{}])
+    assert TARGETS == ("ort-cpu", "ort-cuda", "tensorrt")
