@@ -47,9 +47,9 @@ def session(
     if custom_ops_library is not None:
         options.register_custom_ops_library(str(custom_ops_library))
     if "CUDAExecutionProvider" in providers:
-        options = artefact_provider_options(model if isinstance(model, (onnx.ModelProto, str, Path)) else onnx.load_from_string(model))
-        options.update(cuda_options or {})
-        providers = [("CUDAExecutionProvider", options) if p == "CUDAExecutionProvider" else p for p in providers]
+        provider_options = artefact_provider_options(model if isinstance(model, (onnx.ModelProto, str, Path)) else onnx.load_from_string(model))
+        provider_options.update(cuda_options or {})
+        providers = [("CUDAExecutionProvider", provider_options) if p == "CUDAExecutionProvider" else p for p in providers]
     if isinstance(model, onnx.ModelProto):
         model = model.SerializeToString()
     elif isinstance(model, Path):
