@@ -2,9 +2,10 @@
 
 The two deployfuse columns are the artefacts `deployfuse export --target ort-cuda` writes, with
 the CUDA options each carries (see `deployfuse.pipeline.cuda_provider_options`): by default,
-prefer_nhwc for fp16 models with convolutions; with `--cuda-graph`, enable_cuda_graph as well.
+prefer_nhwc for models with convolutions; with `--cuda-graph`, enable_cuda_graph as well.
+A later file's row replaces an earlier one for the same model, dtype and variant (a re-run).
 
-    python bench/report_h200.py bench/results/h200_*fp16.json bench/results/h200_*fp32.json
+    python bench/report_h200.py RUN1.json RUN2.json ...
 """
 
 from __future__ import annotations
@@ -21,15 +22,14 @@ NAMES = {"bert": "BERT-base (8x128)", "vit": "ViT-B/16 (8)", "gpt2": "GPT-2 (8x1
 
 def shipped(model: str, dtype: str, cuda_graph: bool) -> str:
     """The measured variant that equals deployfuse's artefact for this model and dtype."""
-    nhwc = dtype != "fp32" and model in CONV_MODELS
+    nhwc = model in CONV_MODELS
     parts = ["deployfuse"] + (["nhwc"] if nhwc else []) + (["cudagraph"] if cuda_graph else [])
     return "+".join(parts)
 
 
 def main(paths: list[str]) -> None:
-    rows = [row for path in paths for row in json.loads(Path(path).read_text())]
-    (RESULTS / "h200.json").write_text(json.dumps(rows, indent=1))
-    table = {(r["model"], r["dtype"], r["variant"]): r for r in rows}
+    table = {(r["model"], r["dtype"], r["variant"]): r for path in paths for r in json.loads(Path(path).read_text())}
+    (RESULTS / "h200.json").write_text(json.dumps(list(table.values()), indent=1))
     lines = [
         "| model | dtype | eager | compile | ORT plain | ORT-opt | onnxscript | deployfuse | deployfuse --cuda-graph | best anchor | ratio |",
         "|---|---|---|---|---|---|---|---|---|---|---|",

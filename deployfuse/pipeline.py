@@ -205,7 +205,7 @@ def _run(model, out_path, report, steps, specs, example_inputs, dynamic, exporte
         steps.skip("fuse", "--no-fuse")
     metadata.write(onnx_model, metadata.INPUT_SHAPES, {k: list(v.shape) for k, v in example.items()})
     if report.target == "ort-cuda":
-        metadata.write(onnx_model, metadata.CUDA_PROVIDER_OPTIONS, cuda_provider_options(onnx_model, report.precision, cuda_graph))
+        metadata.write(onnx_model, metadata.CUDA_PROVIDER_OPTIONS, cuda_provider_options(onnx_model, cuda_graph))
     report.op_histogram = dict(Counter(f"{n.domain + '.' if n.domain else ''}{n.op_type}" for n in onnx_model.graph.node).most_common())
 
     if verify:
@@ -226,15 +226,15 @@ def _run(model, out_path, report, steps, specs, example_inputs, dynamic, exporte
     return fusion
 
 
-def cuda_provider_options(model: onnx.ModelProto, precision: str, cuda_graph: bool) -> dict[str, str]:
+def cuda_provider_options(model: onnx.ModelProto, cuda_graph: bool) -> dict[str, str]:
     """The ORT CUDA EP options an ort-cuda artefact carries, chosen from H200 measurements.
 
-    prefer_nhwc for fp16/bf16 models with convolutions (ResNet-50 fp16, batch 32: 2.78 -> 1.92 ms;
-    in fp32 it was slower, so not there); enable_cuda_graph when asked (BERT-base fp16: 2.02 ->
-    1.00 ms), since it constrains how the caller runs the model. See bench/results/h200.md.
+    prefer_nhwc for models with convolutions (ResNet-50, batch 32: fp16 2.78 -> 1.92 ms, fp32
+    4.07 -> 3.17 ms); enable_cuda_graph when asked (BERT-base fp16: 2.02 -> 1.00 ms), since it
+    constrains how the caller runs the model. See bench/results/h200.md.
     """
     options: dict[str, str] = {}
-    if precision != "fp32" and any(n.op_type in ("Conv", "ConvTranspose") and n.domain in ("", "ai.onnx") for n in model.graph.node):
+    if any(n.op_type in ("Conv", "ConvTranspose") and n.domain in ("", "ai.onnx") for n in model.graph.node):
         options["prefer_nhwc"] = "1"
     if cuda_graph:
         options["enable_cuda_graph"] = "1"

@@ -150,7 +150,9 @@ def test_ort_cuda_artefact_carries_its_provider_options(tmp_path):
     deployfuse.export(module, out, example_inputs=(x,), target="ort-cuda", precision="fp16", cuda_graph=True, verify=False)
     assert artefact_provider_options(out) == {"prefer_nhwc": "1", "enable_cuda_graph": "1"}
     deployfuse.export(module, out, example_inputs=(x,), target="ort-cuda")
-    assert artefact_provider_options(out) == {}, "fp32 convolutions stay NCHW; no CUDA graph unless asked"
+    assert artefact_provider_options(out) == {"prefer_nhwc": "1"}, "no CUDA graph unless asked"
+    deployfuse.export(torch.nn.Linear(4, 4), out, example_inputs=(torch.randn(2, 4),), target="ort-cuda")
+    assert artefact_provider_options(out) == {}, "no convolutions, nothing to ask for"
 
 
 def test_cuda_graph_refuses_dynamic_shapes(cli, tmp_path):
