@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from deployfuse.errors import UsageError
-from deployfuse.inputs import Inputs
+from deployfuse.inputs import InputSpec, Inputs, make_inputs
 
 _FACTORY = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
 
@@ -69,6 +69,33 @@ class LoadedModel:
         if len(values) > len(self.input_names):
             raise UsageError(f"{len(values)} example inputs given, but the model takes {len(self.input_names)}: {', '.join(self.input_names)}")
         return {name: _as_tensor(name, v) for name, v in zip(self.input_names, values)}
+
+
+def given_inputs(
+    loaded: LoadedModel,
+    specs: Sequence[InputSpec] = (),
+    example_inputs: str | os.PathLike[str] | Sequence[torch.Tensor] | Mapping[str, torch.Tensor] | None = None,
+    seed: int | None = None,
+) -> Inputs | None:
+    """The inputs a user gave, by priority: random tensors for `--input` specs, the tensors of
+    `--example-inputs` (a `torch.save`d file, or tensors), the model's own example inputs.
+    None when there are none."""
+    if specs:
+        unknown = [s.name for s in specs if loaded.input_names and s.name not in loaded.input_names]
+        if unknown:
+            raise UsageError(f"--input {', '.join(unknown)}: the model's inputs are {', '.join(loaded.input_names)}")
+        return make_inputs(specs, loaded.module, seed)
+    if isinstance(example_inputs, (str, os.PathLike)):
+        path = Path(example_inputs)
+        if not path.is_file():
+            raise UsageError(f"example inputs file not found: {path}")
+        try:
+            example_inputs = torch.load(str(path), map_location="cpu", weights_only=True)
+        except Exception as exc:
+            raise UsageError(f"could not load example inputs from {path}: {(str(exc).splitlines() or [''])[0]}") from exc
+    if example_inputs is not None:
+        return loaded.name_inputs(example_inputs)  # type: ignore[arg-type]
+    return loaded.example_inputs
 
 
 def _as_tensor(name: object, value: object) -> torch.Tensor:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import copy
 import json
 import os
-import shutil
 import tempfile
 import time
 from collections import Counter
@@ -20,7 +19,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import onnx
 import torch
 
@@ -30,7 +28,7 @@ from deployfuse.errors import AccuracyError, DeployfuseError, UsageError
 from deployfuse.export import EXPORTERS, clean, flatten_outputs, to_onnx
 from deployfuse.inputs import DynamicAxis, InputSpec, Inputs, make_inputs, resized, specs_of
 from deployfuse.io import check_writable_target, write_text_atomic
-from deployfuse.loading import LoadedModel, load_model
+from deployfuse.loading import LoadedModel, given_inputs, load_model
 from deployfuse.report import ExportReport, Step
 from deployfuse.rewrite import TARGETS, FusionReport
 from deployfuse.rewrite import fuse as fuse_graph
@@ -242,25 +240,11 @@ def cuda_provider_options(model: onnx.ModelProto, cuda_graph: bool) -> dict[str,
 
 
 def _example_inputs(loaded: LoadedModel, specs: Sequence[InputSpec], example_inputs: Any) -> Inputs:
-    if specs:
-        unknown = [s.name for s in specs if loaded.input_names and s.name not in loaded.input_names]
-        if unknown:
-            raise UsageError(f"--input {', '.join(unknown)}: the model's inputs are {', '.join(loaded.input_names)}")
-        return make_inputs(specs, loaded.module)
-    if example_inputs is not None:
-        if isinstance(example_inputs, (str, os.PathLike)):
-            path = Path(example_inputs)
-            if not path.is_file():
-                raise UsageError(f"example inputs file not found: {path}")
-            try:
-                example_inputs = torch.load(str(path), map_location="cpu", weights_only=True)
-            except Exception as exc:
-                raise UsageError(f"could not load example inputs from {path}: {str(exc).splitlines()[0]}") from exc
-        return loaded.name_inputs(example_inputs)
-    if loaded.example_inputs is not None:
-        return loaded.example_inputs
-    names = ", ".join(loaded.input_names) or "the model's inputs"
-    raise UsageError(f"no inputs to export with: give --input NAME:SHAPE[:DTYPE] for {names}, or --example-inputs FILE.pt")
+    inputs = given_inputs(loaded, specs, example_inputs)
+    if inputs is None:
+        names = ", ".join(loaded.input_names) or "the model's inputs"
+        raise UsageError(f"no inputs to export with: give --input NAME:SHAPE[:DTYPE] for {names}, or --example-inputs FILE.pt")
+    return inputs
 
 
 def _reference_run(loaded: LoadedModel, inputs: Inputs) -> dict[str, torch.Tensor]:

@@ -8,9 +8,7 @@ Values sent to ONNX backends take the graph's input dtype.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -20,7 +18,7 @@ from onnx import helper
 
 from deployfuse.errors import UsageError
 from deployfuse.inputs import DynamicAxis, InputSpec, Inputs, make_inputs, resized, specs_of
-from deployfuse.loading import LoadedModel
+from deployfuse.loading import LoadedModel, given_inputs
 from deployfuse.verify import to_numpy
 
 Feed = dict[str, np.ndarray]
@@ -39,26 +37,11 @@ def graph_inputs(model: onnx.ModelProto) -> dict[str, tuple[np.dtype, tuple[int 
     return found
 
 
-def _load_examples(source: str | os.PathLike[str] | Sequence[torch.Tensor] | Mapping[str, torch.Tensor], loaded: LoadedModel) -> Inputs:
-    if isinstance(source, (str, os.PathLike)):
-        path = Path(source)
-        if not path.is_file():
-            raise UsageError(f"example inputs file not found: {path}")
-        try:
-            source = torch.load(str(path), map_location="cpu", weights_only=True)
-        except Exception as exc:
-            raise UsageError(f"could not load example inputs from {path}: {(str(exc).splitlines() or [''])[0]}") from exc
-    return loaded.name_inputs(source)  # type: ignore[arg-type]
-
-
 def first_inputs(loaded: LoadedModel, onnx_inputs: Mapping[str, tuple[np.dtype, tuple]], specs: Sequence[InputSpec], example_inputs: Any, seed: int | None) -> Inputs:
     """The first feed's tensors (see the module docstring for where they come from)."""
-    if specs:
-        return make_inputs(specs, loaded.module, seed)
-    if example_inputs is not None:
-        return _load_examples(example_inputs, loaded)
-    if loaded.example_inputs is not None:
-        return loaded.example_inputs
+    given = given_inputs(loaded, specs, example_inputs, seed)
+    if given is not None:
+        return given
     symbolic = {n: d for n, (_, d) in onnx_inputs.items() if any(isinstance(x, str) for x in d)}
     if symbolic:
         needed = ", ".join(f"{n}[{','.join(map(str, d))}]" for n, d in symbolic.items())
