@@ -1,7 +1,9 @@
 """Which fusion families pay on ONNX Runtime CPU? A per-family ablation, one process, 2 threads.
 
-For each model: the plain dynamo export, deployfuse `ort-cpu` with every family, and the plain
-export plus one family at a time. Sessions use ORT's normal optimisations (what a user runs).
+For each model: the plain dynamo export, deployfuse `ort-cpu` with every family, the plain
+export plus one family at a time, and what a user could pick instead (bench/anchors.py: the ORT
+transformers optimizer's and onnxscript's outputs) beside deployfuse's own artefact (folded,
+fused, verified). Sessions use ORT's normal optimisations (what a user runs).
 Runs are interleaved (one run of every variant per round) so that load from other processes
 on a shared machine falls on all variants alike; the figure is the median over `--runs`
 rounds after `--warmup`. A family whose "only X" row is slower than "plain" should leave the
@@ -25,7 +27,7 @@ import onnx
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from anchors import build  # noqa: E402
+from anchors import build, variants  # noqa: E402
 
 
 def _interleaved(models: dict[str, onnx.ModelProto], feed: dict[str, np.ndarray], warmup: int, runs: int, threads: int) -> dict[str, float]:
@@ -56,15 +58,19 @@ def bench(name: str, batch: int, warmup: int, runs: int, threads: int) -> list[d
         program.save(str(path), external_data=False)
         plain = clean(onnx.load(str(path)))
     feed = {k: v.numpy() for k, v in inputs.items()}
-    variants: dict[str, onnx.ModelProto] = {"plain": plain}
+    candidates: dict[str, onnx.ModelProto] = {"plain": plain}
     fused, report = fuse(plain, "ort-cpu", [feed])
-    variants["all families"] = fused
+    candidates["all families"] = fused
     for family in family_names():
         kept = sum(f.fused for f in report.families if f.family == family)
         if kept:
-            variants[f"only {family}"], _ = fuse(plain, "ort-cpu", [feed], families=[family])
+            candidates[f"only {family}"], _ = fuse(plain, "ort-cpu", [feed], families=[family])
+    with tempfile.TemporaryDirectory() as tmp:  # what a user could pick instead, and deployfuse's own artefact
+        for variant, made in variants(name, module, inputs, Path(tmp), "ort-cpu", "fp32").items():
+            if variant != "ort-plain" and not isinstance(made, str):
+                candidates[variant] = onnx.load(str(made))
     rows = []
-    for variant, ms in _interleaved(variants, feed, warmup, runs, threads).items():
+    for variant, ms in _interleaved(candidates, feed, warmup, runs, threads).items():
         rows.append({"model": name, "batch": batch, "variant": variant, "median_ms": round(ms, 2)})
         print(f"{name:8s} {variant:24s} {ms:9.2f} ms", flush=True)
     return rows
