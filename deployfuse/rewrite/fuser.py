@@ -1,4 +1,5 @@
-"""`fuse`: run every rule family for a target, guard each, keep what stays valid and equal."""
+"""`fuse`: run every rule family for a target, guard each, keep what stays valid and equal
+(and, with autotune, not slower on the target)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from onnxscript.rewriter import pattern
 from onnxscript.rewriter._rewrite_rule import RULE_NAME_TAG
 
 from deployfuse.errors import UsageError
-from deployfuse.rewrite import guard, rules as rule_families
+from deployfuse.rewrite import autotune as tuning, guard, rules as rule_families
 from deployfuse.rewrite.profiles import DEPLOYFUSE, Profile, profile
 from deployfuse.rewrite.rules._common import dtype_name
 from deployfuse.rewrite.report import FamilyResult, FusionReport
@@ -26,6 +27,7 @@ def fuse(
     feeds: Sequence[Mapping[str, np.ndarray]],
     debug: bool = False,
     families: Sequence[str] | None = None,
+    autotune: bool = False,
 ) -> tuple[onnx.ModelProto, FusionReport]:
     """Rewrite `model` into fused nodes for `target`, one guarded rule family at a time.
 
@@ -35,11 +37,14 @@ def fuse(
         feeds: random input dicts for the guard's numeric checks (at least one).
         debug: also record near misses (why the closest candidate of each rule failed).
         families: run only these families (names as in `family_names()`), still in
-            registration order; None runs all. For ablations and autotuning.
+            registration order; None runs all. For ablations.
+        autotune: also time each family the guard accepted on the target, on `feeds[0]`,
+            and revert it when it makes the model slower (`autotune.time_family`).
 
     Returns:
         The fused model and the report. A family the guard rejects is rolled back and
-        reported with its reason; the others are kept.
+        reported with its reason, one autotune finds slower is reverted with its timings; the
+        others are kept.
     """
     prof = profile(target)
     if not feeds:
@@ -65,14 +70,20 @@ def fuse(
             candidate = _apply(current, rules, result, debug, prof)
             if not result.fused:
                 continue
-            reference = guard.check(candidate, reference, feeds, providers)
+            outputs = guard.check(candidate, reference, feeds, providers)
         except guard.GuardFailure as exc:
             result.rolled_back, result.reason = True, str(exc)
             continue
         except Exception as exc:  # a rule's own bug must not stop the export: roll back, report
             result.rolled_back, result.reason = True, f"rule error: {type(exc).__name__}: {guard.first_line(exc)}"
             continue
-        current = candidate
+        if autotune:
+            decision = tuning.time_family(current, candidate, target, feeds[0])
+            result.autotune, result.before_ms, result.after_ms = decision.reason, decision.before_ms, decision.after_ms
+            if not decision.keep:
+                result.reverted = True
+                continue
+        current, reference = candidate, outputs
     return current, report
 
 

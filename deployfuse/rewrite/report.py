@@ -1,4 +1,5 @@
-"""What a fusion run did, per family and rule: matches, rollbacks and why, near misses."""
+"""What a fusion run did, per family and rule: matches, rollbacks and why, near misses, and
+(autotune runs) the family's latency before and after and whether it stayed."""
 
 from __future__ import annotations
 
@@ -16,6 +17,11 @@ class FamilyResult:
         rolled_back: True when the guard rejected the family and its rewrites were undone.
         reason: why the guard rejected it (one line).
         near_misses: rule name -> why the closest candidate failed (filled with debug=True).
+        autotune: the autotune decision in one line ("" when the family was not timed for a
+            decision: autotune off, nothing matched, or the guard rolled it back).
+        before_ms: median latency on the target of the model before the family (autotune).
+        after_ms: the same after the family.
+        reverted: True when autotune undid the family because it made the model slower.
     """
 
     family: str
@@ -23,11 +29,15 @@ class FamilyResult:
     rolled_back: bool = False
     reason: str = ""
     near_misses: dict[str, list[str]] = field(default_factory=dict)
+    autotune: str = ""
+    before_ms: float | None = None
+    after_ms: float | None = None
+    reverted: bool = False
 
     @property
     def fused(self) -> int:
         """Rewrites kept in the model."""
-        return 0 if self.rolled_back else sum(self.matches.values())
+        return 0 if self.rolled_back or self.reverted else sum(self.matches.values())
 
 
 @dataclass
@@ -38,8 +48,8 @@ class FusionReport:
     families: list[FamilyResult] = field(default_factory=list)
 
     def counts(self) -> dict[str, int]:
-        """Kept rewrites per rule name (rolled-back families count 0)."""
-        return {rule: (0 if f.rolled_back else n) for f in self.families for rule, n in f.matches.items()}
+        """Kept rewrites per rule name (rolled-back and reverted families count 0)."""
+        return {rule: (0 if f.rolled_back or f.reverted else n) for f in self.families for rule, n in f.matches.items()}
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able form, for `--report`."""
@@ -53,6 +63,7 @@ class FusionReport:
                     "rolled_back": f.rolled_back,
                     "reason": f.reason,
                     **({"near_misses": f.near_misses} if f.near_misses else {}),
+                    **({"autotune": {"kept": not f.reverted, "reason": f.autotune, "before_ms": f.before_ms, "after_ms": f.after_ms}} if f.autotune else {}),
                 }
                 for f in self.families
             ],
@@ -60,10 +71,14 @@ class FusionReport:
 
     def table(self, all_rules: bool = False) -> str:
         """A plain-text table, one row per rule that matched (every rule with `all_rules`),
-        plus rolled-back families with their reasons and near misses (debug runs)."""
+        plus rolled-back families with their reasons, autotune decisions and near misses
+        (debug runs)."""
         rows = [("family", "rule", "matches", "status")]
         for f in self.families:
-            status = f"rolled back: {f.reason}" if f.rolled_back else "kept"
+            if f.rolled_back:
+                status = f"rolled back: {f.reason}"
+            else:
+                status = f"reverted: {f.autotune}" if f.reverted else f"kept ({f.autotune})" if f.autotune else "kept"
             for rule, n in f.matches.items():
                 if n or all_rules:
                     rows.append((f.family, rule, str(n), status if n else "-"))
