@@ -161,3 +161,27 @@ def test_cuda_graph_refuses_dynamic_shapes(cli, tmp_path):
     code, _, err = cli("export", path, "-o", tmp_path / "m.onnx", "--trust-pickle", "--input", "input:2x4",
                        "--target", "ort-cuda", "--cuda-graph", "--dynamic", "input:0:batch")
     assert code == 2 and "static shapes" in err
+
+
+class _UsesDeployfuseOp(torch.nn.Module):
+    """A user's model that calls a deployfuse op directly."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(16, 32, bias=False)
+        self.bias = torch.nn.Parameter(torch.randn(32))
+
+    def forward(self, x):
+        return torch.ops.deployfuse.bias_act(self.linear(x), self.bias, "silu")
+
+
+def test_model_calling_a_deployfuse_op_exports_it_as_one_node(tmp_path):
+    import deployfuse.ops.torch_ops  # noqa: F401  (registers torch.ops.deployfuse.*)
+
+    module, out = _UsesDeployfuseOp().eval(), tmp_path / "op.onnx"
+    result = deployfuse.export(module, out, example_inputs=(torch.randn(2, 5, 16),), dynamic=[DynamicAxis("x", 1, "seq")], fuse=False)
+    model = onnx.load(out)
+    assert [n.op_type for n in model.graph.node if n.domain == "deployfuse"] == ["BiasAct"]
+    assert {f.name for f in model.functions} == {"BiasAct"}, "the function body travels with the node"
+    assert len(result.report.verify) == 2
+    assert_onnx_matches_torch(out, module, {"x": torch.randn(2, 7, 16)})

@@ -10,7 +10,8 @@ MAX_IR_VERSION = 10  # ONNX Runtime 1.2x accepts <= 10 (1.31 accepts 13); 10 run
 
 def clean(model: onnx.ModelProto) -> onnx.ModelProto:
     """Constant-fold, drop dead nodes and unused initializers, infer shapes, cap the IR version."""
-    model = onnxscript.optimizer.optimize(model)
+    # inline=False keeps deployfuse nodes (and their function bodies) as the single nodes they are.
+    model = onnxscript.optimizer.optimize(model, inline=False)
     model = onnx.shape_inference.infer_shapes(model, data_prop=True)
     model.ir_version = min(model.ir_version, MAX_IR_VERSION)
     return model

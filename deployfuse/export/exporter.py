@@ -18,6 +18,8 @@ import torch
 from deployfuse.errors import DeployfuseError
 from deployfuse.inputs import DynamicAxis, Inputs
 from deployfuse.loading import LoadedModel
+from deployfuse.ops import DOMAIN, attach_functions
+from deployfuse.ops.torch_ops import translation_table
 
 EXPORTERS = ("dynamo", "torchscript")
 
@@ -49,8 +51,12 @@ def _dynamo(loaded: LoadedModel, inputs: Inputs, dynamic: Sequence[DynamicAxis],
     program = torch.onnx.export(
         loaded.module, args, kwargs=kwargs or None, dynamo=True, dynamic_shapes=shapes,
         output_names=output_names, opset_version=opset, optimize=True, verbose=False,
+        custom_translation_table=translation_table(),  # torch.ops.deployfuse.* calls become one node each
     )
-    return program.model_proto
+    model = program.model_proto
+    if any(n.domain == DOMAIN for n in model.graph.node):
+        attach_functions(model)  # their ONNX function bodies, so any runtime runs them
+    return model
 
 
 class _KeywordCall(torch.nn.Module):
