@@ -17,6 +17,7 @@ FAMILY_MODULES: tuple[str, ...] = (
     "gelu",
     "rmsnorm",
     "attention",
+    "packed_qkv",
     "rotary",
     "skip_layernorm",
     "bias_gelu",

@@ -273,7 +273,8 @@ def split_source(value: ir.Value) -> tuple[ir.Value, int, int] | None:
     """`(x, heads, head_dim)` when `value` is `Reshape(x, [B, S, heads, head_dim])` (through no-op Reshapes).
 
     `x` is the [B, S, heads·head_dim] tensor the heads were split from; proven exactly: the
-    reshape keeps x's first two dimensions and splits the last into (heads, head_dim).
+    reshape keeps x's first two dimensions (the first may be -1) and splits the last into
+    (heads, head_dim).
     """
     reshape = value.producer()
     while reshape is not None and reshape.op_type == "Reshape" and reshape_is_noop(reshape):
@@ -291,6 +292,8 @@ def split_source(value: ir.Value) -> tuple[ir.Value, int, int] | None:
     heads = hidden // head_dim
     if target[2] != -1 and not same_dim(target[2], heads):
         return None
-    if not same_dim(target[0], DimOf(source, 0)) or not same_dim(target[1], DimOf(source, 1)):
+    # a -1 batch entry is exact once S, heads and head_dim are proven: B·S·H·D / (S·H·D) = B
+    batch = target[0] == -1 or same_dim(target[0], DimOf(source, 0))
+    if not batch or not same_dim(target[1], DimOf(source, 1)):
         return None
     return source, heads, head_dim

@@ -13,7 +13,10 @@ as the additive tensor the model computed; it is passed on as the attention bias
 clamped to the dtype's lowest finite value: a fully masked row then averages V instead of
 turning into NaN, which the fused kernels cannot zero as torch's decomposition does (and a NaN
 row poisons every later layer through 0·NaN). MultiHeadAttention needs the bias as
-[B|1, H|1, S, L], so a [.., 1, L] padding mask is expanded over the queries.
+[B|1, H|1, S, L], so a [.., 1, L] padding mask is expanded over the queries. A mask that is
+provably finite (a finite constant, or `Where(c, a, b)` of finite constants) needs no clamp; one
+provably zero (a zero constant, or `Where(c, 0, b)` with c an all-True constant, Expanded or not)
+is dropped: softmax(s + 0) = softmax(s).
 
 Rules: `attention` (core + the output head-merge, the usual form), `attention_core` (the core
 alone, when its output has other consumers) and `attention_merge` (cancels the
@@ -29,7 +32,7 @@ from onnxscript.rewriter import pattern
 from deployfuse.rewrite.profiles import DEPLOYFUSE, MS, profile
 from deployfuse.rewrite.rules import rotary
 from deployfuse.rewrite.rules._attention_core import Core, read_core
-from deployfuse.rewrite.rules._attention_shapes import DimOf, rank, reshape_is_noop, reshape_target, same_dim, scalar, shape_vector, split_heads_source, split_source
+from deployfuse.rewrite.rules._attention_shapes import DimOf, constant, rank, reshape_is_noop, reshape_target, same_dim, scalar, shape_vector, split_heads_source, split_source
 
 FAMILY = "attention"
 
@@ -108,7 +111,7 @@ class _Attention(pattern.RewriteRuleClassBase):
         key = _merged_heads(op, core.key, core.heads, core.head_dim) if core.key_layout == "bhsd" else _merged_bshd(op, core.key)
         value = _merged_heads(op, core.value, core.heads, core.value_head_dim)
         out_shape = attended.shape  # [B, H, S, Dv]
-        mask = None if core.mask is None else _bias(op, core.mask, query, key, self._fused_op == "MultiHeadAttention")
+        mask = None if core.mask is None or _zero(core.mask) else _bias(op, core.mask, query, key, self._fused_op == "MultiHeadAttention")
         if self._fused_op == "MultiHeadAttention":
             fused = op.MultiHeadAttention(query, key, value, None, None, mask, num_heads=core.heads, scale=core.scale, _domain=MS)
         else:
@@ -150,7 +153,10 @@ def _merged_bshd(op, value: ir.Value) -> ir.Value:
 
 def _bias(op, mask: ir.Value, query: ir.Value, key: ir.Value, full_queries: bool) -> ir.Value:
     """The mask as an attention bias: -inf clamped, rank 4, and (for MHA) [.., S, L] explicitly."""
-    bias = op.Max(mask, op.Constant(value=ir.tensor(np.array(_lowest(mask.dtype), dtype=mask.dtype.numpy() if mask.dtype else np.float32))))
+    if _finite(mask):
+        bias = mask
+    else:
+        bias = op.Max(mask, op.Constant(value=ir.tensor(np.array(_lowest(mask.dtype), dtype=mask.dtype.numpy() if mask.dtype else np.float32))))
     mask_rank = rank(mask) or 4
     if mask_rank < 4:
         bias = op.Unsqueeze(bias, _const(op, list(range(4 - mask_rank))))
@@ -162,6 +168,40 @@ def _bias(op, mask: ir.Value, query: ir.Value, key: ir.Value, full_queries: bool
             keys = op.Shape(key, start=1, end=2)
             bias = op.Expand(bias, op.Concat(_const(op, [1, 1]), queries, keys, axis=0))
     return bias
+
+
+def _select(mask: ir.Value) -> tuple[ir.Value, float, float] | None:
+    """`(c, a, b)` when `mask` is Where(c, a, b) with scalar constants a, b."""
+    node = mask.producer()
+    if node is None or node.op_type != "Where" or node.domain not in ("", "ai.onnx"):
+        return None
+    a, b = scalar(node.inputs[1]), scalar(node.inputs[2])
+    return None if a is None or b is None else (node.inputs[0], a, b)
+
+
+def _finite(mask: ir.Value) -> bool:
+    """True when `mask` is a finite constant or Where(c, a, b) of finite constants a, b."""
+    array = constant(mask)
+    if array is not None:
+        return bool(np.isfinite(array).all())
+    select = _select(mask)
+    return select is not None and bool(np.isfinite(select[1:]).all())
+
+
+def _zero(mask: ir.Value) -> bool:
+    """True when `mask` is a zero constant or Where(c, 0, b) with c an all-True constant, Expanded or not."""
+    array = constant(mask)
+    if array is not None:
+        return not array.any()
+    select = _select(mask)
+    if select is None or select[1] != 0.0:
+        return False
+    cond = select[0]
+    node = cond.producer()
+    if node is not None and node.op_type == "Expand" and node.domain in ("", "ai.onnx"):
+        cond = node.inputs[0]
+    array = constant(cond)
+    return array is not None and array.dtype == np.bool_ and bool(array.all())
 
 
 class _MergeRoundTrip(pattern.RewriteRuleClassBase):
