@@ -6,9 +6,10 @@
 
 Rule families live one per module in `deployfuse.rewrite.rules` (the registration list is its
 `FAMILY_MODULES`); `profiles` says which ops each target may receive; `guard` keeps a family
-only if the graph stays valid and computes the same. A model fused for ONNX Runtime may hold
-ORT's schema-less SimplifiedLayerNormalization: validate it with `check_model`, not a bare
-onnx.checker.
+only if the graph stays valid and computes the same; with `fuse(..., autotune=True)`,
+`autotune` also reverts a family that makes the model slower on the target. A model fused for
+ONNX Runtime may hold ORT's schema-less SimplifiedLayerNormalization: validate it with
+`check_model`, not a bare onnx.checker.
 """
 
 from deployfuse.rewrite.fuser import RULE_TAG, family_names, fuse

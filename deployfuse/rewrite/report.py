@@ -63,7 +63,7 @@ class FusionReport:
                     "rolled_back": f.rolled_back,
                     "reason": f.reason,
                     **({"near_misses": f.near_misses} if f.near_misses else {}),
-                    **({"autotune": {"kept": not f.reverted, "reason": f.autotune, "before_ms": f.before_ms, "after_ms": f.after_ms}} if f.autotune else {}),
+                    **({"autotune": {"kept": not f.reverted, "reason": f.autotune, "before_ms": _ms(f.before_ms), "after_ms": _ms(f.after_ms)}} if f.autotune else {}),
                 }
                 for f in self.families
             ],
@@ -88,3 +88,7 @@ class FusionReport:
             return f"no fusion applied for {self.target}"
         widths = [max(len(r[i]) for r in rows) for i in range(3)]
         return "\n".join("  ".join(c.ljust(w) for c, w in zip(r[:3], widths)) + "  " + r[3] for r in rows)
+
+
+def _ms(value: float | None) -> float | None:
+    return None if value is None else round(value, 4)

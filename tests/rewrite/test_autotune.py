@@ -1,0 +1,108 @@
+"""Autotune reverts a family that makes the model slower on the target and keeps the others;
+the report says why, and the result is the graph of the kept families, equal to the unfused one."""
+
+from types import SimpleNamespace
+
+import onnx
+import pytest
+from onnxscript.rewriter import pattern
+
+from _export import assert_same_outputs, exported, feeds, op_counts
+from deployfuse.rewrite import RULE_TAG, fuse, rules as registry
+from deployfuse.rewrite.autotune import THRESHOLD, decide, time_family
+
+
+class SlowTanh(pattern.RewriteRuleClassBase):
+    """Deliberately slower, same numbers: tanh(x) = 2 sigmoid(2x) - 1, then 64 steps of
+    y + 0 * sin(y). ORT cannot drop them: 0 * sin(y) is not 0 where y is inf or NaN."""
+
+    def pattern(self, op, x):
+        return op.Tanh(x)
+
+    def rewrite(self, op, x):
+        zero, one, two = (op.Constant(value_float=v) for v in (0.0, 1.0, 2.0))
+        y = op.Sub(op.Mul(two, op.Sigmoid(op.Mul(two, x))), one)
+        for _ in range(64):
+            y = op.Add(y, op.Mul(op.Sin(y), zero))
+        return y
+
+
+@pytest.fixture
+def slow_family(monkeypatch):
+    """The registry with the slow family first (BERT's pooler has the one Tanh)."""
+    real = registry.families
+    slow = SimpleNamespace(FAMILY="slow", rules=lambda target: [SlowTanh.rule()])
+    monkeypatch.setattr(registry, "families", lambda: [slow, *real()])
+
+
+def test_slower_family_is_reverted(slow_family):
+    model = exported("bert", "dynamo")
+    guarded, plain = fuse(model, "ort-cpu", feeds("bert", model), families=["slow"])
+    assert plain.families[0].fused == 1 and op_counts(guarded)["Sin"] == 64  # the guard accepts it
+    tuned, report = fuse(model, "ort-cpu", feeds("bert", model), families=["slow"], autotune=True)
+    slow = report.families[0]
+    assert slow.reverted and not slow.rolled_back and slow.fused == 0 and report.counts() == {"SlowTanh": 0}
+    assert slow.after_ms > slow.before_ms * (1 + THRESHOLD)
+    assert slow.autotune == f"slower: {slow.before_ms:.3g} -> {slow.after_ms:.3g} ms (> +2%)"
+    assert tuned.SerializeToString() == model.SerializeToString()
+    assert f"reverted: {slow.autotune}" in report.table()
+    assert report.to_dict()["families"][0]["autotune"]["kept"] is False
+
+
+def test_autotuned_bert_is_consistent(slow_family):
+    """Every family the guard accepted is timed; the model is exactly the kept families' graph
+    (a reverted family leaves no node, the families after it fuse the model before it)."""
+    model = exported("bert", "dynamo")
+    tuned, report = fuse(model, "ort-cpu", feeds("bert", model), autotune=True)
+    applied = [f for f in report.families if sum(f.matches.values())]
+    assert [f.family for f in applied][:3] == ["slow", "gelu", "attention"]
+    assert not [f for f in report.families if f.rolled_back]
+    for f in report.families:
+        if f in applied:
+            assert f.before_ms > 0 and f.after_ms > 0
+            assert f.reverted == (f.after_ms > f.before_ms * (1 + THRESHOLD)), f.autotune
+            assert f.autotune.startswith("slower: " if f.reverted else ("faster: ", "not slower: "))
+        else:
+            assert (f.autotune, f.before_ms, f.reverted) == ("", None, False)
+    assert report.families[0].reverted
+    tags = {p.value for n in tuned.graph.node for p in n.metadata_props if p.key == RULE_TAG}
+    assert not tags & {rule for f in applied if f.reverted for rule in f.matches}
+    kept = [f.family for f in applied if not f.reverted]
+    assert "attention" in kept  # about 10 % faster here, far above the noise
+    only_kept, _ = fuse(model, "ort-cpu", feeds("bert", model), families=kept)
+    assert op_counts(tuned) == op_counts(only_kept)
+    assert_same_outputs(model, tuned, "bert")
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "threshold", "keep", "reason"),
+    [
+        (10.0, 9.0, THRESHOLD, True, "faster: 10 -> 9 ms"),
+        (10.0, 10.2, THRESHOLD, True, "not slower: 10 -> 10.2 ms"),
+        (10.0, 10.21, THRESHOLD, False, "slower: 10 -> 10.2 ms (> +2%)"),
+        (12.3, 12.9, THRESHOLD, False, "slower: 12.3 -> 12.9 ms (> +2%)"),
+        (12.3, 12.9, 0.05, True, "not slower: 12.3 -> 12.9 ms"),
+        (10.0, 10.6, 0.05, False, "slower: 10 -> 10.6 ms (> +5%)"),
+    ],
+)
+def test_decision_threshold(before, after, threshold, keep, reason):
+    decision = decide(before, after, threshold)
+    assert (decision.keep, decision.reason, decision.before_ms, decision.after_ms) == (keep, reason, before, after)
+
+
+def test_targets_not_timed_here_keep_the_family():
+    import onnxruntime as ort
+
+    model = exported("bert", "dynamo")
+    feed = feeds("bert", model, count=1)[0]
+    broken = onnx.ModelProto()  # never loaded: an untimed target opens no session
+    targets = ["tensorrt"] + (["ort-cuda"] if "CUDAExecutionProvider" not in ort.get_available_providers() else [])
+    for target in targets:
+        decision = time_family(model, broken, target, feed)
+        assert decision.keep and decision.reason.startswith("not timed: ") and decision.before_ms is None
+
+
+def test_family_onnxruntime_cannot_load_optimised_is_reverted():
+    model = exported("bert", "dynamo")
+    decision = time_family(model, onnx.ModelProto(), "ort-cpu", feeds("bert", model, count=1)[0])
+    assert not decision.keep and decision.reason.startswith("onnxruntime (optimised): ")
