@@ -98,6 +98,7 @@ def export(
     fuse: bool = True,
     verify: bool = True,
     cuda_graph: bool = False,
+    autotune: bool = False,
     debug: bool = False,
     trust_pickle: bool = False,
     report_path: str | os.PathLike[str] | None = None,
@@ -120,6 +121,8 @@ def export(
         fold, fuse, verify: run those steps.
         cuda_graph: (ort-cuda, static shapes) have ORT capture the model in a CUDA graph; the
             caller must then bind inputs and outputs with IO binding at fixed addresses.
+        autotune: time each fusion family on the target and keep only those that do not make
+            the model slower (ort-cpu; ort-cuda where a CUDA build of ONNX Runtime is present).
         debug: record near misses of the fusion rules (why a candidate did not fuse).
         trust_pickle: allow loading a pickled module (runs code from the file).
         report_path: write the JSON report there.
@@ -143,7 +146,7 @@ def export(
     report = ExportReport(str(model) if not isinstance(model, torch.nn.Module) else type(model).__name__, str(out_path), target, precision, opset or DEFAULT_OPSET)
     steps = _Steps(report, progress)
     try:
-        fusion = _run(model, out_path, report, steps, inputs, example_inputs, dynamic, exporter, fold, fuse, verify, cuda_graph, debug, trust_pickle, rtol)
+        fusion = _run(model, out_path, report, steps, inputs, example_inputs, dynamic, exporter, fold, fuse, verify, cuda_graph, autotune, debug, trust_pickle, rtol)
     except DeployfuseError as exc:
         report.error = str(exc)
         if report_file is not None and not isinstance(exc, UsageError):
@@ -154,7 +157,7 @@ def export(
     return ExportResult(out_path, report, report_file, fusion)
 
 
-def _run(model, out_path, report, steps, specs, example_inputs, dynamic, exporter, fold, fuse, verify, cuda_graph, debug, trust_pickle, rtol) -> FusionReport | None:  # noqa: PLR0913
+def _run(model, out_path, report, steps, specs, example_inputs, dynamic, exporter, fold, fuse, verify, cuda_graph, autotune, debug, trust_pickle, rtol) -> FusionReport | None:  # noqa: PLR0913
     with steps.step("load") as step:
         # Folding and casting happen in place: work on a copy of a module the caller handed us.
         loaded = load_model(copy.deepcopy(model) if isinstance(model, torch.nn.Module) else model, trust_pickle=trust_pickle)
@@ -195,7 +198,7 @@ def _run(model, out_path, report, steps, specs, example_inputs, dynamic, exporte
     if fuse:
         with steps.step("fuse") as step:
             feeds = [{k: to_numpy(v) for k, v in x.items()} for x in checks]
-            onnx_model, fusion = fuse_graph(onnx_model, report.target, feeds, debug=debug)
+            onnx_model, fusion = fuse_graph(onnx_model, report.target, feeds, debug=debug, autotune=autotune)
             report.fusion = fusion.to_dict()
             step.detail = f"{len(onnx_model.graph.node)} nodes"
     else:

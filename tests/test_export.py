@@ -185,3 +185,15 @@ def test_model_calling_a_deployfuse_op_exports_it_as_one_node(tmp_path):
     assert {f.name for f in model.functions} == {"BiasAct"}, "the function body travels with the node"
     assert len(result.report.verify) == 2
     assert_onnx_matches_torch(out, module, {"x": torch.randn(2, 7, 16)})
+
+
+def test_autotune_times_every_matched_family(cli, tmp_path):
+    module, example = zoo.bert()
+    path, inputs, report = tmp_path / "bert.pt", tmp_path / "in.pt", tmp_path / "bert.json"
+    torch.save(module, path)
+    torch.save(example, inputs)
+    code, stdout, err = cli("export", path, "-o", tmp_path / "bert.onnx", "--trust-pickle", "--example-inputs", inputs, "--autotune", "--report", report)
+    assert code == 0, err
+    families = [f for f in json.loads(report.read_text())["fusion"]["families"] if f["matches"] and not f["rolled_back"]]
+    assert families and all("autotune" in f for f in families)
+    assert "ms)" in stdout, "the fusion table shows each family's timing"
