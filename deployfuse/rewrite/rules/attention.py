@@ -152,7 +152,7 @@ def _merged_bshd(op, value: ir.Value) -> ir.Value:
 
 
 def _bias(op, mask: ir.Value, query: ir.Value, key: ir.Value, full_queries: bool) -> ir.Value:
-    """The mask as an attention bias: -inf clamped, rank 4, and (for MHA) [.., S, L] explicitly."""
+    """The mask as an attention bias: -inf clamped (unless provably finite), rank 4, and (for MHA) [.., S, L] explicitly."""
     if _finite(mask):
         bias = mask
     else:
@@ -164,10 +164,23 @@ def _bias(op, mask: ir.Value, query: ir.Value, key: ir.Value, full_queries: bool
         shape = mask.shape
         exact = shape is not None and same_dim(DimOf(mask, mask_rank - 2), DimOf(query, 1)) and same_dim(DimOf(mask, mask_rank - 1), DimOf(key, 1))
         if not exact or (shape is not None and 1 in (shape[-2], shape[-1])):
-            queries = op.Shape(query, start=1, end=2)
-            keys = op.Shape(key, start=1, end=2)
+            queries = op.Shape(_projected_from(query), start=1, end=2)
+            keys = op.Shape(_projected_from(key), start=1, end=2)
             bias = op.Expand(bias, op.Concat(_const(op, [1, 1]), queries, keys, axis=0))
     return bias
+
+
+def _projected_from(value: ir.Value) -> ir.Value:
+    """x when `value` = x·W [+ b] with W a constant matrix and b a constant vector (same [B, S]),
+    else `value`: reading S from x leaves the projection free for the packed_qkv family."""
+    node = value.producer()
+    if node is not None and node.op_type == "Add" and node.domain in ("", "ai.onnx"):
+        bias = [i for i, v in enumerate(node.inputs) if constant(v) is not None and constant(v).ndim == 1]
+        node = node.inputs[1 - bias[0]].producer() if len(bias) == 1 else None
+    if node is None or node.op_type != "MatMul" or node.domain not in ("", "ai.onnx"):
+        return value
+    weight = constant(node.inputs[1])
+    return node.inputs[0] if weight is not None and weight.ndim == 2 else value
 
 
 def _select(mask: ir.Value) -> tuple[ir.Value, float, float] | None:
