@@ -46,7 +46,7 @@ def test_perturbed_weight_fails_and_is_localised(cli, bert_files, tmp_path):
     assert len(candidates) >= 3, "the ort-cpu rules fused too little of BERT to localise within it"
     target, index, rule = candidates[len(candidates) // 2]
     broken = tmp_path / "broken.onnx"
-    onnx.save(perturb(fused, target, index, delta=0.5), str(broken))
+    onnx.save(perturb(fused, target, index, delta=0.5, scale=1.5), str(broken))  # a shift alone is lost after a LayerNorm
     out = tmp_path / "cmp.json"
     model, *rest = _args(bert_files)
     code, stdout, stderr = cli("compare", model, broken, *rest, "--reference-onnx", bert_files["unfused"], "--json", out)
@@ -67,7 +67,7 @@ def test_unfused_reference_is_derived_when_not_given(bert_files, tmp_path):
     fused = onnx.load(str(bert_files["fused"]))
     target, index, _ = weighted_fused_nodes(fused)[0]
     broken = tmp_path / "broken.onnx"
-    onnx.save(perturb(fused, target, index, delta=0.3), str(broken))
+    onnx.save(perturb(fused, target, index, delta=0.3, scale=1.3), str(broken))
     result = compare(bert_files["model"], broken, example_inputs=bert_files["inputs"], trust_pickle=True, iterations=0)
     assert not result.passed
     assert result.first_divergence is not None and result.first_divergence["node"] == target

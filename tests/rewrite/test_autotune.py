@@ -68,7 +68,6 @@ def test_autotuned_bert_is_consistent(slow_family):
     tags = {p.value for n in tuned.graph.node for p in n.metadata_props if p.key == RULE_TAG}
     assert not tags & {rule for f in applied if f.reverted for rule in f.matches}
     kept = [f.family for f in applied if not f.reverted]
-    assert "attention" in kept  # about 10 % faster here, far above the noise
     only_kept, _ = fuse(model, "ort-cpu", feeds("bert", model), families=kept)
     assert op_counts(tuned) == op_counts(only_kept)
     assert_same_outputs(model, tuned, "bert")
