@@ -28,6 +28,14 @@ _DTYPES: dict[str, torch.dtype] = {
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]*$")
 
 
+def parse_shape(text: str) -> tuple[int, ...] | None:
+    """`1x3x224x224` (or `1,3,224,224`) as a tuple of positive ints; None when malformed."""
+    dims = re.split(r"[x,]", text)
+    if not all(d.isdigit() and int(d) > 0 for d in dims):
+        return None
+    return tuple(int(d) for d in dims)
+
+
 @dataclass(frozen=True)
 class InputSpec:
     """One `--input NAME:SHAPE[:DTYPE]`: a named tensor shape and dtype."""
@@ -42,15 +50,15 @@ class InputSpec:
         parts = text.split(":")
         if len(parts) not in (2, 3) or not _NAME.match(parts[0]):
             raise UsageError(f"--input {text!r}: expected NAME:SHAPE[:DTYPE], e.g. input_ids:1x128:int64")
-        dims = re.split(r"[x,]", parts[1])
-        if not all(d.isdigit() and int(d) > 0 for d in dims):
+        shape = parse_shape(parts[1])
+        if shape is None:
             raise UsageError(f"--input {text!r}: SHAPE must be positive integers joined by 'x', e.g. 1x3x224x224")
         dtype = torch.float32
         if len(parts) == 3:
             if parts[2].lower() not in _DTYPES:
                 raise UsageError(f"--input {text!r}: unknown dtype {parts[2]!r}; use one of {', '.join(sorted(_DTYPES))}")
             dtype = _DTYPES[parts[2].lower()]
-        return cls(parts[0], tuple(int(d) for d in dims), dtype)
+        return cls(parts[0], shape, dtype)
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ import onnx
 
 from deployfuse import metadata
 from deployfuse.errors import UsageError
+from deployfuse.inputs import parse_shape
 
 EXPORT_SHAPES_KEY = metadata.INPUT_SHAPES
 Shape = tuple[int, ...]
@@ -47,10 +48,10 @@ class ShapeProfile:
             raise UsageError(f"--profile {text!r}: expected NAME:MIN:OPT:MAX, e.g. input_ids:1x128:4x128:8x128")
         shapes = []
         for part in parts[1:]:
-            dims = part.split("x")
-            if not all(d.isdigit() and int(d) > 0 for d in dims):
+            shape = parse_shape(part)
+            if shape is None:
                 raise UsageError(f"--profile {text!r}: shape {part!r} must be positive integers joined by 'x'")
-            shapes.append(tuple(int(d) for d in dims))
+            shapes.append(shape)
         if len({len(s) for s in shapes}) != 1:
             raise UsageError(f"--profile {text!r}: MIN, OPT and MAX must have the same rank")
         if not all(a <= b <= c for a, b, c in zip(*shapes)):
