@@ -116,5 +116,5 @@ def localize(
         outputs_differ = any(not output_stats(o.name, want[o.name], got.get(o.name), *tolerances.for_output(o.name, str(want[o.name].dtype))).passed
                              for o in reference.graph.output if o.name in want)
         result.note = ("the fused graph departs from the unfused one outside the fused nodes" if outputs_differ
-                       else "the fused graph matches the unfused export: the difference is in the export, not in a fusion")
+                       else "the fused graph matches the unfused export: the difference is not in a fusion (look at the export or the runtime)")
     return result
