@@ -24,6 +24,11 @@ DESCRIPTION = """\
 Export PyTorch models to fused ONNX for ONNX Runtime and TensorRT, and prove they still match.
 
   deployfuse export model.pt -o model.onnx --input x:1x3x224x224     fold BN, export, fuse, verify
+  deployfuse compare model.pt model.onnx --input x:1x3x224x224      accuracy, latency, first diverging node
+  deployfuse build model.onnx -o model.plan --fp16                   TensorRT engine (TensorRT or TensorRT-RTX)
+  deployfuse plugins build                                           the ORT custom-op library and TensorRT plugins
+
+Each command's --help has the details. Exit codes: 0 ok, 1 accuracy failure, 2 bad input.
 """
 
 
