@@ -110,21 +110,13 @@ def _untranspose_key(key_t: ir.Value) -> tuple[ir.Value, str] | None:
     return key, "bhsd"
 
 
-def _heads(value: ir.Value) -> tuple[int | None, int | None]:
-    """(H, D) of a [B, H, S, D] tensor: from its shape, else from the split that made it."""
-    heads, head_dim = static_dim(value, 1), static_dim(value, 3)
+def _heads(value: ir.Value, layout: str = "bhsd") -> tuple[int | None, int | None]:
+    """(H, D) of a [B, H, S, D] ("bhsd") or [B, S, H, D] ("bshd") tensor: from its shape, else
+    from the split that made it."""
+    heads_axis, find_source = (1, split_heads_source) if layout == "bhsd" else (2, split_source)
+    heads, head_dim = static_dim(value, heads_axis), static_dim(value, 3)
     if heads is None or head_dim is None:
-        source = split_heads_source(value)
-        if source is not None:
-            heads, head_dim = heads or source[1], head_dim or source[2]
-    return heads, head_dim
-
-
-def _heads_bshd(value: ir.Value) -> tuple[int | None, int | None]:
-    """(H, D) of a [B, S, H, D] tensor: from its shape, else from the split that made it."""
-    heads, head_dim = static_dim(value, 2), static_dim(value, 3)
-    if heads is None or head_dim is None:
-        source = split_source(value)
+        source = find_source(value)
         if source is not None:
             heads, head_dim = heads or source[1], head_dim or source[2]
     return heads, head_dim
@@ -158,7 +150,7 @@ def read_core(scores: ir.Value, value: ir.Value) -> Core | str:
         return "Q, K, V are not 4-D"
     heads, head_dim = _heads(query)
     value_heads, value_head_dim = _heads(value)
-    key_heads, key_head_dim = _heads(key) if layout == "bhsd" else _heads_bshd(key)
+    key_heads, key_head_dim = _heads(key, layout)
     if None in (heads, head_dim, value_head_dim):
         return "heads / head sizes are not static"
     if key_heads != heads or key_head_dim != head_dim or value_heads != heads:

@@ -35,6 +35,19 @@ def default_opset(context: Any) -> int:
     return imports.get("", imports.get("ai.onnx", 0))
 
 
+def check_norm_moments(x: ir.Value, square_pow: bool, two: ir.Value | None, eps: ir.Value, upcast: ir.Value | None, downcast: ir.Value | None) -> pattern.MatchResult | None:
+    """The checks every decomposed norm shares: the square is x², ε is a scalar constant, and
+    upcasts (when present) go x.dtype -> float -> x.dtype. A failed MatchResult, or None."""
+    fail = pattern.MatchResult().fail
+    if square_pow and scalar(two) != 2.0:
+        return fail("Pow exponent is not 2", two)
+    if scalar(eps) is None:
+        return fail("ε is not a scalar constant", eps)
+    if upcast is not None and (upcast.dtype != ir.DataType.FLOAT or downcast is None or downcast.dtype != x.dtype):
+        return fail("casts are not x.dtype -> float -> x.dtype", [upcast, downcast])
+    return None
+
+
 def const_1d(value: ir.Value | None, size: int | None = None) -> bool:
     """True when `value` is a constant vector (rank 1), of `size` elements if given."""
     if value is None:

@@ -15,7 +15,7 @@ import numpy as np
 import onnx_ir as ir
 from onnxscript.rewriter import pattern
 
-from deployfuse.rewrite.rules._common import FusionRule, Lowering, const_1d, last_dim, scalar
+from deployfuse.rewrite.rules._common import FusionRule, Lowering, check_norm_moments, const_1d, last_dim, scalar
 
 FAMILY = "layernorm"
 
@@ -69,12 +69,9 @@ class DecomposedLayerNorm(FusionRule):
         fail = pattern.MatchResult().fail
         if not (is_last_axis(axes1, x) and is_last_axis(axes2, x)):
             return fail("the means are not over the last axis only", [axes1, axes2])
-        if self.square_pow and scalar(two) != 2.0:
-            return fail("Pow exponent is not 2", two)
-        if scalar(eps) is None:
-            return fail("ε is not a scalar constant", eps)
-        if self.upcast and (upcast.dtype != ir.DataType.FLOAT or downcast.dtype != x.dtype):
-            return fail("casts are not x.dtype -> float -> x.dtype", [upcast, downcast])
+        failed = check_norm_moments(x, self.square_pow, two, eps, upcast if self.upcast else None, downcast)
+        if failed is not None:
+            return failed
         size = last_dim(x)
         for name, v in (("γ", scale), ("β", bias)):
             if v is not None and not const_1d(v, size):

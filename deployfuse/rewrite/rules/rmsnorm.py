@@ -10,10 +10,9 @@ when the model's opset has it. The residual form is fused later by the skip_laye
 
 from __future__ import annotations
 
-import onnx_ir as ir
 from onnxscript.rewriter import pattern
 
-from deployfuse.rewrite.rules._common import FusionRule, Lowering, const_1d, last_dim, scalar
+from deployfuse.rewrite.rules._common import FusionRule, Lowering, check_norm_moments, const_1d, last_dim, scalar
 from deployfuse.rewrite.rules.layernorm import DIVISIONS, divide, is_last_axis, reduce_last
 
 FAMILY = "rmsnorm"
@@ -45,12 +44,9 @@ class DecomposedRmsNorm(FusionRule):
         fail = pattern.MatchResult().fail
         if not is_last_axis(axes, x):
             return fail("the mean is not over the last axis only", axes)
-        if self.square_pow and scalar(two) != 2.0:
-            return fail("Pow exponent is not 2", two)
-        if scalar(eps) is None:
-            return fail("ε is not a scalar constant", eps)
-        if self.upcast and (upcast.dtype != ir.DataType.FLOAT or downcast.dtype != x.dtype):
-            return fail("casts are not x.dtype -> float -> x.dtype", [upcast, downcast])
+        failed = check_norm_moments(x, self.square_pow, two, eps, upcast if self.upcast else None, downcast)
+        if failed is not None:
+            return failed
         if not const_1d(scale, last_dim(x)) or scale.dtype != x.dtype:
             return fail("γ is not a constant vector of the last axis' size and x's dtype", scale)
         self.epsilon = scalar(eps)
