@@ -52,6 +52,25 @@ class ExportResult:
     fusion: FusionReport | None = None
 
 
+@dataclass(frozen=True)
+class _Request:
+    """What `export` was asked to do (its arguments, checked), for the steps to read."""
+
+    model: str | os.PathLike[str] | torch.nn.Module
+    inputs: Sequence[InputSpec]
+    example_inputs: Any
+    dynamic: Sequence[DynamicAxis]
+    exporter: str
+    fold: bool
+    fuse: bool
+    verify: bool
+    cuda_graph: bool
+    autotune: bool
+    debug: bool
+    trust_pickle: bool
+    rtol: float | None
+
+
 class _Steps:
     """Times steps, records them in the report and tells the progress callback."""
 
@@ -146,7 +165,8 @@ def export(
     report = ExportReport(str(model) if not isinstance(model, torch.nn.Module) else type(model).__name__, str(out_path), target, precision, opset or DEFAULT_OPSET)
     steps = _Steps(report, progress)
     try:
-        fusion = _run(model, out_path, report, steps, inputs, example_inputs, dynamic, exporter, fold, fuse, verify, cuda_graph, autotune, debug, trust_pickle, rtol)
+        request = _Request(model, inputs, example_inputs, dynamic, exporter, fold, fuse, verify, cuda_graph, autotune, debug, trust_pickle, rtol)
+        fusion = _run(request, out_path, report, steps)
     except DeployfuseError as exc:
         report.error = str(exc)
         if report_file is not None and not isinstance(exc, UsageError):
@@ -157,12 +177,12 @@ def export(
     return ExportResult(out_path, report, report_file, fusion)
 
 
-def _run(model, out_path, report, steps, specs, example_inputs, dynamic, exporter, fold, fuse, verify, cuda_graph, autotune, debug, trust_pickle, rtol) -> FusionReport | None:  # noqa: PLR0913
+def _run(request: _Request, out_path: Path, report: ExportReport, steps: _Steps) -> FusionReport | None:
     with steps.step("load") as step:
         # Folding and casting happen in place: work on a copy of a module the caller handed us.
-        loaded = load_model(copy.deepcopy(model) if isinstance(model, torch.nn.Module) else model, trust_pickle=trust_pickle)
+        loaded = load_model(copy.deepcopy(request.model) if isinstance(request.model, torch.nn.Module) else request.model, trust_pickle=request.trust_pickle)
         report.form = step.detail = loaded.form
-        example = _example_inputs(loaded, specs, example_inputs)
+        example = _example_inputs(loaded, request.inputs, request.example_inputs)
         dtype = PRECISIONS[report.precision]
         if dtype != torch.float32:
             loaded.module.to(dtype)
@@ -170,10 +190,10 @@ def _run(model, out_path, report, steps, specs, example_inputs, dynamic, exporte
         # References come from the unfolded model, so verification also checks the fold.
         reference = _reference_run(loaded, example)
         output_names = list(reference)
-        checks = [example] if not verify else _verification_inputs(loaded, example, dynamic)
-        references = [_reference_run(loaded, x) for x in checks] if verify else []
+        checks = [example] if not request.verify else _verification_inputs(loaded, example, request.dynamic)
+        references = [_reference_run(loaded, x) for x in checks] if request.verify else []
 
-    if fold:
+    if request.fold:
         with steps.step("fold") as step:
             from deployfuse.fold import fold_batchnorm
 
@@ -185,8 +205,8 @@ def _run(model, out_path, report, steps, specs, example_inputs, dynamic, exporte
 
     with steps.step("export") as step:
         # torch.export cannot trace TorchScript, so archives go straight to the TorchScript exporter.
-        exporters = ("torchscript",) if loaded.form == "torchscript" else EXPORTERS if exporter == "auto" else (exporter,)
-        onnx_model, attempts = to_onnx(loaded, _traceable(example, dynamic), dynamic, output_names, report.opset, exporters)
+        exporters = ("torchscript",) if loaded.form == "torchscript" else EXPORTERS if request.exporter == "auto" else (request.exporter,)
+        onnx_model, attempts = to_onnx(loaded, _traceable(example, request.dynamic), request.dynamic, output_names, report.opset, exporters)
         report.export_attempts = [vars(a) for a in attempts]
         report.exporter = attempts[-1].exporter
         step.detail = report.exporter + (" (the dynamo exporter failed: see the report)" if len(attempts) > 1 else "")
@@ -195,10 +215,10 @@ def _run(model, out_path, report, steps, specs, example_inputs, dynamic, exporte
         onnx_model = clean(onnx_model)
         step.detail = f"{len(onnx_model.graph.node)} nodes"
 
-    if fuse:
+    if request.fuse:
         with steps.step("fuse") as step:
             feeds = [{k: to_numpy(v) for k, v in x.items()} for x in checks]
-            onnx_model, fusion = fuse_graph(onnx_model, report.target, feeds, debug=debug, autotune=autotune)
+            onnx_model, fusion = fuse_graph(onnx_model, report.target, feeds, debug=request.debug, autotune=request.autotune)
             report.fusion = fusion.to_dict()
             step.detail = f"{len(onnx_model.graph.node)} nodes"
     else:
@@ -206,12 +226,12 @@ def _run(model, out_path, report, steps, specs, example_inputs, dynamic, exporte
         steps.skip("fuse", "--no-fuse")
     metadata.write(onnx_model, metadata.INPUT_SHAPES, {k: list(v.shape) for k, v in example.items()})
     if report.target == "ort-cuda":
-        metadata.write(onnx_model, metadata.CUDA_PROVIDER_OPTIONS, cuda_provider_options(onnx_model, cuda_graph))
+        metadata.write(onnx_model, metadata.CUDA_PROVIDER_OPTIONS, cuda_provider_options(onnx_model, request.cuda_graph))
     report.op_histogram = dict(Counter(f"{n.domain + '.' if n.domain else ''}{n.op_type}" for n in onnx_model.graph.node).most_common())
 
-    if verify:
+    if request.verify:
         with steps.step("verify") as step:
-            tolerance = rtol if rtol is not None else DEFAULT_RTOL[report.precision]
+            tolerance = request.rtol if request.rtol is not None else DEFAULT_RTOL[report.precision]
             _verify(onnx_model, checks, references, tolerance, report)
             worst = max(o["max_rel_error"] for v in report.verify for o in v["outputs"])
             step.detail = f"{len(checks)} shape(s), worst relative error {worst:.2e}"
