@@ -65,6 +65,7 @@ class _Request:
     fuse: bool
     verify: bool
     cuda_graph: bool
+    tf32: bool
     autotune: bool
     debug: bool
     trust_pickle: bool
@@ -117,6 +118,7 @@ def export(
     fuse: bool = True,
     verify: bool = True,
     cuda_graph: bool = False,
+    tf32: bool = True,
     autotune: bool = False,
     debug: bool = False,
     trust_pickle: bool = False,
@@ -140,6 +142,9 @@ def export(
         fold, fuse, verify: run those steps.
         cuda_graph: (ort-cuda, static shapes) have ORT capture the model in a CUDA graph; the
             caller must then bind inputs and outputs with IO binding at fixed addresses.
+        tf32: (ort-cuda) let ORT run fp32 MatMul/Conv on TF32 tensor cores, its default;
+            False makes the artefact ask for full fp32 (use_tf32=0), slower and ~10x closer
+            to PyTorch's fp32.
         autotune: time each fusion family on the target and keep only those that do not make
             the model slower (ort-cpu; ort-cuda where a CUDA build of ONNX Runtime is present).
         debug: record near misses of the fusion rules (why a candidate did not fuse).
@@ -156,6 +161,8 @@ def export(
         raise UsageError(f"unknown target {target!r}; choose one of {', '.join(TARGETS)}")
     if cuda_graph and (target != "ort-cuda" or dynamic):
         raise UsageError("--cuda-graph needs --target ort-cuda and static shapes (no --dynamic): a CUDA graph replays fixed shapes")
+    if not tf32 and target != "ort-cuda":
+        raise UsageError("--no-tf32 is an ONNX Runtime CUDA option: it needs --target ort-cuda")
     if exporter != "auto" and exporter not in EXPORTERS:
         raise UsageError(f"unknown exporter {exporter!r}; choose auto or one of {', '.join(EXPORTERS)}")
     if precision not in PRECISIONS:
@@ -165,7 +172,7 @@ def export(
     report = ExportReport(str(model) if not isinstance(model, torch.nn.Module) else type(model).__name__, str(out_path), target, precision, opset or DEFAULT_OPSET)
     steps = _Steps(report, progress)
     try:
-        request = _Request(model, inputs, example_inputs, dynamic, exporter, fold, fuse, verify, cuda_graph, autotune, debug, trust_pickle, rtol)
+        request = _Request(model, inputs, example_inputs, dynamic, exporter, fold, fuse, verify, cuda_graph, tf32, autotune, debug, trust_pickle, rtol)
         fusion = _run(request, out_path, report, steps)
     except DeployfuseError as exc:
         report.error = str(exc)
@@ -226,7 +233,7 @@ def _run(request: _Request, out_path: Path, report: ExportReport, steps: _Steps)
         steps.skip("fuse", "--no-fuse")
     metadata.write(onnx_model, metadata.INPUT_SHAPES, {k: list(v.shape) for k, v in example.items()})
     if report.target == "ort-cuda":
-        metadata.write(onnx_model, metadata.CUDA_PROVIDER_OPTIONS, cuda_provider_options(onnx_model, request.cuda_graph))
+        metadata.write(onnx_model, metadata.CUDA_PROVIDER_OPTIONS, cuda_provider_options(onnx_model, request.cuda_graph, request.tf32))
     report.op_histogram = dict(Counter(f"{n.domain + '.' if n.domain else ''}{n.op_type}" for n in onnx_model.graph.node).most_common())
 
     if request.verify:
@@ -247,18 +254,21 @@ def _run(request: _Request, out_path: Path, report: ExportReport, steps: _Steps)
     return fusion
 
 
-def cuda_provider_options(model: onnx.ModelProto, cuda_graph: bool) -> dict[str, str]:
+def cuda_provider_options(model: onnx.ModelProto, cuda_graph: bool, tf32: bool = True) -> dict[str, str]:
     """The ORT CUDA EP options an ort-cuda artefact carries, chosen from H200 measurements.
 
     prefer_nhwc for models with convolutions (ResNet-50, batch 32: fp16 2.78 -> 1.92 ms, fp32
     4.07 -> 3.17 ms); enable_cuda_graph when asked (BERT-base fp16: 2.02 -> 1.00 ms), since it
-    constrains how the caller runs the model. See bench/results/h200.md.
+    constrains how the caller runs the model; use_tf32=0 when full fp32 is asked for. See
+    bench/results/h200.md.
     """
     options: dict[str, str] = {}
     if any(n.op_type in ("Conv", "ConvTranspose") and n.domain in ("", "ai.onnx") for n in model.graph.node):
         options["prefer_nhwc"] = "1"
     if cuda_graph:
         options["enable_cuda_graph"] = "1"
+    if not tf32:
+        options["use_tf32"] = "0"
     return options
 
 

@@ -153,6 +153,15 @@ def test_ort_cuda_artefact_carries_its_provider_options(tmp_path):
     assert artefact_provider_options(out) == {"prefer_nhwc": "1"}, "no CUDA graph unless asked"
     deployfuse.export(torch.nn.Linear(4, 4), out, example_inputs=(torch.randn(2, 4),), target="ort-cuda")
     assert artefact_provider_options(out) == {}, "no convolutions, nothing to ask for"
+    deployfuse.export(torch.nn.Linear(4, 4), out, example_inputs=(torch.randn(2, 4),), target="ort-cuda", tf32=False)
+    assert artefact_provider_options(out) == {"use_tf32": "0"}
+
+
+def test_no_tf32_needs_the_cuda_target(cli, tmp_path):
+    path = tmp_path / "m.pt"
+    torch.save(torch.nn.Linear(4, 4), path)
+    code, _, err = cli("export", path, "-o", tmp_path / "m.onnx", "--trust-pickle", "--input", "input:2x4", "--no-tf32")
+    assert code == 2 and "--target ort-cuda" in err and not (tmp_path / "m.onnx").exists()
 
 
 def test_cuda_graph_refuses_dynamic_shapes(cli, tmp_path):

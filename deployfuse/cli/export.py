@@ -44,6 +44,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--rtol", type=float, metavar="R", help="verification tolerance relative to each output's max |value| (default: fp32 1e-4, fp16 1e-2, bf16 5e-2)")
     p.add_argument("--cuda-graph", action="store_true",
                    help="ort-cuda, static shapes: the artefact asks ORT to replay it as a CUDA graph (run it with IO binding)")
+    p.add_argument("--no-tf32", action="store_true",
+                   help="ort-cuda: full fp32 MatMul/Conv (ORT's default rounds their inputs to TF32: faster, ~1e-3 relative error)")
     p.add_argument("--autotune", action="store_true", help="time each fusion family on the target; keep only those that do not slow the model")
     p.add_argument("--debug", action="store_true", help="show near misses: why fusion candidates did not fuse")
     p.add_argument("--no-fold", action="store_true", help="do not fold BatchNorm into Conv/Linear")
@@ -66,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
     result = export(
         args.model, args.output, inputs=args.inputs, example_inputs=args.example_inputs, dynamic=args.dynamic,
         target=args.target, precision=args.precision, opset=args.opset, exporter=args.exporter, fold=not args.no_fold, fuse=not args.no_fuse,
-        verify=not args.no_verify, cuda_graph=args.cuda_graph, autotune=args.autotune, debug=args.debug, trust_pickle=args.trust_pickle, report_path=args.report, rtol=args.rtol,
+        verify=not args.no_verify, cuda_graph=args.cuda_graph, tf32=not args.no_tf32, autotune=args.autotune, debug=args.debug, trust_pickle=args.trust_pickle, report_path=args.report, rtol=args.rtol,
         progress=None if args.quiet else _progress,
     )
     if not args.quiet:

@@ -95,15 +95,19 @@ class StatsCompareFunc:
     """A Polygraphy `compare_func`: (reference IterationResult, other) -> {output: OutputStats}.
 
     Outputs are the reference's; an output the other backend lacks fails. `dtypes` names the
-    precision each output is computed in (from the ONNX graph) to choose default tolerances.
+    precision each output is computed in (from the ONNX graph) to choose default tolerances;
+    float32 outputs of the runners named in `tf32_runners` get the TF32 defaults.
     """
 
-    def __init__(self, tolerances: Tolerances, dtypes: dict[str, str]):
-        self.tolerances, self.dtypes = tolerances, dtypes
+    def __init__(self, tolerances: Tolerances, dtypes: dict[str, str], tf32_runners: frozenset[str] = frozenset()):
+        self.tolerances, self.dtypes, self.tf32_runners = tolerances, dtypes, tf32_runners
 
     def __call__(self, reference, actual) -> OrderedDict[str, OutputStats]:
         results: OrderedDict[str, OutputStats] = OrderedDict()
         for name, ref in reference.items():
-            atol, rtol = self.tolerances.for_output(name, self.dtypes.get(name, str(np.asarray(ref).dtype)))
+            dtype = self.dtypes.get(name, str(np.asarray(ref).dtype))
+            if dtype == "float32" and getattr(actual, "runner_name", None) in self.tf32_runners:
+                dtype = "tf32"
+            atol, rtol = self.tolerances.for_output(name, dtype)
             results[name] = output_stats(name, ref, actual[name] if name in actual else None, atol, rtol)
         return results

@@ -28,6 +28,8 @@ from deployfuse.loading import LoadedModel, load_model
 
 BACKENDS = ("torch", "ort-cpu", "ort-cuda", "trt")
 DEFAULT_BACKENDS = ("torch", "ort-cpu")
+TF32_NOTE = ("fp32 MatMul/Conv ran in TF32, ONNX Runtime CUDA's default, so fp32 outputs get the TF32 tolerances; "
+             "export with --no-tf32 for full fp32")
 Progress = Callable[[str], None]
 
 
@@ -197,12 +199,14 @@ def compare(
         result.run_results = run_results
         reference_outputs = run_results[0][1][0]
         tolerances.check_names(reference_outputs.keys())
-        compare_func = StatsCompareFunc(tolerances, dtypes)
+        tf32 = frozenset(r.name for r in runners if getattr(r, "tf32", False))
+        compare_func = StatsCompareFunc(tolerances, dtypes, tf32)
         accuracy = Comparator.compare_accuracy(run_results, comparisons=[(0, i) for i in range(1, len(runners))], compare_func=compare_func)
         for (ref_name, name), per_feed in accuracy[0].items():
+            note = TF32_NOTE if name in tf32 and "float32" in dtypes.values() else ""
             for index, stats in enumerate(per_feed):
                 shapes = {k: list(v.shape) for k, v in feeds[index].items()}
-                result.accuracy.append(BackendAccuracy(name, ref_name, index, shapes, list(stats.values())))
+                result.accuracy.append(BackendAccuracy(name, ref_name, index, shapes, list(stats.values()), note))
         if iterations:
             for runner in runners:
                 say(f"timing {runner.name}: {warmup} warm-up + {iterations} runs")

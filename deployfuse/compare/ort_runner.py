@@ -45,6 +45,7 @@ class OrtRunner(BaseRunner):
             raise UsageError(f"unknown ONNX Runtime backend {backend!r}; choose one of {', '.join(ORT_BACKENDS)}")
         self.model, self.backend, self.custom_ops = Path(model), backend, custom_ops
         self.timing = "IO binding, host clock after stream sync" if backend == "ort-cuda" else "host clock"
+        self.tf32 = False  # set on activation: the CUDA EP rounds fp32 MatMul/Conv inputs to TF32
 
     def activate_impl(self) -> None:
         import onnxruntime as ort
@@ -60,6 +61,8 @@ class OrtRunner(BaseRunner):
         if provider not in self.session.get_providers():
             raise UsageError(f"{self.backend}: onnxruntime fell back from {provider} to {', '.join(self.session.get_providers())}")
         self.output_names = [o.name for o in self.session.get_outputs()]
+        if provider == "CUDAExecutionProvider":
+            self.tf32 = self.session.get_provider_options().get(provider, {}).get("use_tf32", "1") != "0"
 
     def get_input_metadata_impl(self) -> TensorMetadata:
         meta = TensorMetadata()

@@ -19,6 +19,7 @@ class BackendAccuracy:
     feed: int
     shapes: dict[str, list[int]]
     outputs: list[OutputStats]
+    note: str = ""  # how the backend computed, when that changes the default tolerances
 
     @property
     def passed(self) -> bool:
@@ -26,7 +27,7 @@ class BackendAccuracy:
 
     def to_dict(self) -> dict[str, Any]:
         return {"backend": self.backend, "reference": self.reference, "feed": self.feed, "shapes": self.shapes,
-                "passed": self.passed, "outputs": [o.to_dict() for o in self.outputs]}
+                "passed": self.passed, "note": self.note, "outputs": [o.to_dict() for o in self.outputs]}
 
 
 @dataclass
@@ -80,7 +81,7 @@ class CompareResult:
         lines = []
         for a in self.accuracy:
             shapes = ", ".join(f"{k}={'x'.join(map(str, v))}" for k, v in a.shapes.items())
-            lines.append(f"{a.backend} vs {a.reference} at {shapes}")
+            lines.append(f"{a.backend} vs {a.reference} at {shapes}" + (f" ({a.note})" if a.note else ""))
             lines.append(f"  {'output':<24} {'max abs':>10} {'mean abs':>10} {'p99 abs':>10} {'max rel':>10} {'p99 rel':>10} {'cosine':>10} {'atol':>8} {'rtol':>8}  result")
             for o in a.outputs:
                 verdict = "ok" if o.passed else f"FAIL ({o.reason or f'{o.mismatched} elements'})"

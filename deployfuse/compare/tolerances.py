@@ -3,7 +3,9 @@
 An element passes when |actual - reference| <= atol + rtol * |reference| (the rule of
 `numpy.isclose` / `torch.allclose`). Defaults follow the precision the artefact computes in:
 fp32 reorders float arithmetic only (1e-4, 1e-3); fp16 and bf16 lose mantissa bits in every
-op, so their bounds are set near a few ulps of a unit value after a deep graph.
+op, so their bounds are set near a few ulps of a unit value after a deep graph. "tf32" is fp32
+storage whose MatMul/Conv inputs a runtime rounds to TF32's 10 mantissa bits (unit roundoff
+4.9e-4, ONNX Runtime CUDA's default): errors of that size compound over the layers.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from deployfuse.errors import UsageError
 DEFAULTS: dict[str, tuple[float, float]] = {
     "float64": (1e-6, 1e-5),
     "float32": (1e-4, 1e-3),
+    "tf32": (5e-3, 5e-3),
     "float16": (1e-2, 1e-2),
     "bfloat16": (5e-2, 5e-2),
 }

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from deployfuse.compare.accuracy import output_stats
+from deployfuse.compare.accuracy import StatsCompareFunc, output_stats
 from deployfuse.compare.latency import summarize
 from deployfuse.compare.tolerances import Tolerances, parse_tolerance
 from deployfuse.errors import UsageError
@@ -70,6 +70,24 @@ def test_tolerances_per_output_and_defaults_by_dtype():
     for bad in ("abc", "x:-1", "x:nan"):
         with pytest.raises(UsageError):
             parse_tolerance(bad, "--atol")
+
+
+def test_tf32_runners_get_tf32_tolerances_on_fp32_outputs(reference):
+    """An error of TF32's size fails the fp32 defaults, passes for a runner that computed in TF32,
+    and an error ten times larger still fails there; fp16 outputs keep their own defaults."""
+    from polygraphy.comparator import IterationResult
+
+    tf32_atol, tf32_rtol = Tolerances().for_output("y", "tf32")
+    actual = reference.copy()
+    actual[0, 0] += 0.5 * (tf32_atol + tf32_rtol * abs(float(reference[0, 0])))
+    compare = StatsCompareFunc(Tolerances(), {"y": "float32"}, tf32_runners=frozenset({"ort-cuda"}))
+    ref = IterationResult({"y": reference}, runner_name="torch")
+    assert not compare(ref, IterationResult({"y": actual}, runner_name="ort-cpu"))["y"].passed
+    assert compare(ref, IterationResult({"y": actual}, runner_name="ort-cuda"))["y"].passed
+    actual[0, 0] += 10 * (tf32_atol + tf32_rtol * abs(float(reference[0, 0])))
+    assert not compare(ref, IterationResult({"y": actual}, runner_name="ort-cuda"))["y"].passed
+    half = StatsCompareFunc(Tolerances(), {"y": "float16"}, tf32_runners=frozenset({"ort-cuda"}))
+    assert half(ref, IterationResult({"y": reference}, runner_name="ort-cuda"))["y"].atol == Tolerances().for_output("y", "float16")[0]
 
 
 def test_latency_summary():
