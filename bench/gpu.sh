@@ -10,4 +10,4 @@ results="${OUT:-bench/results}"
 mkdir -p "$results"
 python3 -c "import onnxruntime as o; assert 'CUDAExecutionProvider' in o.get_available_providers(), o.get_available_providers(); print('onnxruntime', o.__version__)"
 if [ "${SKIP_OPS:-0}" != 1 ]; then bash bench/gpu_ops.sh; fi
-python3 bench/gpu_models.py --models "${1:-bert,vit,gpt2,resnet50}" --dtypes "${2:-fp16,fp32}" --out "$results/h200_$(echo ${1:-all}_${2:-all} | tr , -).json"
+python3 bench/gpu_models.py ${PROFILE:+--profile "$PROFILE"} --models "${1:-bert,vit,gpt2,resnet50}" --dtypes "${2:-fp16,fp32}" --out "$results/h200_$(echo ${1:-all}_${2:-all} | tr , -).json"

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import kernel_profile  # noqa: E402
 from anchors import build, variants  # noqa: E402
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16}
@@ -86,7 +87,8 @@ def ort_cuda(path: Path, inputs: dict[str, torch.Tensor], cuda_options: dict[str
     return call
 
 
-def bench(name: str, dtype_name: str, warmup: int, runs: int, workdir: Path) -> list[dict]:
+def bench(name: str, dtype_name: str, warmup: int, runs: int, workdir: Path, profiled: frozenset[str] = frozenset()) -> tuple[list[dict], list[dict]]:
+    """Timed rows for every variant, and kernel profiles (bench/kernel_profile.py) of those in `profiled`."""
     module, inputs = build(name, BATCH[name])
     dtype = DTYPES[dtype_name]
     module = module.to("cuda", dtype)
@@ -94,6 +96,7 @@ def bench(name: str, dtype_name: str, warmup: int, runs: int, workdir: Path) -> 
     with torch.inference_mode():
         reference = first_output(module(**inputs)).float()
     rows: list[dict] = []
+    profiles: list[dict] = []
 
     def record(variant: str, make: Callable[[], Callable[[], torch.Tensor]] | str) -> None:
         row: dict[str, object] = {"model": name, "dtype": dtype_name, "variant": variant}
@@ -104,6 +107,8 @@ def bench(name: str, dtype_name: str, warmup: int, runs: int, workdir: Path) -> 
             with torch.inference_mode():
                 row["max_abs_err"] = float((fn().float() - reference).abs().max())
                 row["median_ms"] = round(median_ms(fn, warmup, runs), 4)
+                if variant in profiled:
+                    profiles.append({"model": name, "dtype": dtype_name, "variant": variant, "median_ms": row["median_ms"], **kernel_profile.profile(fn)})
         except Exception as exc:  # a failing variant gets its error, not a time
             row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
         print(json.dumps(row), flush=True)
@@ -119,7 +124,7 @@ def bench(name: str, dtype_name: str, warmup: int, runs: int, workdir: Path) -> 
     for lever, options in LEVERS.items():
         made = files["deployfuse"]
         record(lever, made if isinstance(made, str) else (lambda p=made, o=options: ort_cuda(p, inputs, o)))
-    return rows
+    return rows, profiles
 
 
 def main() -> None:
@@ -129,15 +134,22 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--runs", type=int, default=50)
     parser.add_argument("--out", default="bench/results/h200.json")
+    parser.add_argument("--profile", default="", help="variants to profile by kernel class, e.g. compile,onnxscript,deployfuse+cudagraph; written to OUT with .profile.json")
     args = parser.parse_args()
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     rows: list[dict] = []
+    profiles: list[dict] = []
+    profiled = frozenset(filter(None, args.profile.split(",")))
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.models.split(","):
             for dtype_name in args.dtypes.split(","):
-                rows += bench(name, dtype_name, args.warmup, args.runs, Path(tmp))
+                timed, profiled_rows = bench(name, dtype_name, args.warmup, args.runs, Path(tmp), profiled)
+                rows += timed
+                profiles += profiled_rows
                 out.write_text(json.dumps(rows, indent=1))
+                if profiled:
+                    out.with_suffix(".profile.json").write_text(json.dumps(profiles, indent=1))
 
 
 if __name__ == "__main__":

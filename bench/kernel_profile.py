@@ -1,0 +1,60 @@
+"""Where the GPU time of one inference goes, by kernel class, for any callable that launches work.
+
+CUPTI (through torch.profiler) records every kernel the process launches, ONNX Runtime's and
+CUDA-graph replays included, so ORT artefacts and PyTorch can be profiled the same way. The
+classes answer the question issue 7 asks of a slow row: is it the GEMMs / convolutions (the
+floor every variant shares) or everything between them (what fusion removes)?
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from collections.abc import Callable
+
+import torch
+
+# First match wins; names are matched case-insensitively against the demangled kernel name.
+CLASSES = (
+    ("attention", r"flash|fmha|attention|attn|mha|softmax"),
+    ("copy/layout", r"nchwtonhwc|nhwctonchw"),
+    ("conv", r"conv|cudnn|implicit_?gemm|winograd|fprop|dgrad|wgrad"),
+    ("gemm", r"gemm|cublas|cutlass|xmma|nvjet|sm\d+_|ampere_|hopper_|matmul|mma"),
+    ("norm", r"norm"),
+    ("copy/layout", r"transpose|copy|memcpy|memset|concat|split|slice|gather|cast|permute|reshape|nchw|nhwc"),
+)
+
+
+def kernel_class(name: str) -> str:
+    for label, pattern in CLASSES:
+        if re.search(pattern, name, re.IGNORECASE):
+            return label
+    return "elementwise/other"
+
+
+def profile(fn: Callable[[], object], iters: int = 20) -> dict:
+    """GPU time per inference: total, by class, and the ten largest kernels (ms per call of fn)."""
+    from torch.profiler import ProfilerActivity, profile as torch_profile
+
+    fn()
+    torch.cuda.synchronize()
+    with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(iters):
+            fn()
+        torch.cuda.synchronize()
+    per_kernel: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
+    for event in prof.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA:
+            entry = per_kernel[event.name]
+            entry[0] += event.time_range.elapsed_us() / 1e3 / iters
+            entry[1] += 1 / iters
+    by_class: dict[str, float] = defaultdict(float)
+    for name, (ms, _) in per_kernel.items():
+        by_class[kernel_class(name)] += ms
+    top = sorted(per_kernel.items(), key=lambda kv: -kv[1][0])[:10]
+    return {
+        "gpu_ms": round(sum(ms for ms, _ in per_kernel.values()), 4),
+        "kernels_per_call": round(sum(n for _, n in per_kernel.values()), 1),
+        "by_class_ms": {k: round(v, 4) for k, v in sorted(by_class.items(), key=lambda kv: -kv[1])},
+        "top": [{"kernel": name[:120], "ms": round(ms, 4), "calls": round(n, 1), "class": kernel_class(name)} for name, (ms, n) in top],
+    }
