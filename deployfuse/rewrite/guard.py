@@ -17,7 +17,7 @@ import numpy as np
 import onnx
 
 from deployfuse.backends import ort as ort_backend
-from deployfuse.rewrite.profiles import ORT_ONNX_DOMAIN_OPS
+from deployfuse.rewrite.profiles import ort_private
 
 _ORT_PRIVATE = "deployfuse.ort_onnx_domain"
 RTOL = {np.dtype(np.float32): 1e-3, np.dtype(np.float64): 1e-6, np.dtype(np.float16): 2e-2}
@@ -45,7 +45,8 @@ def run_outputs(model: onnx.ModelProto, feeds: Sequence[Mapping[str, np.ndarray]
 def check_model(model: onnx.ModelProto) -> None:
     """onnx.checker (full) and strict shape inference, GuardFailure with the reason.
 
-    ORT's schema-less ONNX-domain contrib ops (SimplifiedLayerNormalization) are checked as
+    ORT's schema-less ONNX-domain contrib ops (SimplifiedLayerNormalization, LayerNormalization
+    before opset 17) are checked as
     custom-domain nodes: use this, not a bare onnx.checker, on a model fused for ONNX Runtime.
     """
     schema_view = _without_ort_onnx_domain_ops(model)
@@ -83,14 +84,20 @@ def check(model: onnx.ModelProto, reference: list[dict[str, np.ndarray]], feeds:
 
 
 def _without_ort_onnx_domain_ops(model: onnx.ModelProto) -> onnx.ModelProto:
-    """`model`, with ORT's schema-less ONNX-domain contrib ops moved to a private domain so
-    that onnx.checker and shape inference check everything else instead of stopping at them."""
-    if not any(n.domain in ("", "ai.onnx") and n.op_type in ORT_ONNX_DOMAIN_OPS for n in model.graph.node):
+    """`model`, with ORT's schema-less ONNX-domain contrib ops (at the model's opset) moved to a
+    private domain so that onnx.checker and shape inference check everything else instead of
+    stopping at them."""
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+
+    def private(node: onnx.NodeProto) -> bool:
+        return node.domain in ("", "ai.onnx") and ort_private(node.op_type, opset)
+
+    if not any(private(n) for n in model.graph.node):
         return model
     view = onnx.ModelProto()
     view.CopyFrom(model)
     for node in view.graph.node:
-        if node.domain in ("", "ai.onnx") and node.op_type in ORT_ONNX_DOMAIN_OPS:
+        if private(node):
             node.domain = _ORT_PRIVATE
     view.opset_import.append(onnx.helper.make_opsetid(_ORT_PRIVATE, 1))
     return view

@@ -23,11 +23,22 @@ F32 = frozenset({"float"})
 F32_F16 = frozenset({"float", "float16"})
 F16 = frozenset({"float16", "bfloat16"})
 
-# ONNX Runtime contrib ops that live in the ONNX domain without an ONNX schema.
-ORT_ONNX_DOMAIN_OPS = frozenset({"SimplifiedLayerNormalization"})
+# ONNX Runtime contrib ops that live in the ONNX domain without an ONNX schema, with the opset
+# from which a standard op of that name replaces ORT's own (None: never). ORT registers its
+# LayerNormalization there for opsets 1-16, before the standard one came in 17.
+ORT_ONNX_DOMAIN_OPS: dict[str, int | None] = {"SimplifiedLayerNormalization": None, "LayerNormalization": 17}
 
 # Standard ops rules emit, with the default-domain opset that introduced them.
 STANDARD_OPSET = {"LayerNormalization": 17, "Gelu": 20, "RMSNormalization": 23, "Attention": 23, "RotaryEmbedding": 23}
+
+
+def ort_private(op_type: str, opset: int) -> bool:
+    """True when an ONNX-domain `op_type` node in a model of default-domain `opset` is one of
+    ONNX Runtime's schema-less contrib ops (`ORT_ONNX_DOMAIN_OPS`), not a standard op."""
+    if op_type not in ORT_ONNX_DOMAIN_OPS:
+        return False
+    until = ORT_ONNX_DOMAIN_OPS[op_type]
+    return until is None or opset < until
 
 
 @dataclass(frozen=True)
@@ -49,6 +60,8 @@ class Profile:
         if domain == DEPLOYFUSE:
             return True
         key = ("" if domain == "ai.onnx" else domain, op_type)
+        if key[0] == "" and ort_private(op_type, opset):
+            return dtype in self.kernels.get(key, ())
         if key[0] == "" and opset < STANDARD_OPSET.get(op_type, 1):
             return False
         if key in self.kernels:
@@ -60,14 +73,14 @@ _ORT_CPU = {
     (MS, "Gelu"): F32, (MS, "FastGelu"): F32, (MS, "QuickGelu"): F32, (MS, "BiasGelu"): F32,
     (MS, "FusedConv"): F32, (MS, "SkipLayerNormalization"): FLOATS,
     (MS, "SkipSimplifiedLayerNormalization"): FLOATS, ("", "SimplifiedLayerNormalization"): FLOATS,
-    ("", "Gelu"): F32, (MS, "MultiHeadAttention"): F32, (MS, "Attention"): F32,
+    ("", "LayerNormalization"): FLOATS, ("", "Gelu"): F32, (MS, "MultiHeadAttention"): F32, (MS, "Attention"): F32,
     (MS, "GroupQueryAttention"): F32_F16, (MS, "RotaryEmbedding"): F32_F16,
 }
 _ORT_CUDA = {
     (MS, "Gelu"): FLOATS - {"double"}, (MS, "FastGelu"): FLOATS - {"double"}, (MS, "QuickGelu"): FLOATS - {"double"},
     (MS, "BiasGelu"): FLOATS - {"double"}, (MS, "FusedConv"): F32, (MS, "SkipLayerNormalization"): F32_F16,
     (MS, "SkipSimplifiedLayerNormalization"): F32_F16, ("", "SimplifiedLayerNormalization"): FLOATS,
-    (MS, "MultiHeadAttention"): F32_F16, (MS, "Attention"): F32_F16, (MS, "GroupQueryAttention"): F16,
+    ("", "LayerNormalization"): FLOATS, (MS, "MultiHeadAttention"): F32_F16, (MS, "Attention"): F32_F16, (MS, "GroupQueryAttention"): F16,
     (MS, "RotaryEmbedding"): FLOATS - {"double"},
 }
 

@@ -88,3 +88,28 @@ class UpcastNorms(torch.nn.Module):
 
 
 BLOCKS["upcast_norms_fp16"] = lambda: (UpcastNorms().half().eval(), {"x": torch.randn(2, 8, 32).half()})
+
+
+class GemmProjections(torch.nn.Module):
+    """Self-attention whose Q, K, V projections run on the flattened tokens, one per projection
+    as GPT-2's Conv1D does for its packed one: Reshape(3-D -> 2-D) -> Gemm(bias) -> Reshape back in
+    ONNX. Q is an addmm (Gemm), K a plain mm (MatMul, no bias), V a 2-D linear (Gemm, transB)."""
+
+    def __init__(self, width: int = 32, heads: int = 4) -> None:
+        super().__init__()
+        self.heads = heads
+        self.weights = torch.nn.ParameterList(torch.nn.Parameter(torch.randn(width, width) / width**0.5) for _ in range(3))
+        self.q_bias, self.v_bias = torch.nn.Parameter(torch.randn(width)), torch.nn.Parameter(torch.randn(width))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, d = x.shape
+        flat = x.reshape(-1, d)
+        q = torch.addmm(self.q_bias, flat, self.weights[0]).view(b, s, d)
+        k = torch.mm(flat, self.weights[1]).view(b, s, d)
+        v = F.linear(flat, self.weights[2], self.v_bias).view(b, s, d)
+        q, k, v = (t.view(b, s, self.heads, d // self.heads).transpose(1, 2) for t in (q, k, v))
+        out = F.scaled_dot_product_attention(q, k, v)
+        return out.transpose(1, 2).reshape(b, s, d)
+
+
+BLOCKS["gemm_projections"] = lambda: (GemmProjections().eval(), {"x": torch.randn(2, 8, 32)})

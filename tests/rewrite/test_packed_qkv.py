@@ -1,8 +1,9 @@
 """Packed QKV: every self-attention layer of the zoo's BERT and ViT (both exporters) and Whisper
 encoder, for ort-cpu and ort-cuda, becomes one com.microsoft.Attention in place of
 MultiHeadAttention and the projection MatMuls / bias Adds / query scale, with the numbers of the
-unfused graph (ORT optimisations off) on fresh inputs at two shapes; a BERT decoder's
-cross-attention stays MultiHeadAttention."""
+unfused graph (ORT optimisations off) on fresh inputs at two shapes; so do projections run on
+the flattened tokens (Reshape -> Gemm -> Reshape); a BERT decoder's cross-attention stays
+MultiHeadAttention."""
 
 from __future__ import annotations
 
@@ -11,9 +12,10 @@ import warnings
 
 import numpy as np
 import onnx
+import onnx_ir as ir
 import pytest
 import torch
-from _export import EXPORTERS, _trained_like, exported, feeds, fused, op_counts
+from _export import EXPORTERS, _trained_like, check_case, exported, feeds, fused, op_counts
 from test_attention import assert_same_outputs
 from zoo import ZOO
 
@@ -55,9 +57,11 @@ def test_self_attention_packs_into_attention(name: str, exporter: str, target: s
 
 
 @pytest.mark.parametrize("target", ORT_TARGETS)
-def test_whisper_scaled_query_and_bias_free_key_pack(target: str) -> None:
-    """Whisper: Q = (x·Wq + bq)·s, K = x·Wk (no bias), V = x·Wv + bv."""
-    check_packed("whisper_encoder", "dynamo", target, {"MatMul": 3, "Add": 2, "Mul": 1})
+@pytest.mark.parametrize("exporter", EXPORTERS)
+def test_whisper_scaled_query_and_bias_free_key_pack(exporter: str, target: str) -> None:
+    """Whisper: Q = (x·Wq + bq)·s, K = x·Wk (no bias), V = x·Wv + bv; from TorchScript each
+    reaches the attention through a head split by `view(B, -1, H, hd)` and a merge back."""
+    check_packed("whisper_encoder", exporter, target, {"MatMul": 3, "Add": 2, "Mul": 1})
 
 
 @functools.cache
@@ -99,3 +103,31 @@ def test_cross_attention_is_not_packed() -> None:
 
 def test_nothing_for_tensorrt() -> None:
     assert packed_qkv.rules("tensorrt") == []
+
+
+@pytest.mark.parametrize("target", ORT_TARGETS)
+def test_projections_on_flattened_tokens_pack(target: str) -> None:
+    """Each projection as Reshape(x, [B·S, Din]) -> Gemm | MatMul -> Reshape(·, [B, S, H, hd])
+    (addmm, a bias-free mm, a 2-D linear with transB): one Attention on x, nothing else left."""
+    check_case("gemm_projections", "dynamo", target, {"attention": 1, "packed_qkv": 1},
+               {"com.microsoft::Attention": 1, "Gemm": 0, "MatMul": 0, "Reshape": 0, "Transpose": 0})
+
+
+def _flat_projection(back: list[int]) -> ir.Value:
+    """x [2, 8, 32] -> Reshape [16, 32] -> Gemm(W, b) -> Reshape `back`, shapes inferred."""
+    rng = np.random.default_rng(0)
+    inits = [onnx.numpy_helper.from_array(a, n) for n, a in (("flat", np.array([16, 32])), ("back", np.array(back)),
+                                                               ("w", rng.standard_normal((32, 32)).astype(np.float32)), ("b", rng.standard_normal(32).astype(np.float32)))]
+    nodes = [onnx.helper.make_node("Reshape", ["x", "flat"], ["x2"]), onnx.helper.make_node("Gemm", ["x2", "w", "b"], ["y"]),
+             onnx.helper.make_node("Reshape", ["y", "back"], ["out"]), onnx.helper.make_node("Identity", ["out"], ["z"])]
+    graph = onnx.helper.make_graph(nodes, "g", [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, 8, 32])],
+                                   [onnx.helper.make_tensor_value_info("z", onnx.TensorProto.FLOAT, None)], inits)
+    model = onnx.shape_inference.infer_shapes(onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 18)]))
+    return next(v for n in ir.serde.deserialize_model(model).graph for v in n.outputs if v.name == "out")
+
+
+def test_flattened_projection_needs_the_tokens_back_in_order() -> None:
+    """Reshape back to x's [B, S, D] is x·W + b per token; to [S, B, D] it mixes tokens of different batches."""
+    found = packed_qkv._projection(_flat_projection([2, 8, 32]))
+    assert found is not None and found[0].name == "x" and found[2].shape == (32, 32) and found[3].shape == (32,)
+    assert packed_qkv._projection(_flat_projection([8, 2, 32])) is None

@@ -36,6 +36,14 @@ def test_cpu_profile_refuses_kernel_less_ops():
     assert not PROFILES["ort-cuda"].emits("com.microsoft", "GroupQueryAttention", 18, "float")
 
 
+def test_layernorm_below_opset_17_is_onnx_runtimes_own():
+    """ORT registers an ONNX-domain LayerNormalization for opsets 1-16; TensorRT gets only the standard one (17 on)."""
+    for target in ("ort-cpu", "ort-cuda"):
+        assert PROFILES[target].emits("", "LayerNormalization", 16) and PROFILES[target].emits("", "LayerNormalization", 17)
+    assert not PROFILES["tensorrt"].emits("", "LayerNormalization", 16) and PROFILES["tensorrt"].emits("", "LayerNormalization", 17)
+    assert not PROFILES["tensorrt"].emits("", "SimplifiedLayerNormalization", 23)  # ORT's own, at every opset
+
+
 @pytest.mark.skipif("CUDAExecutionProvider" not in ort.get_available_providers(), reason="needs a CUDA build of ONNX Runtime")
 def test_cuda_profile_matches_kernel_registry():
     registry = _registry("CUDAExecutionProvider")

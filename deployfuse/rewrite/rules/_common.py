@@ -35,13 +35,44 @@ def default_opset(context: Any) -> int:
     return imports.get("", imports.get("ai.onnx", 0))
 
 
-def check_norm_moments(x: ir.Value, square_pow: bool, two: ir.Value | None, eps: ir.Value, upcast: ir.Value | None, downcast: ir.Value | None) -> pattern.MatchResult | None:
-    """The checks every decomposed norm shares: the square is x², ε is a scalar constant, and
-    upcasts (when present) go x.dtype -> float -> x.dtype. A failed MatchResult, or None."""
+def mean_last(op: Any, x: Any, name: str) -> Any:
+    """A ReduceMean of `x` whose output binds as `name`: its axes come as an input from opset 18
+    and as an attribute before, so the pattern leaves them to `over_last_axis`."""
+    return op.ReduceMean(x, _allow_other_inputs=True, _outputs=[name])
+
+
+def plus_epsilon(op: Any, variance: Any, eps: Any) -> Any:
+    """variance + ε, or the variance alone: the export cleanup drops `+ ε` for ε ≤ 1e-8 as an
+    add of zero (BERT's 1e-12), leaving a norm whose ε is 0."""
+    return pattern.OrValue([op.Add(variance, eps), variance])
+
+
+def over_last_axis(mean: ir.Value, x: ir.Value) -> bool:
+    """True when `mean` is a ReduceMean over exactly the last axis of `x` ([-1] or [rank-1],
+    from the `axes` input or attribute) that keeps the reduced axis."""
+    node = mean.producer()
+    if node is None or node.attributes.get_int("keepdims", 1) != 1:
+        return False
+    if len(node.inputs) > 1 and node.inputs[1] is not None:
+        const = ir.convenience.get_const_tensor(node.inputs[1])
+        axes = None if const is None else [int(a) for a in np.asarray(const.numpy()).reshape(-1)]
+    else:
+        axes = node.attributes.get_ints("axes")
+        axes = None if axes is None else list(axes)
+    rank = None if x.shape is None else len(x.shape)
+    return axes == [-1] or (rank is not None and axes == [rank - 1])
+
+
+def check_norm_moments(x: ir.Value, means: Sequence[ir.Value], square_pow: bool, two: ir.Value | None, eps: ir.Value | None, upcast: ir.Value | None, downcast: ir.Value | None) -> pattern.MatchResult | None:
+    """The checks every decomposed norm shares: the means (`mean_last` outputs) are over the
+    last axis only, the square is x², ε (if any) is a scalar constant, and upcasts (when present) go
+    x.dtype -> float -> x.dtype. A failed MatchResult, or None."""
     fail = pattern.MatchResult().fail
+    if not all(over_last_axis(m, x) for m in means):
+        return fail("a mean is not over the last axis only, keeping it", list(means))
     if square_pow and scalar(two) != 2.0:
         return fail("Pow exponent is not 2", two)
-    if scalar(eps) is None:
+    if eps is not None and scalar(eps) is None:
         return fail("ε is not a scalar constant", eps)
     if upcast is not None and (upcast.dtype != ir.DataType.FLOAT or downcast is None or downcast.dtype != x.dtype):
         return fail("casts are not x.dtype -> float -> x.dtype", [upcast, downcast])

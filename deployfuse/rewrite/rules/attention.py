@@ -132,11 +132,15 @@ def _describe(value: ir.Value, like: ir.Value, dims: list | None) -> None:
 
 
 def _merged_heads(op, value: ir.Value, heads: int, head_dim: int) -> ir.Value:
-    """`value` [B, H, S, D] as [B, S, H·D]: the tensor the heads were split from, when provable."""
+    """`value` [B, H, S, D] as [B, S, H·D]: the tensor the heads were split from, when provable;
+    else the merge of the [B, S, H, D] tensor `value` transposes (the exporter may split the
+    heads straight off a 2-D projection, [B·S, H·D]), else a transpose and a merge."""
     source = split_heads_source(value)
     if source is not None and source[1:] == (heads, head_dim):
         return source[0]
-    merged = op.Reshape(op.Transpose(value, perm=[0, 2, 1, 3]), _const(op, [0, 0, heads * head_dim]))
+    node = value.producer()
+    unsplit = node.inputs[0] if node is not None and node.op_type == "Transpose" and node.domain in ("", "ai.onnx") and list(node.attributes.get_ints("perm", [])) == [0, 2, 1, 3] else None
+    merged = op.Reshape(unsplit if unsplit is not None else op.Transpose(value, perm=[0, 2, 1, 3]), _const(op, [0, 0, heads * head_dim]))
     _describe(merged, value, None if value.shape is None else [value.shape[0], value.shape[2], heads * head_dim])
     return merged
 

@@ -22,7 +22,7 @@ import onnx_ir as ir
 from onnxscript.rewriter import pattern
 
 from deployfuse.rewrite.profiles import MS
-from deployfuse.rewrite.rules._attention_shapes import constant, rank, scalar
+from deployfuse.rewrite.rules._attention_shapes import DimOf, constant, rank, same_dim, scalar, static_dim
 from deployfuse.rewrite.rules._common import FusionRule, Lowering
 
 FAMILY = "packed_qkv"
@@ -34,19 +34,22 @@ def _is(node: ir.Node | None, op_type: str) -> bool:
     return node is not None and node.op_type == op_type and node.domain in ("", "ai.onnx")
 
 
-def _projection(value: ir.Value) -> tuple[ir.Value, ir.Value, np.ndarray, np.ndarray | None] | None:
-    """`(x, W, W's values, b's values or None)` when `value` = (x·W [+ b]) [· s], W, b and the
-    scalar s constants (s folded in: (x·W + b)·s = x·(s·W) + s·b), and no other node reads the
-    projection's intermediate values; else None."""
-    node, bias, factor = value.producer(), None, None
-    if len(value.uses()) != 1:
-        return None
-    if _is(node, "Mul"):
-        side = 0 if scalar(node.inputs[1]) is not None else 1 if scalar(node.inputs[0]) is not None else None
-        if side is None or len(node.inputs[side].uses()) != 1:
+def _linear(value: ir.Value) -> tuple[ir.Value, ir.Value, np.ndarray, np.ndarray | None] | None:
+    """`(x, W, W's values, b's values or None)` when `value` = x·W [+ b] as MatMul [+ Add] or as
+    Gemm (alpha, beta, transB folded into W and b; C a row vector), W and b constants."""
+    node = value.producer()
+    if _is(node, "Gemm"):
+        weight, c = constant(node.inputs[1]), constant(node.inputs[2]) if len(node.inputs) > 2 else None
+        attrs = node.attributes
+        if weight is None or weight.ndim != 2 or attrs.get_int("transA", 0) or (len(node.inputs) > 2 and node.inputs[2] is not None and c is None):
             return None
-        factor, value = scalar(node.inputs[1 - side]), node.inputs[side]
-        node = value.producer()
+        weight = weight.T if attrs.get_int("transB", 0) else weight
+        if c is not None and (c.size != weight.shape[1] or c.ndim not in (1, 2) or c.shape[-1] != weight.shape[1]):
+            return None  # C broadcast over rows only: [D] or [1, D]
+        alpha, beta = attrs.get_float("alpha", 1.0), attrs.get_float("beta", 1.0)
+        bias = None if c is None else c.reshape(-1) * np.asarray(beta, c.dtype)
+        return node.inputs[0], node.inputs[1], weight * np.asarray(alpha, weight.dtype), bias
+    bias = None
     if _is(node, "Add"):
         for side in (0, 1):
             inner = node.inputs[side].producer()
@@ -58,12 +61,61 @@ def _projection(value: ir.Value) -> tuple[ir.Value, ir.Value, np.ndarray, np.nda
     if not _is(node, "MatMul") or len(value.uses()) != 1:
         return None
     weight = constant(node.inputs[1])
-    if weight is None:
+    return None if weight is None else (node.inputs[0], node.inputs[1], weight, bias)
+
+
+def _reshaped_from(value: ir.Value) -> ir.Value | None:
+    """`y` when `value` comes from `y` through Reshapes alone (each input read once): element
+    order never changes, so that is Reshape(y, value's shape); else None."""
+    node, inner = value.producer(), None
+    while _is(node, "Reshape") and len(node.inputs[0].uses()) == 1:
+        inner = node.inputs[0]
+        node = inner.producer()
+    return inner
+
+
+def _tokens(x: ir.Value, out: ir.Value) -> ir.Value | None:
+    """The [B, S, Din] tensor whose tokens `x` holds in order (`x` itself, or the tensor a
+    Reshape(·, [B·S, Din]) flattened into `x`), when `out` [B, S, D] has its B and S: then
+    Reshape(x·W + b, out's shape) is that tensor's projection, token for token. Else None."""
+    node = x.producer()
+    if rank(x) == 2 and _is(node, "Reshape"):
+        source = node.inputs[0]
+        if rank(source) != 3 or static_dim(source, 2) is None or static_dim(x, 1) != static_dim(source, 2):
+            return None
+        x = source
+    if rank(x) != 3 or rank(out) != 3 or not all(same_dim(DimOf(out, a), DimOf(x, a)) for a in (0, 1)):
         return None
+    return x
+
+
+def _projection(value: ir.Value) -> tuple[ir.Value, ir.Value, np.ndarray, np.ndarray | None] | None:
+    """`(x, W, W's values, b's values or None)` when `value` = (x·W [+ b]) [· s], W, b and the
+    scalar s constants (s folded in: (x·W + b)·s = x·(s·W) + s·b), and no other node reads the
+    projection's intermediate values; else None. x·W + b may be reshaped back to x's [B, S, D]
+    on the way (a head split and merge), and may run on the flattened tokens:
+    Reshape(Gemm | MatMul [+ Add](Reshape(x, [B·S, Din])), [B, S, D]), as addmm exports."""
+    node, factor = value.producer(), None
+    if len(value.uses()) != 1:
+        return None
+    if _is(node, "Mul"):
+        side = 0 if scalar(node.inputs[1]) is not None else 1 if scalar(node.inputs[0]) is not None else None
+        if side is None or len(node.inputs[side].uses()) != 1:
+            return None
+        factor, value = scalar(node.inputs[1 - side]), node.inputs[side]
+    out, inner = value, _reshaped_from(value)
+    found = _linear(inner if inner is not None else value)
+    if found is None:
+        return None
+    x, w_value, weight, bias = found
+    if inner is not None:
+        x = _tokens(x, out)
+        if x is None or weight.shape[0] != static_dim(x, 2):
+            return None
     if factor is not None:
         weight = weight * np.asarray(factor, weight.dtype)
         bias = None if bias is None else bias * np.asarray(factor, bias.dtype)
-    return node.inputs[0], node.inputs[1], weight, bias
+    return x, w_value, weight, bias
 
 
 class PackedQKV(FusionRule):

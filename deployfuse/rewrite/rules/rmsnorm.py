@@ -3,17 +3,23 @@
     out = γ · x / √(mean(x², -1) + ε)
 
 as LLaMA / T5 / Mistral write it: x · Reciprocal(Sqrt(mean + ε)), x · (1 / Sqrt(·)) or x / Sqrt(·), x² as
-Pow(x, 2) or Mul(x, x), optionally inside an fp16 → float → fp16 upcast. ONNX Runtime gets its
-SimplifiedLayerNormalization (stash_type 1: float statistics); TensorRT gets RMSNormalization-23
-when the model's opset has it. The residual form is fused later by the skip_layernorm family.
+Pow(x, 2) or Mul(x, x), optionally inside an fp16 → float → fp16 upcast; the mean's axes come as an
+input (opset ≥ 18) or an attribute, and ε may be gone (the export cleanup drops ε ≤ 1e-8).
+
+ONNX Runtime gets its SimplifiedLayerNormalization (stash_type 1: float statistics) at every
+opset, 23 included: the skip_layernorm family fuses it with the residual add, and it has CPU and
+CUDA kernels for every float type (ORT 1.32's CPU RMSNormalization-23 has no bfloat16 one).
+TensorRT gets RMSNormalization-23 from opset 23 and keeps the decomposed form below: its ONNX parser
+imports RMSNormalization from 10.15 on (NVIDIA/TensorRT#4639), which an opset-23 model needs
+anyway, since the dynamo exporter writes RMSNormalization itself at that opset.
 """
 
 from __future__ import annotations
 
 from onnxscript.rewriter import pattern
 
-from deployfuse.rewrite.rules._common import FusionRule, Lowering, check_norm_moments, const_1d, last_dim, scalar
-from deployfuse.rewrite.rules.layernorm import DIVISIONS, divide, is_last_axis, reduce_last
+from deployfuse.rewrite.rules._common import FusionRule, Lowering, check_norm_moments, const_1d, last_dim, mean_last, plus_epsilon, scalar
+from deployfuse.rewrite.rules.layernorm import DIVISIONS, divide
 
 FAMILY = "rmsnorm"
 
@@ -31,25 +37,23 @@ class DecomposedRmsNorm(FusionRule):
         super().__init__("rmsnorm", target)
         self.square_pow, self.division, self.upcast = square_pow, division, upcast
 
-    def pattern(self, op, x, axes, two, eps, scale):
+    def pattern(self, op, x, two, eps, scale):
         xf = op.Cast(x, _outputs=["upcast"]) if self.upcast else x
         sq = op.Pow(xf, two) if self.square_pow else op.Mul(xf, xf)
-        rms = op.Sqrt(op.Add(reduce_last(op, sq, axes), eps))
+        rms = op.Sqrt(plus_epsilon(op, mean_last(op, sq, "mean_square"), eps))
         y = divide(op, xf, rms, self.division)
         if self.upcast:
             y = op.Cast(y, _outputs=["downcast"])
         return op.Mul(scale, y)
 
-    def check(self, context, x, axes, eps, scale, two=None, upcast=None, downcast=None, **_) -> pattern.MatchResult:
+    def check(self, context, x, mean_square, scale, eps=None, two=None, upcast=None, downcast=None, **_) -> pattern.MatchResult:
         fail = pattern.MatchResult().fail
-        if not is_last_axis(axes, x):
-            return fail("the mean is not over the last axis only", axes)
-        failed = check_norm_moments(x, self.square_pow, two, eps, upcast if self.upcast else None, downcast)
+        failed = check_norm_moments(x, [mean_square], self.square_pow, two, eps, upcast if self.upcast else None, downcast)
         if failed is not None:
             return failed
         if not const_1d(scale, last_dim(x)) or scale.dtype != x.dtype:
             return fail("γ is not a constant vector of the last axis' size and x's dtype", scale)
-        self.epsilon = scalar(eps)
+        self.epsilon = 0.0 if eps is None else scalar(eps)
         return self.choose(context, x, _LOWERING[self.profile.target])
 
     def rewrite(self, op, x, scale, **_):
