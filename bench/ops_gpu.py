@@ -10,6 +10,7 @@ eager and torch.compile of the same math.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import importlib.util
 import math
@@ -92,7 +93,28 @@ def inputs(op, shape, dtype, attrs):
     if op == "BiasAct":
         return [g(*shape), g(shape[-1])]
     b, sq, sk, hid = shape
-    return [g(b, sq, hid), g(b, sk, hid), g(b, sk, hid), g(b, 1, 1, sk) if attrs.get("mask") else None]
+    return [g(b, sq, hid), g(b, sk, hid), g(b, sk, hid), mha_mask(b, attrs["num_heads"], sq, sk, dtype, attrs)]
+
+
+def mha_mask(b, h, sq, sk, dtype, attrs):
+    """Additive FusedMHA mask, or None. attrs["mask"]: True = [b, 1, 1, sk], or a string naming the
+    kept dims of [b, h, q, k] (others broadcast, leading 1s dropped: "qk" = [sq, sk]).
+    attrs["mask_inf"]: that fraction of entries -inf, and the first query row -inf everywhere (the
+    kernels output 0 for a fully masked row; the reference's NaN there is taken as 0)."""
+    kind = attrs.get("mask")
+    if not kind:
+        return None
+    dims = "bk" if kind is True else kind
+    full = {"b": b, "h": h, "q": sq, "k": sk}
+    shape = [full[c] if c in dims else 1 for c in "bhqk"]
+    while len(shape) > 2 and shape[0] == 1:
+        shape.pop(0)
+    m = torch.randn(*shape, device="cuda")
+    if attrs.get("mask_inf"):
+        m[torch.rand_like(m) < attrs["mask_inf"]] = float("-inf")
+        if "q" in dims:
+            m[..., 0, :] = float("-inf")
+    return m.to(dtype)
 
 
 CHECKS = [
@@ -113,6 +135,17 @@ CHECKS = [
     ("FusedMHA", (2, 7, 7, 24), {"num_heads": 3}), ("FusedMHA", (2, 33, 65, 128), {"num_heads": 2, "causal": 1, "mask": True, "scale": 0.3}),
     ("FusedMHA", (1, 1, 1000, 640), {"num_heads": 5, "mask": True}), ("FusedMHA", (4, 300, 300, 1024), {"num_heads": 16, "causal": 1}),
     ("FusedMHA", (1, 70, 70, 512), {"num_heads": 2}),
+    # tensor-core path (fp16/bf16, head_dim 32/64/96/128): tails, cross attention, masks, seq 1
+    ("FusedMHA", (2, 128, 128, 1024), {"num_heads": 16}), ("FusedMHA", (2, 200, 200, 512), {"num_heads": 16, "causal": 1}),
+    ("FusedMHA", (3, 77, 333, 256), {"num_heads": 2, "mask": "bhqk"}), ("FusedMHA", (2, 300, 45, 512), {"num_heads": 4, "causal": 1, "mask": "qk"}),
+    ("FusedMHA", (2, 64, 64, 384), {"num_heads": 4, "mask": "hqk", "mask_inf": 0.3}),
+    ("FusedMHA", (2, 150, 190, 256), {"num_heads": 8, "causal": 1, "mask": "bqk", "mask_inf": 0.5}),
+    ("FusedMHA", (2, 1, 1, 512), {"num_heads": 8}), ("FusedMHA", (3, 1, 257, 256), {"num_heads": 2, "mask": True}),
+    ("FusedMHA", (2, 257, 1, 128), {"num_heads": 4, "causal": 1}), ("FusedMHA", (1, 40, 520, 768), {"num_heads": 12, "scale": 0.05}),
+    ("FusedMHA", (2, 1000, 1000, 512), {"num_heads": 4, "causal": 1, "mask": "bk", "mask_inf": 0.1}),
+    ("FusedMHA", (1, 2048, 2048, 256), {"num_heads": 2}), ("FusedMHA", (1, 96, 96, 256), {"num_heads": 4, "misalign": True}),
+    ("FusedMHA", (2, 100, 130, 512), {"num_heads": 8, "causal": 1, "scale": -0.2}),
+    ("FusedMHA", (1, 50, 70, 256), {"num_heads": 2, "mask": "bhqk", "scale": -0.1}),
 ]
 
 
@@ -122,16 +155,19 @@ def check():
         for dtype in DT:
             torch.manual_seed(hash((op, shape, str(dtype))) % 2**31)
             xs = inputs(op, shape, dtype, attrs)
-            a = {k: v for k, v in attrs.items() if k not in ("mask", "misalign")}
+            a = {k: v for k, v in attrs.items() if k not in ("mask", "mask_inf", "misalign")}
             y = torch.full_like(xs[0] if op != "FusedMHA" else xs[0], float("nan"))
             native(op, xs, a, y)
             torch.cuda.synchronize()
             ref = SPECS[op].reference_fn(*[None if t is None else t.double() for t in xs], **SPECS[op].resolve(**a))
+            if op == "FusedMHA":  # fully masked rows (mask_inf): NaN in the reference, 0 by the kernels' contract
+                ref = torch.nan_to_num(ref, nan=0.0)
             assert not torch.isnan(y).any(), f"{op} {shape} {dtype}: unwritten/NaN outputs"
             rel = ((y.double() - ref).norm() / ref.norm()).item()
             status = "ok" if rel < TOL[dtype] else "FAIL"
             worst = max(worst, rel / TOL[dtype])
-            print(f"check {status:4} {op:13} {str(shape):22} {str(dtype):15} rel_err={rel:.2e} {a}")
+            shown = {**a, **{k: attrs[k] for k in ("mask", "mask_inf", "misalign") if k in attrs}}
+            print(f"check {status:4} {op:13} {str(shape):22} {str(dtype):15} rel_err={rel:.2e} {shown}")
     return worst
 
 
@@ -207,17 +243,56 @@ def bench():
             t_comp = median_ms(lambda: comp(*xs))
             bw = nbytes / t_native / 1e6
             rows.append(f"| {op} | {shape} | {str(dtype)[6:]} | {t_native:.3f} | {bw:.0f} ({100 * bw / copy_bw:.0f}%) | {t_eager:.3f} | {t_comp:.3f} |")
-    for sq in (128, 512, 2048):
-        attrs = {"num_heads": 16}
-        xs = inputs("FusedMHA", (8, sq, sq, 1024), torch.float16, attrs)
-        y = torch.empty_like(xs[0])
-        sdpa = lambda q, k, v, m: F.scaled_dot_product_attention(*(t.view(8, sq, 16, 64).transpose(1, 2) for t in (q, k, v))).transpose(1, 2).reshape(8, sq, 1024)
-        t_native = median_ms(lambda: native("FusedMHA", xs, attrs, y), 20)
-        t_eager = median_ms(lambda: sdpa(*xs), 20)
-        rows.append(f"| FusedMHA | (8, {sq}, 16x64) | float16 | {t_native:.3f} | - | {t_eager:.3f} (SDPA) | - |")
     print("| op | shape | dtype | deployfuse ms | GB/s (of copy) | eager ms | torch.compile ms |")
     print("|---|---|---|---|---|---|---|")
     print("\n".join(rows))
+
+
+def graph_ms(fn, calls=20):
+    """GPU time of one fn() call, free of Python launch overhead: `calls` calls captured in a CUDA
+    graph, median replay time / calls."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, capture_error_mode="relaxed"):
+        for _ in range(calls):
+            fn()
+    return median_ms(graph.replay, 10) / calls
+
+
+def bench_mha():
+    """FusedMHA against PyTorch SDPA (flash backend; its own choice where a mask is given) on the
+    same [B, S, H·D] tensors viewed as [B, H, S, D]; TFLOP/s counts 4·b·h·sq·sk·d, halved for causal."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    print("| FusedMHA | dtype | deployfuse ms | TFLOP/s | SDPA ms | TFLOP/s | deployfuse / SDPA |")
+    print("|---|---|---|---|---|---|---|")
+    cases = [(8, sq, 16, 64, torch.float16, {}) for sq in (128, 512, 1024, 2048)] + [
+        (8, 2048, 16, 64, torch.float16, {"causal": 1}), (8, 2048, 16, 64, torch.bfloat16, {}),
+        (8, 2048, 16, 128, torch.float16, {}), (8, 2048, 16, 128, torch.float16, {"causal": 1}),
+        (8, 1024, 16, 64, torch.float16, {"mask": True}),
+    ]
+    for b, sq, h, d, dtype, extra in cases:
+        attrs = {"num_heads": h, **extra}
+        xs = inputs("FusedMHA", (b, sq, sq, h * d), dtype, attrs)
+        a = {k: v for k, v in attrs.items() if k != "mask"}
+        y = torch.empty_like(xs[0])
+        q4, k4, v4 = (t.view(b, sq, h, d).transpose(1, 2) for t in xs[:3])
+        backend = contextlib.nullcontext if xs[3] is not None else lambda: sdpa_kernel(SDPBackend.FLASH_ATTENTION)
+
+        def sdpa():
+            with backend():
+                return F.scaled_dot_product_attention(q4, k4, v4, attn_mask=xs[3], is_causal=bool(a.get("causal")))
+
+        t_native = graph_ms(lambda: native("FusedMHA", xs, a, y))
+        t_sdpa = graph_ms(sdpa)
+        flops = 4 * b * h * sq * sq * d / (2 if a.get("causal") else 1)
+        name = f"({b}, {sq}, {h}x{d}){' causal' if a.get('causal') else ''}{' mask [b,1,1,k]' if xs[3] is not None else ''}"
+        print(f"| {name} | {str(dtype)[6:]} | {t_native:.3f} | {flops / t_native / 1e9:.0f} | {t_sdpa:.3f} | {flops / t_sdpa / 1e9:.0f} | {t_native / t_sdpa:.2f}x |")
 
 
 if __name__ == "__main__":
@@ -228,4 +303,5 @@ if __name__ == "__main__":
         worst = max(worst, ort_check(sys.argv[3]))
         print(f"worst error / tolerance incl. ORT CUDA EP: {worst:.2f}")
     bench()
+    bench_mha()
     sys.exit(0 if worst < 1 else 1)

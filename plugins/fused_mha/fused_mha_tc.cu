@@ -1,0 +1,327 @@
+// Tensor-core FusedMHA forward (flash-attention-2 scheme), fp16/bf16 in, fp32 accumulation.
+//
+// A CTA owns kBlockM = 16 * kWarps query rows of one (batch, head); warp w owns rows 16w..16w+15,
+// whose Q fragments it keeps in registers. K and V stream through shared memory kBlockN = 64 keys
+// at a time (cp.async; V_j loads while S_j = Q K_j^T is computed, K_j+1 while softmax and P V_j
+// run). Per tile and warp:
+//   S   = Q K^T                   mma m16n8k16, A = Q (ldmatrix.x4), B = K rows (ldmatrix.x4)
+//   x   = S * scale * log2(e) + mask * log2(e), -inf past k_seq and above the causal diagonal
+//   m'  = max(m, rowmax x);  P = 2^(x - m');  l = l * 2^(m - m') + rowsum P;  O = O * 2^(m - m')
+//   O  += P V                     P re-packed from the S accumulators as the A operand (the m16n8
+//                                 C layout of two n-tiles is the m16k16 A layout), B = V via
+//                                 ldmatrix.x4.trans
+// so S never leaves registers. A thread holds rows lane/4 and lane/4 + 8 of its warp's 16, columns
+// 2 * (lane % 4) + {0, 1} of each 8-wide n-tile: row max/sum need only the 4 lanes of a quad.
+// Y = O / l (0 where every key was masked, l == 0), staged through shared memory for 16-byte stores.
+// Shared rows are padded by 16 bytes: the 8 row addresses of an ldmatrix then hit 8 different bank
+// groups (D / 8 + 1 chunks per row is odd).
+#include "fused_mha/fused_mha_tc.cuh"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <climits>
+#include <cmath>
+#include <cstdint>
+
+#include "common/cuda_check.h"
+#include "common/dtype.cuh"
+
+namespace deployfuse {
+namespace {
+
+constexpr int kBlockN = 64;
+constexpr float kLog2e = 1.4426950408889634f;
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
+
+// 16 bytes global -> shared, bypassing L1; zero-filled (nothing read) when !valid.
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+__device__ __forceinline__ float ex2(float x) {  // 2^x; ex2(-inf) = 0
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// c += a (16x16, row) * b (16x8, col), fp32 accumulators.
+template <typename T> struct Mma;
+template <> struct Mma<__half> {
+  static __device__ __forceinline__ void run(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+  static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
+    const __half2 h = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&h);
+  }
+};
+template <> struct Mma<__nv_bfloat16> {
+  static __device__ __forceinline__ void run(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+  static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&h);
+  }
+};
+
+template <int D>
+constexpr int kPitch = D + 8;  // shared row pitch in elements (see the padding note above)
+
+template <typename T, int D, int kWarps>
+constexpr size_t smem_bytes() {
+  return sizeof(T) * (16 * kWarps + 2 * kBlockN) * kPitch<D>;
+}
+
+// Rows [r0, r0 + kRows) of a [len, ld] matrix (D columns used) into shared memory; rows past len
+// are zero-filled. Commits one cp.async group.
+template <typename T, int D, int kRows, int kThreads>
+__device__ __forceinline__ void load_tile(T* dst, const T* src, int r0, int len, int64_t ld) {
+  constexpr int kChunks = D / 8;
+  static_assert(kRows * kChunks % kThreads == 0, "whole chunks per thread");
+#pragma unroll
+  for (int it = 0; it < kRows * kChunks / kThreads; ++it) {
+    const int i = threadIdx.x + it * kThreads, r = i / kChunks, c = i % kChunks;
+    const bool in = r0 + r < len;
+    cp_async16(smem_addr(dst + r * kPitch<D> + c * 8), in ? src + (r0 + r) * ld + c * 8 : src, in);
+  }
+  cp_async_commit();
+}
+
+// Two 8-warp CTAs per SM (<= 128 registers; 8 warps only run head_dim <= 64).
+template <typename T, int D, int kWarps, bool kMask>
+__global__ void __launch_bounds__(kWarps * 32, kWarps == 8 ? 2 : 1) fused_mha_tc_kernel(const T* __restrict__ q, const T* __restrict__ k,
+                                                                   const T* __restrict__ v, const T* __restrict__ mask,
+                                                                   T* __restrict__ y, MhaShape s, float scale_log2) {
+#if __CUDA_ARCH__ >= 800
+  constexpr int kBlockM = 16 * kWarps, kThreads = 32 * kWarps, kP = kPitch<D>;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  T* s_q = reinterpret_cast<T*>(smem_raw);  // [kBlockM][kP]; later the output staging area
+  T* s_k = s_q + kBlockM * kP;              // [kBlockN][kP]
+  T* s_v = s_k + kBlockN * kP;              // [kBlockN][kP]
+
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+  const int64_t bh = blockIdx.y, b = bh / s.heads, h = bh % s.heads;
+  const int q_seq = static_cast<int>(s.q_seq), k_seq = static_cast<int>(s.k_seq);
+  const int q0 = static_cast<int>(gridDim.x - 1 - blockIdx.x) * kBlockM;  // longest causal blocks start first
+  const int qw = q0 + warp * 16;                                           // first row of this warp
+  const int64_t ld = s.heads * D;
+  const T* q_base = q + b * s.q_seq * ld + h * D;
+  const T* k_base = k + b * s.k_seq * ld + h * D;
+  const T* v_base = v + b * s.k_seq * ld + h * D;
+  // Mask offsets within one (batch, head) fit in int (checked by the launcher).
+  const T* m_base = kMask ? mask + b * s.mask_stride[0] + h * s.mask_stride[1] : nullptr;
+  const int ms_q = static_cast<int>(s.mask_stride[2]), ms_k = static_cast<int>(s.mask_stride[3]);
+  const int kv_len = s.causal ? min(k_seq, q0 + kBlockM) : k_seq;  // later keys are masked for every row here
+  const int n_tiles = (kv_len + kBlockN - 1) / kBlockN;
+
+  load_tile<T, D, kBlockM, kThreads>(s_q, q_base, q0, q_seq, ld);
+  if (n_tiles > 0) load_tile<T, D, kBlockN, kThreads>(s_k, k_base, 0, k_seq, ld);
+  cp_async_wait_all();
+  __syncthreads();
+
+  // ldmatrix.x4 lane -> row/column offsets. A operand and V^T (trans): matrices (rows 0-7 | 8-15) x
+  // (cols 0-7 | 8-15) in column-major order; K as B: (keys 0-7, d 0-7), (0-7, 8-15), (8-15, 0-7), (8-15, 8-15).
+  const int a_row = (lane & 7) + 8 * ((lane >> 3) & 1), a_col = 8 * (lane >> 4);
+  const int k_row = (lane & 7) + 8 * (lane >> 4), k_col = 8 * ((lane >> 3) & 1);
+
+  // A negative scale is taken as -Q with |scale|, so a larger raw score is always a larger logit.
+  const float scale = fabsf(scale_log2);
+  const uint32_t q_sign = scale_log2 < 0.f ? 0x80008000u : 0u;
+  uint32_t qf[D / 16][4];
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+    ldmatrix_x4(qf[kk], smem_addr(s_q + (warp * 16 + a_row) * kP + kk * 16 + a_col));
+#pragma unroll
+    for (int i = 0; i < 4; ++i) qf[kk][i] ^= q_sign;
+  }
+
+  float o[D / 8][4];
+#pragma unroll
+  for (int n = 0; n < D / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+  const int rows[2] = {qw + g, qw + g + 8};
+  const T* m_rows[2] = {m_base, m_base};  // rows past q_seq read row 0 (their outputs are dropped)
+  if (kMask) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) m_rows[r] += (rows[r] < q_seq ? rows[r] : 0) * ms_q;
+  }
+
+  for (int j = 0; j < n_tiles; ++j) {
+    const int k0 = j * kBlockN;
+    load_tile<T, D, kBlockN, kThreads>(s_v, v_base, k0, k_seq, ld);
+
+    float sc[kBlockN / 8][4];
+#pragma unroll
+    for (int n = 0; n < kBlockN / 8; ++n) sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+#pragma unroll
+      for (int np = 0; np < kBlockN / 16; ++np) {
+        uint32_t kb[4];
+        ldmatrix_x4(kb, smem_addr(s_k + (np * 16 + k_row) * kP + kk * 16 + k_col));
+        Mma<T>::run(sc[2 * np], qf[kk], kb[0], kb[1]);
+        Mma<T>::run(sc[2 * np + 1], qf[kk], kb[2], kb[3]);
+      }
+    }
+    cp_async_wait_all();
+    __syncthreads();  // V_j has landed; every warp is done with K_j
+    if (j + 1 < n_tiles) load_tile<T, D, kBlockN, kThreads>(s_k, k_base, k0 + kBlockN, k_seq, ld);
+
+    // Mask, online softmax. Only the last tile and tiles crossing the diagonal need the
+    // bounds/causal test (warp-uniform). Without a mask sc stays raw and the scale is folded into
+    // the exponent's FFMA (mul); with one sc becomes the logit in log2 units (mul = 1).
+    const bool edge = k0 + kBlockN > k_seq || (s.causal && k0 + kBlockN - 1 > qw);
+    const float mul = kMask ? 1.f : scale;
+#pragma unroll
+    for (int n = 0; n < kBlockN / 8; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int key = k0 + n * 8 + 2 * t + (e & 1), row = rows[e >> 1];
+        float x = sc[n][e];
+        if (kMask) {
+          x *= scale;
+          if (key < k_seq) x = fmaf(to_float(m_rows[e >> 1][key * ms_k]), kLog2e, x);
+        }
+        if (edge && (key >= k_seq || (s.causal && key > row))) x = -INFINITY;
+        sc[n][e] = x;
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float mx = -INFINITY;
+#pragma unroll
+      for (int n = 0; n < kBlockN / 8; ++n) mx = fmaxf(mx, fmaxf(sc[n][2 * r], sc[n][2 * r + 1]));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      mx = fmaxf(m[r], mx * mul);
+      const float base = mx == -INFINITY ? 0.f : mx;  // all masked so far: P = 0 without inf - inf
+      const float alpha = ex2(m[r] - base);
+      m[r] = mx;
+      float sum = 0.f;
+#pragma unroll
+      for (int n = 0; n < kBlockN / 8; ++n) {
+        sc[n][2 * r] = ex2(fmaf(sc[n][2 * r], mul, -base));
+        sc[n][2 * r + 1] = ex2(fmaf(sc[n][2 * r + 1], mul, -base));
+        sum += sc[n][2 * r] + sc[n][2 * r + 1];
+      }
+      l[r] = l[r] * alpha + sum;  // this thread's columns only; the quad is summed at the end
+#pragma unroll
+      for (int n = 0; n < D / 8; ++n) {
+        o[n][2 * r] *= alpha;
+        o[n][2 * r + 1] *= alpha;
+      }
+    }
+
+#pragma unroll
+    for (int kk = 0; kk < kBlockN / 16; ++kk) {
+      const uint32_t pa[4] = {Mma<T>::pack(sc[2 * kk][0], sc[2 * kk][1]), Mma<T>::pack(sc[2 * kk][2], sc[2 * kk][3]),
+                              Mma<T>::pack(sc[2 * kk + 1][0], sc[2 * kk + 1][1]), Mma<T>::pack(sc[2 * kk + 1][2], sc[2 * kk + 1][3])};
+#pragma unroll
+      for (int dp = 0; dp < D / 16; ++dp) {
+        uint32_t vb[4];
+        ldmatrix_x4_trans(vb, smem_addr(s_v + (kk * 16 + a_row) * kP + dp * 16 + a_col));
+        Mma<T>::run(o[2 * dp], pa, vb[0], vb[1]);
+        Mma<T>::run(o[2 * dp + 1], pa, vb[2], vb[3]);
+      }
+    }
+    cp_async_wait_all();
+    __syncthreads();  // K_j+1 has landed; every warp is done with V_j
+  }
+
+  // Epilogue: each warp stages its own 16 rows in s_q (only it ever read them), then stores rows.
+  T* so = s_q + warp * 16 * kP;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float sum = l[r];
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    const float inv = sum > 0.f ? 1.f / sum : 0.f;
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n) {
+      *reinterpret_cast<uint32_t*>(so + (g + 8 * r) * kP + n * 8 + 2 * t) = Mma<T>::pack(o[n][2 * r] * inv, o[n][2 * r + 1] * inv);
+    }
+  }
+  __syncwarp();
+  T* y_base = y + b * s.q_seq * ld + h * D;
+#pragma unroll
+  for (int it = 0; it < D / 16; ++it) {  // 16 rows x D / 8 chunks over 32 lanes
+    const int i = lane + it * 32, r = i / (D / 8), c = i % (D / 8);
+    if (qw + r < q_seq) *reinterpret_cast<uint4*>(y_base + (qw + r) * ld + c * 8) = *reinterpret_cast<const uint4*>(so + r * kP + c * 8);
+  }
+#else
+  __trap();  // launch_fused_mha_tc only launches on sm_80+
+#endif
+}
+
+template <typename T, int D, int kWarps, bool kMask>
+cudaError_t launch_with(cudaStream_t stream, const T* q, const T* k, const T* v, const T* mask, T* y, const MhaShape& s) {
+  constexpr size_t smem = smem_bytes<T, D, kWarps>();
+  const auto kernel = fused_mha_tc_kernel<T, D, kWarps, kMask>;
+  if (smem > 48 * 1024) {
+    DF_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+  }
+  constexpr int kBlockM = 16 * kWarps;
+  const dim3 grid(static_cast<unsigned>((s.q_seq + kBlockM - 1) / kBlockM), static_cast<unsigned>(s.batch * s.heads));
+  kernel<<<grid, kWarps * 32, smem, stream>>>(q, k, v, mask, y, s, s.scale * kLog2e);
+  return cudaGetLastError();
+}
+
+// 8 warps (128 rows) halve the K/V traffic per query: 1.25x faster at head_dim 64 on an H200. 4 warps
+// waste fewer rows on short queries, and at head_dim > 64 (~240 registers) they let two CTAs share an
+// SM: 6% faster at head_dim 128.
+template <typename T, int D>
+cudaError_t launch_dim(cudaStream_t stream, const T* q, const T* k, const T* v, const T* mask, T* y, const MhaShape& s) {
+  if constexpr (D <= 64) {
+    if (s.q_seq > 64) {
+      return mask ? launch_with<T, D, 8, true>(stream, q, k, v, mask, y, s) : launch_with<T, D, 8, false>(stream, q, k, v, mask, y, s);
+    }
+  }
+  return mask ? launch_with<T, D, 4, true>(stream, q, k, v, mask, y, s) : launch_with<T, D, 4, false>(stream, q, k, v, mask, y, s);
+}
+
+}  // namespace
+
+template <typename T>
+cudaError_t launch_fused_mha_tc(cudaStream_t stream, const T* q, const T* k, const T* v, const T* mask, T* y, const MhaShape& s) {
+  // 16-byte aligned bases suffice: head_dim % 16 == 0 keeps every row and head offset aligned.
+  if (!aligned16(q) || !aligned16(k) || !aligned16(v) || !aligned16(y)) return cudaErrorNotSupported;
+  if (s.q_seq > INT_MAX - 128 || s.k_seq > INT_MAX - 128) return cudaErrorNotSupported;
+  if (mask && (s.q_seq - 1) * s.mask_stride[2] + (s.k_seq - 1) * s.mask_stride[3] > INT_MAX) return cudaErrorNotSupported;
+  int device = 0, major = 0;
+  DF_RETURN_IF_ERROR(cudaGetDevice(&device));
+  DF_RETURN_IF_ERROR(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  if (major < 8) return cudaErrorNotSupported;
+  switch (s.head_dim) {
+    case 32: return launch_dim<T, 32>(stream, q, k, v, mask, y, s);
+    case 64: return launch_dim<T, 64>(stream, q, k, v, mask, y, s);
+    case 96: return launch_dim<T, 96>(stream, q, k, v, mask, y, s);
+    case 128: return launch_dim<T, 128>(stream, q, k, v, mask, y, s);
+    default: return cudaErrorNotSupported;
+  }
+}
+
+template cudaError_t launch_fused_mha_tc<__half>(cudaStream_t, const __half*, const __half*, const __half*, const __half*, __half*, const MhaShape&);
+template cudaError_t launch_fused_mha_tc<__nv_bfloat16>(cudaStream_t, const __nv_bfloat16*, const __nv_bfloat16*, const __nv_bfloat16*,
+                                                         const __nv_bfloat16*, __nv_bfloat16*, const MhaShape&);
+
+}  // namespace deployfuse
