@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import onnx
 import onnx_ir as ir
+import onnx_ir.passes.common
 import onnxscript.optimizer
 from onnxscript.rewriter import pattern
 from onnxscript.rewriter._rewrite_rule import RULE_NAME_TAG
@@ -84,7 +85,24 @@ def fuse(
                 result.reverted = True
                 continue
         current, reference = candidate, outputs
-    return current, report
+    return _merge_duplicates(current, reference, feeds, providers), report
+
+
+def _merge_duplicates(model: onnx.ModelProto, reference: list[dict[str, np.ndarray]], feeds: Sequence[Mapping[str, np.ndarray]], providers: Sequence[str]) -> onnx.ModelProto:
+    """Merge nodes that compute the same thing, once every family has run: rules that rebuild a
+    shared input per match (rotary's cos/sin caches) leave copies. Running it between families
+    would hand later patterns values with new consumers. Guarded like a family."""
+    ir_model = ir.serde.deserialize_model(model)
+    ir.passes.common.CommonSubexpressionEliminationPass()(ir_model)
+    onnxscript.optimizer.remove_unused_nodes(ir_model)
+    merged = ir.serde.serialize_model(ir_model)
+    if len(merged.graph.node) == len(model.graph.node):
+        return model
+    try:
+        guard.check(merged, reference, feeds, providers)
+    except guard.GuardFailure:
+        return model
+    return merged
 
 
 def family_names() -> list[str]:
@@ -98,7 +116,9 @@ def _apply(model: onnx.ModelProto, rules: list[pattern.RewriteRule], result: Fam
 
     Raises GuardFailure when a new node is an op (or dtype) the target has no kernel for.
     """
-    ir_model = ir.serde.deserialize_model(model)
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)  # the IR shares the proto's messages: a rolled-back family must leave `model` as it was
+    ir_model = ir.serde.deserialize_model(copy)
     opset = ir_model.opset_imports.get("", 0)
     by_name: dict[str, list[pattern.RewriteRule]] = {}
     for rule in rules:
