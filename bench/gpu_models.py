@@ -57,6 +57,10 @@ LEVERS = {
     "deployfuse+nhwc": {"prefer_nhwc": "1"},
     "deployfuse+cudagraph": {"enable_cuda_graph": "1"},
     "deployfuse+nhwc+cudagraph": {"prefer_nhwc": "1", "enable_cuda_graph": "1"},
+    # sdpa_kernel: ORT's attention backends as bit flags (1 flash, 2 memory-efficient); any value
+    # also drops ORT's minimum sequence length (256) for memory-efficient attention in fp32.
+    "deployfuse+effattn": {"sdpa_kernel": "2"},
+    "deployfuse+cudagraph+effattn": {"enable_cuda_graph": "1", "sdpa_kernel": "2"},
 }
 
 
