@@ -2,7 +2,8 @@
 
 The two deployfuse columns are the artefacts `deployfuse export --target ort-cuda` writes, with
 the CUDA options each carries (see `deployfuse.pipeline.cuda_provider_options`): by default,
-prefer_nhwc for models with convolutions; with `--cuda-graph`, enable_cuda_graph as well.
+prefer_nhwc for convolutional networks and sdpa_kernel=2 for fp32 transformers; with
+`--cuda-graph`, enable_cuda_graph as well.
 A later file's row replaces an earlier one for the same model, dtype and variant (a re-run).
 
     python bench/report_h200.py RUN1.json RUN2.json ...
@@ -16,14 +17,16 @@ from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "results"
 ANCHORS = ("eager", "compile", "ort-plain", "ort-opt", "onnxscript")
-CONV_MODELS = {"vit", "resnet50"}
+ATTENTION_MODELS = {"bert", "vit", "gpt2"}
 NAMES = {"bert": "BERT-base (8x128)", "vit": "ViT-B/16 (8)", "gpt2": "GPT-2 (8x128)", "resnet50": "ResNet-50 (32)"}
 
 
 def shipped(model: str, dtype: str, cuda_graph: bool) -> str:
-    """The measured variant that equals deployfuse's artefact for this model and dtype."""
-    nhwc = model in CONV_MODELS
-    parts = ["deployfuse"] + (["nhwc"] if nhwc else []) + (["cudagraph"] if cuda_graph else [])
+    """The measured variant that equals deployfuse's artefact for this model and dtype: the
+    artefact as exported (it carries prefer_nhwc where it applies), with the CUDA graph lever for
+    `--cuda-graph` and the sdpa_kernel lever (measured before the artefact carried it) for fp32
+    transformers."""
+    parts = ["deployfuse"] + (["cudagraph"] if cuda_graph else []) + (["effattn"] if dtype == "fp32" and model in ATTENTION_MODELS else [])
     return "+".join(parts)
 
 

@@ -144,17 +144,34 @@ def test_large_models_use_external_data(tmp_path):
 def test_ort_cuda_artefact_carries_its_provider_options(tmp_path):
     from deployfuse.backends.ort import artefact_provider_options
 
-    module = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.ReLU())
-    x = torch.randn(1, 3, 16, 16)
+    module = torch.nn.Sequential(*[m for _ in range(4) for m in (torch.nn.Conv2d(8, 8, 3, padding=1), torch.nn.ReLU())])
+    x = torch.randn(1, 8, 16, 16)
     out = tmp_path / "conv.onnx"
     deployfuse.export(module, out, example_inputs=(x,), target="ort-cuda", precision="fp16", cuda_graph=True, verify=False)
     assert artefact_provider_options(out) == {"prefer_nhwc": "1", "enable_cuda_graph": "1"}
     deployfuse.export(module, out, example_inputs=(x,), target="ort-cuda")
     assert artefact_provider_options(out) == {"prefer_nhwc": "1"}, "no CUDA graph unless asked"
+    deployfuse.export(module[:2], out, example_inputs=(x,), target="ort-cuda")
+    assert artefact_provider_options(out) == {}, "one convolution (a patch embedding) is not worth NHWC's transposes"
     deployfuse.export(torch.nn.Linear(4, 4), out, example_inputs=(torch.randn(2, 4),), target="ort-cuda")
     assert artefact_provider_options(out) == {}, "no convolutions, nothing to ask for"
     deployfuse.export(torch.nn.Linear(4, 4), out, example_inputs=(torch.randn(2, 4),), target="ort-cuda", tf32=False)
     assert artefact_provider_options(out) == {"use_tf32": "0"}
+
+
+def test_fp32_attention_artefacts_ask_for_memory_efficient_attention():
+    """ORT uses its fp32 memory-efficient attention only from 256 tokens unless sdpa_kernel is set."""
+    from onnx import TensorProto, helper
+
+    from deployfuse.pipeline import cuda_provider_options
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 16])
+    attention = helper.make_model(helper.make_graph([helper.make_node("MultiHeadAttention", ["x", "x", "x"], ["y"], domain="com.microsoft", num_heads=2)],
+                                                    "g", [x], [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 16])]))
+    assert cuda_provider_options(attention, cuda_graph=False, precision="fp32") == {"sdpa_kernel": "2"}
+    assert cuda_provider_options(attention, cuda_graph=False, precision="fp16") == {}, "fp16 keeps ORT's flash / cuDNN choice"
+    plain = helper.make_model(helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g", [x], [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 16])]))
+    assert cuda_provider_options(plain, cuda_graph=False, precision="fp32") == {}
 
 
 def test_no_tf32_needs_the_cuda_target(cli, tmp_path):
