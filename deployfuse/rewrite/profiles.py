@@ -22,6 +22,7 @@ FLOATS = frozenset({"float", "float16", "bfloat16", "double"})
 F32 = frozenset({"float"})
 F32_F16 = frozenset({"float", "float16"})
 F16 = frozenset({"float16", "bfloat16"})
+DEPLOYFUSE_MIN_OPSET = 17  # the ops' function bodies use LayerNormalization-17 (deployfuse.ops.functions)
 
 # ONNX Runtime contrib ops that live in the ONNX domain without an ONNX schema, with the opset
 # from which a standard op of that name replaces ORT's own (None: never). ORT registers its
@@ -57,8 +58,8 @@ class Profile:
     def emits(self, domain: str, op_type: str, opset: int, dtype: str = "float") -> bool:
         """True when a `domain::op_type` node on `dtype` data in a model of default-domain
         `opset` has a kernel on this target."""
-        if domain == DEPLOYFUSE:
-            return True
+        if domain == DEPLOYFUSE:  # opset 0: "at some opset", for rules deciding whether to exist
+            return opset == 0 or opset >= DEPLOYFUSE_MIN_OPSET
         key = ("" if domain == "ai.onnx" else domain, op_type)
         if key[0] == "" and ort_private(op_type, opset):
             return dtype in self.kernels.get(key, ())

@@ -4,7 +4,7 @@ import onnxruntime as ort
 import pytest
 from onnxruntime.capi import onnxruntime_pybind11_state as C
 
-from _export import fused
+from _export import exported, feeds, fused
 from deployfuse.errors import UsageError
 from deployfuse.rewrite import TARGETS, fuse
 from deployfuse.rewrite.profiles import PROFILES
@@ -63,3 +63,14 @@ def test_unknown_target_is_a_usage_error():
     with pytest.raises(UsageError, match="ort-cpu, ort-cuda, tensorrt"):
         fuse(None, "cpu", [{}])
     assert TARGETS == ("ort-cpu", "ort-cuda", "tensorrt")
+
+
+def test_deployfuse_ops_below_opset_17_are_near_misses_not_rollbacks():
+    """Their function bodies need LayerNormalization-17: a tensorrt export at opset 16 keeps the
+    decomposed graph, and --debug says why instead of a family failing after the fact."""
+    model = exported("bert", "torchscript", 16)
+    out, report = fuse(model, "tensorrt", feeds("bert", model), debug=True)
+    assert not [f.family for f in report.families if f.rolled_back]
+    assert not [n.op_type for n in out.graph.node if n.domain == "deployfuse"]
+    reasons = [r for f in report.families for rs in f.near_misses.values() for r in rs]
+    assert any("deployfuse::FusedMHA" in r and "opset 16" in r for r in reasons), reasons

@@ -32,6 +32,7 @@ from onnxscript.rewriter import pattern
 from deployfuse.rewrite.profiles import DEPLOYFUSE, MS, profile
 from deployfuse.rewrite.rules import rotary
 from deployfuse.rewrite.rules._attention_core import Core, read_core
+from deployfuse.rewrite.rules._common import default_opset, dtype_name
 from deployfuse.rewrite.rules._attention_shapes import DimOf, constant, rank, reshape_is_noop, reshape_target, same_dim, scalar, shape_vector, split_heads_source, split_source
 
 FAMILY = "attention"
@@ -53,6 +54,7 @@ class _Attention(pattern.RewriteRuleClassBase):
     def __init__(self, target: str, nan_guard: bool, merged: bool) -> None:
         super().__init__(name="attention" if merged else "attention_core")
         self._fused_op = "MultiHeadAttention" if target != "tensorrt" else "FusedMHA"
+        self._profile = profile(target)
         self._nan_guard, self._merged = nan_guard, merged
         self._core: Core | None = None
 
@@ -75,6 +77,9 @@ class _Attention(pattern.RewriteRuleClassBase):
         core = read_core(scores, value)
         if isinstance(core, str):
             return result.fail(core, scores)
+        domain, opset, dtype = DEPLOYFUSE if self._fused_op == "FusedMHA" else MS, default_opset(context), dtype_name(value)
+        if not self._profile.emits(domain, self._fused_op, opset, dtype):
+            return result.fail(f"{self._profile.target} has no kernel for {domain}::{self._fused_op} on {dtype or 'this dtype'} (opset {opset})", scores)
         self._keep_reshape = False
         if merged is not None:
             reason = self._check_merge(merged, core)
