@@ -223,3 +223,27 @@ def test_autotune_times_every_matched_family(cli, tmp_path):
     families = [f for f in json.loads(report.read_text())["fusion"]["families"] if sum(f["matches"].values()) and not f["rolled_back"]]
     assert families and all("autotune" in f for f in families)
     assert "ms)" in stdout, "the fusion table shows each family's timing"
+
+
+class _TinyEpsLayerNorm(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(8, eps=1e-12)  # BERT's epsilon
+
+    def forward(self, x):
+        return self.norm(x)
+
+
+@pytest.mark.parametrize("target", ["ort-cpu", "tensorrt"])
+def test_a_tiny_layernorm_epsilon_survives_cleanup_and_fusion(tmp_path, target):
+    """TorchScript at opset 16 writes LayerNorm decomposed, `+ 1e-12` included; dropping it as an
+    addition of zero would turn a constant row into 0 / 0."""
+    module = _TinyEpsLayerNorm().eval()
+    out = tmp_path / "ln.onnx"
+    deployfuse.export(module, out, example_inputs=(torch.randn(2, 4, 8),), exporter="torchscript", opset=16, target=target)
+    x = torch.randn(2, 4, 8)
+    x[0, 1] = 3.0  # zero variance
+    assert_onnx_matches_torch(out, module, {"x": x})
+    eps = [a.f for n in onnx.load(out).graph.node if n.op_type == "LayerNormalization" for a in n.attribute if a.name == "epsilon"]
+    adds = [n for n in onnx.load(out).graph.node if n.op_type == "Add"]
+    assert eps == [pytest.approx(1e-12)] or len(adds) == 2, (eps, [n.op_type for n in onnx.load(out).graph.node])
