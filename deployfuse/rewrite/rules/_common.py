@@ -42,8 +42,7 @@ def mean_last(op: Any, x: Any, name: str) -> Any:
 
 
 def plus_epsilon(op: Any, variance: Any, eps: Any) -> Any:
-    """variance + ε, or the variance alone: the export cleanup drops `+ ε` for ε ≤ 1e-8 as an
-    add of zero (BERT's 1e-12), leaving a norm whose ε is 0."""
+    """variance + ε, or the variance alone (a norm written without ε, whose ε is then 0)."""
     return pattern.OrValue([op.Add(variance, eps), variance])
 
 

@@ -4,8 +4,8 @@
 
 d² comes as Pow(d, 2) or Mul(d, d); the division as Div(d, √·), Mul(d, Reciprocal(√·)) or
 Mul(d, Div(1, √·)).
-The means' axes come as an input (opset ≥ 18) or an attribute; ε may be gone, as the export
-cleanup drops an add of ε ≤ 1e-8 (BERT's 1e-12): then ε is 0, which is what the graph computes.
+The means' axes come as an input (opset ≥ 18) or an attribute; a norm written without ε
+fuses with ε = 0, which is what its graph computes.
 With fp16 upcasts (x → Cast(float) … → Cast(fp16) before γ), LayerNormalization on the fp16
 input with stash_type = 1 computes the statistics in float just the same. γ and β must be
 constant vectors of the last axis' size; β may be absent.
