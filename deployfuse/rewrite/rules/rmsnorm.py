@@ -4,7 +4,7 @@
 
 as LLaMA / T5 / Mistral write it: x · Reciprocal(Sqrt(mean + ε)), x · (1 / Sqrt(·)) or x / Sqrt(·), x² as
 Pow(x, 2) or Mul(x, x), optionally inside an fp16 → float → fp16 upcast; the mean's axes come as an
-input (opset ≥ 18) or an attribute, and ε may be gone (the export cleanup drops ε ≤ 1e-8).
+input (opset ≥ 18) or an attribute, and ε may be absent (then 0, as the graph computes).
 
 ONNX Runtime gets its SimplifiedLayerNormalization (stash_type 1: float statistics) at every
 opset, 23 included: the skip_layernorm family fuses it with the residual add, and it has CPU and
