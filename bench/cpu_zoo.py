@@ -2,8 +2,8 @@
 every model of the test zoo (tests/zoo.py: small configs of real architectures, random weights).
 
 Both graphs come from one dynamo export; sessions use ORT's normal optimisations and 2 threads
-(what a user runs). Runs are interleaved (one of each per round) so load from other processes
-falls on both alike; the figure is the median over rounds.
+(what a user runs). Runs are interleaved (one of each per round, the order alternating) so load
+from other processes falls on both alike; the figure is the median over rounds.
 
     python bench/cpu_zoo.py --out bench/results/cpu_zoo.json
 """
@@ -44,8 +44,8 @@ def main() -> None:
         for _ in range(10):
             for sess in sessions.values():
                 run(sess, feed)
-        for _ in range(args.rounds):
-            for variant, sess in sessions.items():
+        for round_ in range(args.rounds):
+            for variant, sess in sorted(sessions.items(), reverse=round_ % 2 == 1):  # alternate who goes first
                 start = time.perf_counter()
                 run(sess, feed)
                 times[variant].append((time.perf_counter() - start) * 1e3)
