@@ -100,7 +100,11 @@ def mha_mask(b, h, sq, sk, dtype, attrs):
     """Additive FusedMHA mask, or None. attrs["mask"]: True = [b, 1, 1, sk], or a string naming the
     kept dims of [b, h, q, k] (others broadcast, leading 1s dropped: "qk" = [sq, sk]).
     attrs["mask_inf"]: that fraction of entries -inf, and the first query row -inf everywhere (the
-    kernels output 0 for a fully masked row; the reference's NaN there is taken as 0)."""
+    kernels output 0 for a fully masked row; the reference's NaN there is taken as 0).
+    attrs["mask_layout"]: the same values in non-contiguous storage (NaN around them), for the
+    tensor-core kernel's mask paths: "pad" = rows padded to a multiple of 8 keys (+8), so rows stay
+    16-byte aligned whatever k_seq; "offset" = storage one element off 16-byte alignment;
+    "kstride" = keys 2 elements apart."""
     kind = attrs.get("mask")
     if not kind:
         return None
@@ -114,7 +118,20 @@ def mha_mask(b, h, sq, sk, dtype, attrs):
         m[torch.rand_like(m) < attrs["mask_inf"]] = float("-inf")
         if "q" in dims:
             m[..., 0, :] = float("-inf")
-    return m.to(dtype)
+    m = m.to(dtype)
+    layout = attrs.get("mask_layout")
+    if layout:
+        nan = float("nan")
+        if layout == "pad":
+            view = torch.full((*m.shape[:-1], (m.shape[-1] + 15) // 8 * 8), nan, dtype=dtype, device="cuda")[..., :m.shape[-1]]
+        elif layout == "offset":
+            view = torch.full((m.numel() + 1,), nan, dtype=dtype, device="cuda")[1:].view(m.shape)
+        else:
+            assert layout == "kstride", layout
+            view = torch.full((*m.shape, 2), nan, dtype=dtype, device="cuda")[..., 0]
+        view.copy_(m)
+        m = view
+    return m
 
 
 CHECKS = [
@@ -127,6 +144,13 @@ CHECKS = [
     ("GroupNormAct", (2, 16, 8, 8), {"num_groups": 4, "misalign": True}),
     ("LayerNormGelu", (4, 3, 16384), {}), ("LayerNormGelu", (8, 32768), {"approximate": "tanh"}),
     ("LayerNormGelu", (5, 4104), {}), ("LayerNormGelu", (6, 512), {"misalign": True}),
+    # warp-per-row path (<= 512 vectors: 4096 fp16/bf16, 2048 fp32 columns) and its edges; rows % 4 != 0
+    ("LayerNormGelu", (1027, 4096), {}), ("LayerNormGelu", (3, 7, 4088), {"approximate": "tanh"}),
+    ("LayerNormGelu", (5, 2056), {}), ("LayerNormGelu", (2, 2048), {"epsilon": 1e-3}),
+    ("LayerNormGelu", (9, 264), {}), ("LayerNormGelu", (1, 8), {}), ("LayerNormGelu", (6, 2052), {"approximate": "tanh"}),
+    # GroupNormAct persistent clusters: more slices than resident clusters, empty chunks, channels of 1 vector
+    ("GroupNormAct", (4, 512, 64, 64), {"num_groups": 32}), ("GroupNormAct", (16, 512, 16, 16), {"num_groups": 32, "activation": "gelu"}),
+    ("GroupNormAct", (3, 4, 1, 8), {"num_groups": 2}), ("GroupNormAct", (2, 24, 5, 8), {"num_groups": 3, "activation": "none"}),
     ("BiasAct", (1, 3), {"activation": "relu"}), ("BiasAct", (5, 77, 1001), {"activation": "gelu"}),
     ("BiasAct", (33, 512), {"activation": "gelu"}), ("BiasAct", (7, 3, 2048), {"activation": "gelu_tanh"}),
     ("BiasAct", (9, 1024), {"activation": "silu", "misalign": True}),
@@ -146,6 +170,22 @@ CHECKS = [
     ("FusedMHA", (1, 2048, 2048, 256), {"num_heads": 2}), ("FusedMHA", (1, 96, 96, 256), {"num_heads": 4, "misalign": True}),
     ("FusedMHA", (2, 100, 130, 512), {"num_heads": 8, "causal": 1, "scale": -0.2}),
     ("FusedMHA", (1, 50, 70, 256), {"num_heads": 2, "mask": "bhqk", "scale": -0.1}),
+    # tensor-core mask paths (fused_mha_tc.cu MaskMode). kTile (q-varying, key stride 1, rows 16-byte
+    # aligned: cp.async tile): 8 warps, k_seq % 64 != 0, rows past q_seq, a fully masked row; padded
+    # rows with k_seq % 8 != 0 (partial 16-byte chunk), causal; head_dim 128.
+    ("FusedMHA", (2, 200, 136, 512), {"num_heads": 8, "mask": "bhqk", "mask_inf": 0.2}),
+    ("FusedMHA", (2, 130, 70, 256), {"num_heads": 4, "causal": 1, "mask": "qk", "mask_layout": "pad"}),
+    ("FusedMHA", (1, 40, 100, 256), {"num_heads": 2, "mask": "hqk", "mask_layout": "pad", "mask_inf": 0.4}),
+    # kRow (broadcast over q). cp.async: [k] with k_seq % 8 != 0 (partial chunk), 8 warps;
+    # per-element: [b,1,1,k] with a row stride of 77 / a misaligned base / key stride 2, [b,h,1,1].
+    ("FusedMHA", (2, 96, 203, 256), {"num_heads": 4, "mask": "k"}),
+    ("FusedMHA", (3, 100, 77, 512), {"num_heads": 8, "mask": True, "mask_inf": 0.3}),
+    ("FusedMHA", (2, 150, 260, 512), {"num_heads": 8, "causal": 1, "mask": True, "mask_layout": "offset"}),
+    ("FusedMHA", (1, 64, 100, 128), {"num_heads": 4, "mask": True, "mask_layout": "kstride"}),
+    ("FusedMHA", (2, 90, 64, 256), {"num_heads": 4, "mask": "bh"}),
+    # kGlobal (per-element fallback): key stride 2; misaligned q-varying rows at 8 warps, head_dim 64.
+    ("FusedMHA", (2, 80, 90, 256), {"num_heads": 2, "mask": "bhqk", "mask_layout": "kstride"}),
+    ("FusedMHA", (2, 150, 100, 512), {"num_heads": 8, "mask": "bqk", "mask_layout": "offset", "mask_inf": 0.2}),
 ]
 
 
@@ -155,7 +195,7 @@ def check():
         for dtype in DT:
             torch.manual_seed(hash((op, shape, str(dtype))) % 2**31)
             xs = inputs(op, shape, dtype, attrs)
-            a = {k: v for k, v in attrs.items() if k not in ("mask", "mask_inf", "misalign")}
+            a = {k: v for k, v in attrs.items() if k not in ("mask", "mask_inf", "mask_layout", "misalign")}
             y = torch.full_like(xs[0] if op != "FusedMHA" else xs[0], float("nan"))
             native(op, xs, a, y)
             torch.cuda.synchronize()
@@ -166,7 +206,7 @@ def check():
             rel = ((y.double() - ref).norm() / ref.norm()).item()
             status = "ok" if rel < TOL[dtype] else "FAIL"
             worst = max(worst, rel / TOL[dtype])
-            shown = {**a, **{k: attrs[k] for k in ("mask", "mask_inf", "misalign") if k in attrs}}
+            shown = {**a, **{k: attrs[k] for k in ("mask", "mask_inf", "mask_layout", "misalign") if k in attrs}}
             print(f"check {status:4} {op:13} {str(shape):22} {str(dtype):15} rel_err={rel:.2e} {shown}")
     return worst
 
@@ -219,35 +259,6 @@ def median_ms(fn, reps=50):
     return sorted(times)[len(times) // 2]
 
 
-def bench():
-    rows = []
-    big = torch.empty(2 * 2**30, dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(big)
-    copy_ms = median_ms(lambda: dst.copy_(big), 20)
-    copy_bw = 2 * big.numel() / copy_ms / 1e6
-    del big, dst
-    print(f"copy bandwidth {copy_bw:.0f} GB/s (read+write, 2 GiB)")
-    cases = [
-        ("LayerNormGelu", (16384, 1024 * 4), {}, lambda x, w, b: F.gelu(F.layer_norm(x, (x.shape[-1],), w, b))),
-        ("GroupNormAct", (16, 512, 64, 64), {"num_groups": 32}, lambda x, w, b: F.silu(F.group_norm(x, 32, w, b))),
-        ("BiasAct", (8192, 16384), {"activation": "gelu"}, lambda x, b: F.gelu(x + b)),
-    ]
-    for op, shape, attrs, eager in cases:
-        for dtype in (torch.float16, torch.bfloat16, torch.float32):
-            xs = inputs(op, shape, dtype, attrs)
-            y = torch.empty_like(xs[0])
-            nbytes = 2 * xs[0].numel() * xs[0].element_size()
-            t_native = median_ms(lambda: native(op, xs, attrs, y))
-            t_eager = median_ms(lambda: eager(*xs))
-            comp = torch.compile(eager)
-            t_comp = median_ms(lambda: comp(*xs))
-            bw = nbytes / t_native / 1e6
-            rows.append(f"| {op} | {shape} | {str(dtype)[6:]} | {t_native:.3f} | {bw:.0f} ({100 * bw / copy_bw:.0f}%) | {t_eager:.3f} | {t_comp:.3f} |")
-    print("| op | shape | dtype | deployfuse ms | GB/s (of copy) | eager ms | torch.compile ms |")
-    print("|---|---|---|---|---|---|---|")
-    print("\n".join(rows))
-
-
 def graph_ms(fn, calls=20):
     """GPU time of one fn() call, free of Python launch overhead: `calls` calls captured in a CUDA
     graph, median replay time / calls."""
@@ -264,6 +275,37 @@ def graph_ms(fn, calls=20):
     return median_ms(graph.replay, 10) / calls
 
 
+def bench():
+    """Memory-bound ops against eager and torch.compile; every figure is GPU time per call from
+    CUDA-graph replays (graph_ms), so Python and launch overhead stay out of the bandwidth."""
+    rows = []
+    big = torch.empty(2 * 2**30, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(big)
+    copy_ms = graph_ms(lambda: dst.copy_(big), 5)
+    copy_bw = 2 * big.numel() / copy_ms / 1e6
+    del big, dst
+    print(f"copy bandwidth {copy_bw:.0f} GB/s (read+write, 2 GiB)")
+    cases = [
+        ("LayerNormGelu", (16384, 1024 * 4), {}, lambda x, w, b: F.gelu(F.layer_norm(x, (x.shape[-1],), w, b))),
+        ("GroupNormAct", (16, 512, 64, 64), {"num_groups": 32}, lambda x, w, b: F.silu(F.group_norm(x, 32, w, b))),
+        ("BiasAct", (8192, 16384), {"activation": "gelu"}, lambda x, b: F.gelu(x + b)),
+    ]
+    for op, shape, attrs, eager in cases:
+        for dtype in (torch.float16, torch.bfloat16, torch.float32):
+            xs = inputs(op, shape, dtype, attrs)
+            y = torch.empty_like(xs[0])
+            nbytes = 2 * xs[0].numel() * xs[0].element_size()
+            t_native = graph_ms(lambda: native(op, xs, attrs, y))
+            t_eager = graph_ms(lambda: eager(*xs))
+            comp = torch.compile(eager)
+            t_comp = graph_ms(lambda: comp(*xs))
+            bw = nbytes / t_native / 1e6
+            rows.append(f"| {op} | {shape} | {str(dtype)[6:]} | {t_native:.3f} | {bw:.0f} ({100 * bw / copy_bw:.0f}%) | {t_eager:.3f} | {t_comp:.3f} |")
+    print("| op | shape | dtype | deployfuse ms | GB/s (of copy) | eager ms | torch.compile ms |")
+    print("|---|---|---|---|---|---|---|")
+    print("\n".join(rows))
+
+
 def bench_mha():
     """FusedMHA against PyTorch SDPA (flash backend; its own choice where a mask is given) on the
     same [B, S, H·D] tensors viewed as [B, H, S, D]; TFLOP/s counts 4·b·h·sq·sk·d, halved for causal."""
@@ -274,7 +316,7 @@ def bench_mha():
     cases = [(8, sq, 16, 64, torch.float16, {}) for sq in (128, 512, 1024, 2048)] + [
         (8, 2048, 16, 64, torch.float16, {"causal": 1}), (8, 2048, 16, 64, torch.bfloat16, {}),
         (8, 2048, 16, 128, torch.float16, {}), (8, 2048, 16, 128, torch.float16, {"causal": 1}),
-        (8, 1024, 16, 64, torch.float16, {"mask": True}),
+        (8, 1024, 16, 64, torch.float16, {"mask": True}), (8, 1024, 16, 64, torch.float16, {"mask": "qk"}),
     ]
     for b, sq, h, d, dtype, extra in cases:
         attrs = {"num_heads": h, **extra}
@@ -291,7 +333,8 @@ def bench_mha():
         t_native = graph_ms(lambda: native("FusedMHA", xs, a, y))
         t_sdpa = graph_ms(sdpa)
         flops = 4 * b * h * sq * sq * d / (2 if a.get("causal") else 1)
-        name = f"({b}, {sq}, {h}x{d}){' causal' if a.get('causal') else ''}{' mask [b,1,1,k]' if xs[3] is not None else ''}"
+        mask_name = {True: " mask [b,1,1,k]", "qk": " mask [q,k]"}.get(attrs.get("mask"), "")
+        name = f"({b}, {sq}, {h}x{d}){' causal' if a.get('causal') else ''}{mask_name}"
         print(f"| {name} | {str(dtype)[6:]} | {t_native:.3f} | {flops / t_native / 1e9:.0f} | {t_sdpa:.3f} | {flops / t_sdpa / 1e9:.0f} | {t_native / t_sdpa:.2f}x |")
 
 
