@@ -2,8 +2,9 @@
 encoder, for ort-cpu and ort-cuda, becomes one com.microsoft.Attention in place of
 MultiHeadAttention and the projection MatMuls / bias Adds / query scale, with the numbers of the
 unfused graph (ORT optimisations off) on fresh inputs at two shapes; so do projections run on
-the flattened tokens (Reshape -> Gemm -> Reshape); a BERT decoder's cross-attention stays
-MultiHeadAttention."""
+the flattened tokens (Reshape -> Gemm -> Reshape) and GPT-2's already packed Conv1D
+(Reshape -> Gemm -> Reshape -> Split); a BERT decoder's cross-attention stays
+MultiHeadAttention, and a packed Gemm that is not x·W + b per token is refused with the reason."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from zoo import ZOO
 
 from deployfuse.export import clean
 from deployfuse.rewrite import family_names, fuse, guard
-from deployfuse.rewrite.rules import packed_qkv
+from deployfuse.rewrite.rules import _projection, packed_qkv
 
 ORT_TARGETS = ("ort-cpu", "ort-cuda")
 
@@ -128,6 +129,67 @@ def _flat_projection(back: list[int]) -> ir.Value:
 
 def test_flattened_projection_needs_the_tokens_back_in_order() -> None:
     """Reshape back to x's [B, S, D] is x·W + b per token; to [S, B, D] it mixes tokens of different batches."""
-    found = packed_qkv._projection(_flat_projection([2, 8, 32]))
-    assert found is not None and found[0].name == "x" and found[2].shape == (32, 32) and found[3].shape == (32,)
-    assert packed_qkv._projection(_flat_projection([8, 2, 32])) is None
+    found = _projection.projection(_flat_projection([2, 8, 32]))
+    assert not isinstance(found, str) and found.x.name == "x" and found.weight.shape == (32, 32) and found.bias.shape == (32,)
+    assert _projection.projection(_flat_projection([8, 2, 32])) == "the flattened projection is not provably Reshape(x [B, S, Din], [B·S, Din]) back to x's B, S"
+
+
+@pytest.mark.parametrize("target", ORT_TARGETS)
+def test_gpt2_conv1d_packs_into_attention(target: str) -> None:
+    """GPT-2's c_attn: Reshape(x, [B·S, D]) -> Gemm(W [D, 3D], b) -> Reshape([B, S, 3D]) -> Split in
+    three: W is already [Wq | Wk | Wv], so each layer is Attention(x, W, b, ∅, ∅, mask)."""
+    check_packed("gpt2", "dynamo", target, {"Split": 1, "Gemm": 1, "Reshape": 2})
+    check_case("gpt2", "dynamo", target, {"attention": 2, "packed_qkv": 2},
+               {"com.microsoft::Attention": 2, "com.microsoft::MultiHeadAttention": 0, "Split": 0})
+
+
+def _conv1d_block(variant: str) -> onnx.ModelProto:
+    """x [2, 8, 32] -> Reshape [16, 32] -> Gemm -> Reshape [2, 8, 96] -> Split(3) -> MultiHeadAttention
+    (4 heads), the Gemm as `variant` writes it: "plain" (W [32, 96], b [96]), "folded" (W stored
+    transposed, alpha 0.5, beta 2), "trans_a" (A given transposed, transA=1: the same numbers),
+    "full_c" (C [16, 96], a bias per token)."""
+    rng = np.random.default_rng(0)
+    weight, bias = rng.standard_normal((32, 96)).astype(np.float32) / 6, rng.standard_normal(96).astype(np.float32)
+    attrs: dict = {}
+    a, tensors = "x2", {"flat": np.array([16, 32]), "back": np.array([2, 8, 96])}
+    nodes = [onnx.helper.make_node("Reshape", ["x", "flat"], ["x2"])]
+    if variant == "folded":
+        weight, bias, attrs = weight.T * 2, bias / 2, {"transB": 1, "alpha": 0.5, "beta": 2.0}
+    elif variant == "trans_a":
+        nodes.append(onnx.helper.make_node("Transpose", ["x2"], ["x2t"], perm=[1, 0]))
+        a, attrs = "x2t", {"transA": 1}
+    elif variant == "full_c":
+        bias = rng.standard_normal((16, 96)).astype(np.float32)
+    tensors.update(w=np.ascontiguousarray(weight), b=bias)
+    nodes += [onnx.helper.make_node("Gemm", [a, "w", "b"], ["y"], **attrs), onnx.helper.make_node("Reshape", ["y", "back"], ["qkv"]),
+              onnx.helper.make_node("Split", ["qkv"], ["q", "k", "v"], axis=2, num_outputs=3),
+              onnx.helper.make_node("MultiHeadAttention", ["q", "k", "v"], ["out"], domain="com.microsoft", num_heads=4)]
+    graph = onnx.helper.make_graph(nodes, "conv1d", [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, 8, 32])],
+                                   [onnx.helper.make_tensor_value_info("out", onnx.TensorProto.FLOAT, [2, 8, 32])],
+                                   [onnx.numpy_helper.from_array(v, n) for n, v in tensors.items()])
+    opsets = [onnx.helper.make_opsetid("", 18), onnx.helper.make_opsetid("com.microsoft", 1)]
+    return onnx.shape_inference.infer_shapes(onnx.helper.make_model(graph, opset_imports=opsets, ir_version=10))
+
+
+@pytest.mark.parametrize(("variant", "reason"), [
+    ("plain", None),
+    ("folded", None),
+    ("trans_a", "the packed Q|K|V projection: Gemm has transA=1 (the tokens would be its columns)"),
+    ("full_c", "the packed Q|K|V projection: Gemm's C [16, 96] is not a row [D] or [1, D] (D = 96)"),
+])
+def test_packed_gemm_forms(variant: str, reason: str | None) -> None:
+    """alpha, beta and transB fold into the packed weight and bias; transA and a C that is not one
+    row are refused, and a --debug run says so."""
+    model = _conv1d_block(variant)
+    rng = np.random.default_rng(3)
+    feeds_ = [{"x": rng.standard_normal((2, 8, 32)).astype(np.float32)} for _ in range(2)]
+    out, report = fuse(model, "ort-cpu", feeds_, debug=True, families=["packed_qkv"])
+    (family,) = report.families
+    assert not family.rolled_back, family.reason
+    have = op_counts(out)
+    if reason is None:
+        assert family.matches == {"packed_qkv": 1} and have == {"com.microsoft::Attention": 1}, (family.matches, have)
+        guard.check(out, guard.run_outputs(model, feeds_, ["CPUExecutionProvider"]), feeds_, ["CPUExecutionProvider"])
+    else:
+        assert family.matches == {"packed_qkv": 0} and have["com.microsoft::MultiHeadAttention"] == 1
+        assert family.near_misses == {"packed_qkv": [reason]}

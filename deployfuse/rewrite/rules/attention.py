@@ -32,8 +32,9 @@ from onnxscript.rewriter import pattern
 from deployfuse.rewrite.profiles import DEPLOYFUSE, MS, profile
 from deployfuse.rewrite.rules import rotary
 from deployfuse.rewrite.rules._attention_core import Core, read_core
-from deployfuse.rewrite.rules._common import default_opset, dtype_name
 from deployfuse.rewrite.rules._attention_shapes import DimOf, constant, rank, reshape_is_noop, reshape_target, same_dim, scalar, shape_vector, split_heads_source, split_source
+from deployfuse.rewrite.rules._common import default_opset, dtype_name
+from deployfuse.rewrite.rules._projection import projection
 
 FAMILY = "attention"
 
@@ -180,16 +181,18 @@ def _bias(op, mask: ir.Value, query: ir.Value, key: ir.Value, full_queries: bool
 
 
 def _projected_from(value: ir.Value) -> ir.Value:
-    """x when `value` = x·W [+ b] with W a constant matrix and b a constant vector (same [B, S]),
-    else `value`: reading S from x leaves the projection free for the packed_qkv family."""
+    """x when `value` [B, S, D] is x·W [+ b] (`_projection.projection`: MatMul, Gemm, also on
+    the flattened tokens), or one of the parts a Split over the last axis cuts from such a
+    projection (GPT-2's Conv1D), with W, b constants: x has the same [B, S]. Else `value`.
+    Reading S from x leaves the projection free for the packed_qkv family."""
     node = value.producer()
-    if node is not None and node.op_type == "Add" and node.domain in ("", "ai.onnx"):
-        bias = [i for i, v in enumerate(node.inputs) if constant(v) is not None and constant(v).ndim == 1]
-        node = node.inputs[1 - bias[0]].producer() if len(bias) == 1 else None
-    if node is None or node.op_type != "MatMul" or node.domain not in ("", "ai.onnx"):
-        return value
-    weight = constant(node.inputs[1])
-    return node.inputs[0] if weight is not None and weight.ndim == 2 else value
+    if node is not None and node.op_type == "Split" and node.domain in ("", "ai.onnx"):
+        source = node.inputs[0]
+        axis = node.attributes.get_int("axis", 0)
+        if rank(source) == 3 and axis % 3 == 2:
+            value = source
+    found = projection(value, exclusive=False)
+    return value if isinstance(found, str) or rank(found.x) != 3 else found.x
 
 
 def _select(mask: ir.Value) -> tuple[ir.Value, float, float] | None:
