@@ -247,3 +247,28 @@ def test_a_tiny_layernorm_epsilon_survives_cleanup_and_fusion(tmp_path, target):
     eps = [a.f for n in onnx.load(out).graph.node if n.op_type == "LayerNormalization" for a in n.attribute if a.name == "epsilon"]
     adds = [n for n in onnx.load(out).graph.node if n.op_type == "Add"]
     assert eps == [pytest.approx(1e-12)] or len(adds) == 2, (eps, [n.op_type for n in onnx.load(out).graph.node])
+
+
+class _SdpaBlock(torch.nn.Module):
+    """Self-attention through F.scaled_dot_product_attention, no explicit scale."""
+
+    def __init__(self):
+        super().__init__()
+        self.q, self.k, self.v, self.o = (torch.nn.Linear(64, 64) for _ in range(4))
+
+    def forward(self, x):
+        b, n, _ = x.shape
+        q, k, v = (proj(x).view(b, n, 4, 16).transpose(1, 2) for proj in (self.q, self.k, self.v))
+        return self.o(torch.nn.functional.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(b, n, 64))
+
+
+def test_torchscript_sdpa_with_dynamic_shapes_fuses(tmp_path):
+    """TorchScript computes SDPA's default scale from Shape(q)[-1] at run time; with a dynamic
+    batch and sequence only that one dim is static, and the cleanup must fold it for the
+    attention rule to read the scale."""
+    module = _SdpaBlock().eval()
+    out = tmp_path / "sdpa.onnx"
+    dynamic = [DynamicAxis("x", 0, "batch"), DynamicAxis("x", 1, "seq")]
+    result = deployfuse.export(module, out, example_inputs=(torch.randn(2, 8, 64),), dynamic=dynamic, exporter="torchscript")
+    assert result.report.op_histogram.get("com.microsoft.Attention") == 1, result.report.op_histogram
+    assert_onnx_matches_torch(out, module, {"x": torch.randn(3, 5, 64)})

@@ -22,11 +22,60 @@ def clean(model: onnx.ModelProto) -> onnx.ModelProto:
     shielded = _shield_tiny_constants(model)
     # inline=False keeps deployfuse nodes (and their function bodies) as the single nodes they are.
     model = onnxscript.optimizer.optimize(model, inline=False)
+    if _fold_static_shape_reads(onnx.shape_inference.infer_shapes(model, data_prop=True), into=model):
+        model = onnxscript.optimizer.optimize(model, inline=False)  # e.g. SDPA's scale 1/√(head size)
     if shielded:
         _unshield(model)
     model = onnx.shape_inference.infer_shapes(model, data_prop=True)
     model.ir_version = min(model.ir_version, MAX_IR_VERSION)
     return model
+
+
+def _static_dims(model: onnx.ModelProto) -> dict[str, list[int | None]]:
+    """Inferred shapes by value name: a dim is its size where static, None where symbolic."""
+    infos = [*model.graph.input, *model.graph.value_info, *model.graph.output]
+    return {vi.name: [d.dim_value if d.HasField("dim_value") else None for d in vi.type.tensor_type.shape.dim]
+            for vi in infos if vi.type.HasField("tensor_type") and vi.type.tensor_type.HasField("shape")}
+
+
+def _slice_bounds(node: onnx.NodeProto, consts: dict[str, np.ndarray]) -> tuple[int, int] | None:
+    """(start, end) of a 1-D Slice with constant one-element starts/ends, axis 0 and step 1."""
+    names = [*node.input[1:], "", ""][:4]
+    if any(name and name not in consts for name in names) or not names[0] or not names[1]:
+        return None
+    starts, ends, axes, steps = (consts[name].reshape(-1) if name else None for name in names)
+    if starts.size != 1 or ends.size != 1 or (axes is not None and axes.tolist() != [0]) or (steps is not None and steps.tolist() != [1]):
+        return None
+    return int(starts[0]), int(ends[0])
+
+
+def _fold_static_shape_reads(inferred: onnx.ModelProto, into: onnx.ModelProto) -> int:
+    """Replace Shape(x) and Slice(Shape(x), ...) in `into` by constants where the dims they read
+    are static in `inferred` (`into` with inferred shapes) though others are not (a dynamic batch
+    with a fixed head size): onnxscript folds a Shape only when the whole shape is static.
+    How many nodes were replaced."""
+    dims = _static_dims(inferred)
+    consts = _constants(into)
+    model = into
+    read: dict[str, list[int | None]] = {}  # Shape outputs -> the dims they hold
+    replaced = 0
+    for i, node in enumerate(model.graph.node):
+        if node.domain not in ("", "ai.onnx"):
+            continue
+        values: list[int | None] | None = None
+        if node.op_type == "Shape" and node.input[0] in dims:
+            attrs = {a.name: a.i for a in node.attribute}
+            values = dims[node.input[0]][slice(attrs.get("start", 0), attrs.get("end"))]
+            read[node.output[0]] = values
+        elif node.op_type == "Slice" and node.input[0] in read:
+            bounds = _slice_bounds(node, consts)
+            if bounds is not None:
+                values = read[node.input[0]][slice(*bounds)]
+        if values and all(v is not None for v in values):
+            constant = onnx.helper.make_node("Constant", [], [node.output[0]], value=numpy_helper.from_array(np.array(values, dtype=np.int64)))
+            model.graph.node[i].CopyFrom(constant)
+            replaced += 1
+    return replaced
 
 
 def _constants(model: onnx.ModelProto) -> dict[str, np.ndarray]:
