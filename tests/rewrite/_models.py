@@ -113,3 +113,22 @@ class GemmProjections(torch.nn.Module):
 
 
 BLOCKS["gemm_projections"] = lambda: (GemmProjections().eval(), {"x": torch.randn(2, 8, 32)})
+
+
+class GroupedEncoder(torch.nn.Module):
+    """Bidirectional attention, 4 query heads sharing 2 K/V heads, K/V repeated as
+    transformers' repeat_kv writes it (Unsqueeze → Expand → Reshape); no mask."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.q, self.k, self.v = torch.nn.Linear(32, 32), torch.nn.Linear(32, 16), torch.nn.Linear(32, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, n, _ = x.shape
+        q = self.q(x).view(b, n, 4, 8).transpose(1, 2)
+        k, v = (proj(x).view(b, n, 2, 8).transpose(1, 2) for proj in (self.k, self.v))
+        k, v = (t[:, :, None].expand(b, 2, 2, n, 8).reshape(b, 4, n, 8) for t in (k, v))
+        return F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(b, n, 32)
+
+
+BLOCKS["grouped_encoder"] = lambda: (GroupedEncoder().eval(), {"x": torch.randn(2, 8, 32)})

@@ -17,6 +17,7 @@ FAMILY_MODULES: tuple[str, ...] = (
     "gelu",
     "rmsnorm",
     "attention",
+    "grouped_attention",
     "packed_qkv",
     "rotary",
     "skip_layernorm",

@@ -113,9 +113,9 @@ class _Attention(pattern.RewriteRuleClassBase):
     def rewrite(self, op, attended, merged=None, **_):
         core = self._core
         assert core is not None
-        query = _merged_heads(op, core.query, core.heads, core.head_dim)
-        key = _merged_heads(op, core.key, core.heads, core.head_dim) if core.key_layout == "bhsd" else _merged_bshd(op, core.key)
-        value = _merged_heads(op, core.value, core.heads, core.value_head_dim)
+        query = merged_heads(op, core.query, core.heads, core.head_dim)
+        key = merged_heads(op, core.key, core.heads, core.head_dim) if core.key_layout == "bhsd" else _merged_bshd(op, core.key)
+        value = merged_heads(op, core.value, core.heads, core.value_head_dim)
         out_shape = attended.shape  # [B, H, S, Dv]
         mask = None if core.mask is None or _zero(core.mask) else _bias(op, core.mask, query, key, self._fused_op == "MultiHeadAttention")
         if self._fused_op == "MultiHeadAttention":
@@ -137,7 +137,7 @@ def _describe(value: ir.Value, like: ir.Value, dims: list | None) -> None:
         value.shape = ir.Shape(dims)
 
 
-def _merged_heads(op, value: ir.Value, heads: int, head_dim: int) -> ir.Value:
+def merged_heads(op, value: ir.Value, heads: int, head_dim: int) -> ir.Value:
     """`value` [B, H, S, D] as [B, S, H·D]: the tensor the heads were split from, when provable;
     else the merge of the [B, S, H, D] tensor `value` transposes (the exporter may split the
     heads straight off a 2-D projection, [B·S, H·D]), else a transpose and a merge."""
