@@ -17,14 +17,17 @@ def clean(model: onnx.ModelProto) -> onnx.ModelProto:
 
     `x + ε` and `x - ε` with a tiny non-zero constant survive: onnxscript's optimizer would
     delete them as additions of zero, and a LayerNorm whose ε = 1e-12 (BERT) would then divide
-    0 by 0 on a constant row.
+    0 by 0 on a constant row (they are shielded on a copy). Static dims read from partly
+    dynamic shapes are folded too.
     """
-    shielded = _shield_tiny_constants(model)
+    tiny = _tiny_constant_adds(model)
+    if tiny:
+        model = _shielded(model, tiny)
     # inline=False keeps deployfuse nodes (and their function bodies) as the single nodes they are.
     model = onnxscript.optimizer.optimize(model, inline=False)
     if _fold_static_shape_reads(onnx.shape_inference.infer_shapes(model, data_prop=True), into=model):
         model = onnxscript.optimizer.optimize(model, inline=False)  # e.g. SDPA's scale 1/√(head size)
-    if shielded:
+    if tiny:
         _unshield(model)
     model = onnx.shape_inference.infer_shapes(model, data_prop=True)
     model.ir_version = min(model.ir_version, MAX_IR_VERSION)
@@ -88,21 +91,28 @@ def _constants(model: onnx.ModelProto) -> dict[str, np.ndarray]:
     return {name: numpy_helper.to_array(t) for name, t in values.items() if int(np.prod(t.dims)) <= 16}
 
 
-def _shield_tiny_constants(model: onnx.ModelProto) -> int:
-    """Move Add/Sub nodes with a tiny non-zero constant operand to `_SHIELD`; how many moved."""
+def _tiny_constant_adds(model: onnx.ModelProto) -> list[int]:
+    """Indices of the Add/Sub nodes with a tiny non-zero constant operand."""
     constants = _constants(model)
-    moved = 0
-    for node in model.graph.node:
+    found = []
+    for index, node in enumerate(model.graph.node):
         if node.op_type in ("Add", "Sub") and node.domain in ("", "ai.onnx"):
             for name in node.input:
                 c = constants.get(name)
                 if c is not None and c.dtype.kind == "f" and c.size and bool(np.all((c != 0) & (np.abs(c) <= TINY))):
-                    node.domain = _SHIELD
-                    moved += 1
+                    found.append(index)
                     break
-    if moved:
-        model.opset_import.append(onnx.helper.make_opsetid(_SHIELD, 1))
-    return moved
+    return found
+
+
+def _shielded(model: onnx.ModelProto, indices: list[int]) -> onnx.ModelProto:
+    """A copy of `model` with the nodes at `indices` moved to `_SHIELD`."""
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    for index in indices:
+        copy.graph.node[index].domain = _SHIELD
+    copy.opset_import.append(onnx.helper.make_opsetid(_SHIELD, 1))
+    return copy
 
 
 def _unshield(model: onnx.ModelProto) -> None:
