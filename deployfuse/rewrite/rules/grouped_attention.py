@@ -82,7 +82,7 @@ class GroupedAttention(FusionRule):
         node = out.producer()
         extra = list(node.inputs[3:])
         if any(v is not None for v in extra[:2]) or len(extra) > 3 or len(node.outputs) != 1:
-            return result.fail("MultiHeadAttention has a key padding mask, past state or present outputs", out)
+            return result.fail("MultiHeadAttention has a QKV bias, key padding mask, past state or present outputs", out)
         heads = node.attributes.get_int("num_heads", 0)
         parts = [_repeated(key), _repeated(value)]
         for part in parts:
