@@ -25,13 +25,17 @@ def clean(model: onnx.ModelProto) -> onnx.ModelProto:
         model = _shielded(model, tiny)
     # inline=False keeps deployfuse nodes (and their function bodies) as the single nodes they are.
     model = onnxscript.optimizer.optimize(model, inline=False)
-    if _fold_static_shape_reads(onnx.shape_inference.infer_shapes(model, data_prop=True), into=model):
-        model = onnxscript.optimizer.optimize(model, inline=False)  # e.g. SDPA's scale 1/√(head size)
+    inferred = onnx.shape_inference.infer_shapes(model, data_prop=True)
+    changed = False
+    if _fold_static_shape_reads(inferred, into=model):  # e.g. SDPA's scale 1/√(head size)
+        model, changed = onnxscript.optimizer.optimize(model, inline=False), True
     if tiny:
         _unshield(model)
-    model = onnx.shape_inference.infer_shapes(model, data_prop=True)
-    model.ir_version = min(model.ir_version, MAX_IR_VERSION)
-    return model
+        changed = True
+    if changed:
+        inferred = onnx.shape_inference.infer_shapes(model, data_prop=True)
+    inferred.ir_version = min(inferred.ir_version, MAX_IR_VERSION)
+    return inferred
 
 
 def _static_dims(model: onnx.ModelProto) -> dict[str, list[int | None]]:

@@ -3,7 +3,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import contextlib
+from collections.abc import Iterator, Mapping, Sequence
 
 import numpy as np
 import onnx
@@ -92,10 +93,10 @@ def _merge_duplicates(model: onnx.ModelProto, reference: list[dict[str, np.ndarr
     """Merge nodes that compute the same thing, once every family has run: rules that rebuild a
     shared input per match (rotary's cos/sin caches) leave copies. Running it between families
     would hand later patterns values with new consumers. Guarded like a family."""
-    ir_model = ir.serde.deserialize_model(model)
-    ir.passes.common.CommonSubexpressionEliminationPass()(ir_model)
-    onnxscript.optimizer.remove_unused_nodes(ir_model)
-    merged = ir.serde.serialize_model(ir_model)
+    with _ir_over(model) as ir_model:
+        ir.passes.common.CommonSubexpressionEliminationPass()(ir_model)
+        onnxscript.optimizer.remove_unused_nodes(ir_model)
+        merged = ir.serde.serialize_model(ir_model)
     if len(merged.graph.node) == len(model.graph.node):
         return model
     try:
@@ -111,14 +112,36 @@ def family_names() -> list[str]:
 
 
 def _apply(model: onnx.ModelProto, rules: list[pattern.RewriteRule], result: FamilyResult, debug: bool, prof: Profile) -> onnx.ModelProto:
-    """Apply `rules` to a copy of `model`, one rule name at a time (its variants together);
-    count, tag new nodes, attach deployfuse function bodies.
+    """`rules` applied to `model` (left as it was), one rule name at a time (its variants
+    together); new nodes counted and tagged, deployfuse function bodies attached.
 
     Raises GuardFailure when a new node is an op (or dtype) the target has no kernel for.
     """
-    copy = onnx.ModelProto()
-    copy.CopyFrom(model)  # the IR shares the proto's messages: a rolled-back family must leave `model` as it was
-    ir_model = ir.serde.deserialize_model(copy)
+    with _ir_over(model) as ir_model:
+        out = _rewrite(ir_model, rules, result, debug, prof)
+    if any(n.domain == DEPLOYFUSE for n in out.graph.node):
+        from deployfuse.ops import attach_functions
+
+        attach_functions(out)
+    return out
+
+
+@contextlib.contextmanager
+def _ir_over(model: onnx.ModelProto) -> Iterator[ir.Model]:
+    """An IR model over `model`'s own messages (no copy of the weights). onnx-ir writes a renamed
+    initializer's name back into the proto, so the names are put back on exit: a rolled-back
+    family (or a rejected merge) leaves `model` as it was."""
+    names = [t.name for t in model.graph.initializer]
+    try:
+        yield ir.serde.deserialize_model(model)
+    finally:
+        for tensor, name in zip(model.graph.initializer, names):
+            tensor.name = name
+
+
+def _rewrite(ir_model: ir.Model, rules: list[pattern.RewriteRule], result: FamilyResult, debug: bool, prof: Profile) -> onnx.ModelProto:
+    """`rules` applied to `ir_model` one rule name at a time; new nodes counted, tagged and
+    checked against the profile; the result as a new proto."""
     opset = ir_model.opset_imports.get("", 0)
     by_name: dict[str, list[pattern.RewriteRule]] = {}
     for rule in rules:
@@ -142,12 +165,7 @@ def _apply(model: onnx.ModelProto, rules: list[pattern.RewriteRule], result: Fam
                 known = result.near_misses.setdefault(rule.name, [])
                 known.extend(r for r in reasons if r not in known)
     onnxscript.optimizer.remove_unused_nodes(ir_model)
-    out = ir.serde.serialize_model(ir_model)
-    if any(n.domain == DEPLOYFUSE for n in out.graph.node):
-        from deployfuse.ops import attach_functions
-
-        attach_functions(out)
-    return out
+    return ir.serde.serialize_model(ir_model)
 
 
 def _check_profile(node: ir.Node, prof: Profile, opset: int) -> None:

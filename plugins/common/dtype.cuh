@@ -26,18 +26,23 @@ struct alignas(16) Vec {
 
 inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
+// Sum over the warp; every lane gets the total.
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+  return v;
+}
+
 // Sum over the block (blockDim.x a multiple of 32, at most 1024); every thread gets the total.
 // Safe to call repeatedly: the first barrier keeps a previous call's readers off the scratch.
 __device__ __forceinline__ float block_sum(float v) {
   __shared__ float s_warp[32];
-  for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+  v = warp_sum(v);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   __syncthreads();
   if (lane == 0) s_warp[warp] = v;
   __syncthreads();
-  v = lane < static_cast<int>(blockDim.x >> 5) ? s_warp[lane] : 0.f;
-  for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
-  return v;
+  return warp_sum(lane < static_cast<int>(blockDim.x >> 5) ? s_warp[lane] : 0.f);
 }
 
 // Welford running statistics; merge() is Chan's parallel combination.

@@ -103,12 +103,6 @@ struct RowSlice {
   }
 };
 
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
-  return v;
-}
-
 // A warp per row (col_vectors <= 32 * kVecs), kRowsPerBlock rows a block. The 16-vector slices
 // are held to 96 registers (5 blocks = 20 rows an SM; 105 unbounded; no spills either way).
 template <typename T, int kVecs, Act kAct>

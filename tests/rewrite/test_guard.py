@@ -86,3 +86,18 @@ def test_rule_that_raises_is_rolled_back(monkeypatch):
     _, report = fuse(model, "ort-cpu", feeds("resnet18", model))
     assert report.families[0].rolled_back and "bug in a rule" in report.families[0].reason
     assert report.counts()["conv_act"] == 9
+
+
+def test_rewriting_leaves_the_model_before_it_as_it_was():
+    """onnx-ir shares the proto's messages and writes an initializer rename back into them;
+    the fuser's IR view puts the names back, so a rolled-back family cannot leave a model whose
+    nodes name initializers that are no longer there."""
+    from deployfuse.rewrite.fuser import _ir_over
+
+    model = exported("bert", "dynamo")
+    before = model.SerializeToString()
+    with _ir_over(model) as ir_model:
+        for i, tensor in enumerate(ir_model.graph.initializers.values()):
+            tensor.const_value.name = f"renamed_{i}"
+        assert any(t.name.startswith("renamed_") for t in model.graph.initializer), "the rename reached the proto"
+    assert model.SerializeToString() == before
