@@ -1,11 +1,13 @@
-// CUDA-core FusedMHA: fp32, and the fp16/bf16 calls the tensor-core path (fused_mha_tc.cu) declines
-// (head_dim not 32/64/96/128, unaligned tensors, pre-sm_80 GPUs).
+// FusedMHA dispatch and its CUDA-core kernel. fp16/bf16 calls try the Hopper path
+// (fused_mha_sm90.cu: 9.0 GPUs, head_dim 64/128, positive scale), then the tensor-core path (fused_mha_tc.cu:
+// sm_80+, head_dim 32/64/96/128, aligned tensors); fp32 and what both decline run the kernel here.
 // Flash-style attention: a block owns 16 queries of one (batch, head); it streams K and V through
 // shared memory 32 keys at a time. In each tile lane j scores key j for a query, the warp updates
 // that query's running max m, denominator l and accumulator (online softmax:
 // acc = acc * e^(m_old - m_new) + sum_j e^(s_j - m_new) v_j), so the score matrix never reaches
 // global memory. Each lane owns head_dim / 32 output columns.
 #include "fused_mha/fused_mha.cuh"
+#include "fused_mha/fused_mha_sm90.cuh"
 #include "fused_mha/fused_mha_tc.cuh"
 
 #include <cuda_bf16.h>
@@ -137,7 +139,12 @@ cudaError_t launch_fused_mha(cudaStream_t stream, const T* q, const T* k, const 
   if (s.batch == 0 || s.q_seq == 0 || s.heads == 0) return cudaSuccess;
   if (s.head_dim <= 0 || s.head_dim > 256 || s.batch * s.heads > 65535) return cudaErrorInvalidValue;
   if constexpr (!std::is_same_v<T, float>) {
-    const cudaError_t err = launch_fused_mha_tc(stream, q, k, v, mask, y, s);
+    cudaError_t err = cudaErrorNotSupported;
+#ifdef DEPLOYFUSE_WITH_SM90A
+    err = launch_fused_mha_sm90(stream, q, k, v, mask, y, s);
+    if (err != cudaErrorNotSupported) return err;
+#endif
+    err = launch_fused_mha_tc(stream, q, k, v, mask, y, s);
     if (err != cudaErrorNotSupported) return err;
   }
   if (s.head_dim <= 32) return launch_with<T, 1>(stream, q, k, v, mask, y, s);

@@ -1,0 +1,453 @@
+// Hopper FusedMHA forward: flash attention on warpgroup MMAs (wgmma) fed by TMA, fp16/bf16 in, fp32
+// accumulation. Built for sm_90a only (wgmma and setmaxnreg are arch-specific); see wgmma.cuh for
+// the register and shared-memory layouts.
+//
+// A CTA owns kBlockM = 64 * kConsumers query rows of one (batch, head): kConsumers warpgroups of 64
+// rows and one producer warpgroup, which hands its registers to them (setmaxnreg) and whose one
+// elected thread loads Q once, then K_j and V_j (kBlockN = 128 keys) into a kStages-deep ring by
+// TMA (128-byte swizzle; rows past the sequence arrive as zeros). "full" mbarriers count the bytes
+// in, "empty" ones count the consumer threads out, so warpgroups wait only on data, never on each
+// other. Per key tile a consumer warpgroup computes
+//   S  = Q K_j^T                     wgmma, A = Q and B = K_j from shared memory (K-major)
+//   x  = (S * scale + mask) * log2(e), -inf past k_seq and above the causal diagonal
+//   m' = max(m, rowmax x);  P = 2^(x - m');  l = l * 2^(m - m') + rowsum P;  O = O * 2^(m - m')
+//   O += P V_j                       wgmma, A = P from registers (the S accumulators re-packed as
+//                                    m16k16 fragments), B = V_j from shared memory (MN-major)
+// issuing S_j+1 = Q K_j+1^T and P_j V_j back to back and running the softmax of S_j+1 while P_j V_j
+// is still on the tensor cores. Y = O / l (0 where every key was masked, l == 0), stored from
+// registers. The additive mask is read from global memory in the softmax (see Sm90Mask).
+#include "fused_mha/fused_mha_sm90.cuh"
+
+#include <cuda.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <atomic>
+#include <climits>
+#include <cmath>
+#include <cstdint>
+#include <type_traits>
+
+#include "common/cuda_check.h"
+#include "common/dtype.cuh"
+#include "fused_mha/wgmma.cuh"
+
+namespace deployfuse {
+namespace {
+
+constexpr int kBlockN = 128;  // keys a tile
+constexpr int kStages = 2;    // K/V tiles in flight
+constexpr float kLog2e = 1.4426950408889634f;
+
+// Additive mask, staged per key tile by TMA next to K_j: none; one row shared by every query of the
+// CTA (a [b, 1, 1, k] padding mask: 1 row); a row per query (kBlockM rows). Stored as two 64-key
+// boxes with the 128-byte swizzle, which makes the softmax's reads (8 rows x 4 pairs of keys a warp)
+// hit 32 different banks.
+enum class Sm90Mask { kNone, kRow, kTile };
+
+template <int D, int kConsumers, Sm90Mask kMask = Sm90Mask::kNone>
+struct Sm90Tile {
+  static constexpr int kBlockM = 64 * kConsumers;
+  static constexpr int kThreads = 128 * (kConsumers + 1);  // + the producer warpgroup
+  // Registers a consumer thread after the producer gives its own up (setmaxnreg): 64K a CTA.
+  static constexpr int kConsumerRegs = kConsumers == 3 ? 160 : 240;
+  static constexpr uint32_t kQBytes = kBlockM * D * 2;
+  static constexpr uint32_t kKVBytes = kBlockN * D * 2;  // one K or V tile
+  static constexpr int kMaskRows = kMask == Sm90Mask::kTile ? kBlockM : kMask == Sm90Mask::kRow ? 1 : 0;
+  static constexpr uint32_t kMaskBox = kMaskRows * 128;                    // one 64-key box
+  static constexpr uint32_t kMaskPitch = (kMaskBox + 1023) / 1024 * 1024;  // boxes start 1024-byte aligned
+  static constexpr uint32_t kMaskBytes = 2 * kMaskPitch;                   // one stage
+  static constexpr size_t kSmem = kQBytes + kStages * (2 * kKVBytes + kMaskBytes) + 1024;  // + slack for 1024-byte alignment
+};
+
+struct Sm90Params {
+  float scale;  // scale * log2(e), > 0
+  int q_seq, k_seq, heads;
+  bool causal;
+  bool mask_b, mask_h;  // the mask varies over batch / heads (else its map has one there)
+};
+
+template <typename T>
+__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
+  if constexpr (std::is_same_v<T, __half>) {
+    const __half2 h = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&h);
+  } else {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&h);
+  }
+}
+
+template <typename T>
+__device__ __forceinline__ float2 unpack2(uint32_t v) {
+  if constexpr (std::is_same_v<T, __half>) return __half22float2(*reinterpret_cast<const __half2*>(&v));
+  else return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&v));
+}
+__device__ __forceinline__ uint32_t ld_shared_u32(uint32_t addr) {
+  uint32_t v;
+  asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(v) : "r"(addr));
+  return v;
+}
+
+__device__ __forceinline__ float ex2(float x) {  // 2^x; ex2(-inf) = 0
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+template <typename T, int D, int kConsumers, Sm90Mask kMask>
+__global__ void __launch_bounds__(Sm90Tile<D, kConsumers, kMask>::kThreads, 1)
+    fused_mha_sm90_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
+                          const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_m, T* __restrict__ y,
+                          const Sm90Params p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using namespace sm90;
+  using Tile = Sm90Tile<D, kConsumers, kMask>;
+  constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
+  constexpr int kCols = D / 64;  // 128-byte column blocks of a tile
+  extern __shared__ unsigned char smem_raw[];
+  __shared__ uint64_t bars[1 + 4 * kStages];  // full Q, full K[s], full V[s], empty K[s], empty V[s]
+  const uint32_t s_q = (smem_u32(smem_raw) + 1023) & ~1023u;
+  const uint32_t s_k = s_q + Tile::kQBytes, s_v = s_k + kStages * Tile::kKVBytes, s_m = s_v + kStages * Tile::kKVBytes;
+  const uint32_t bar_q = smem_u32(bars);
+  auto full_k = [&](int s) { return bar_q + 8 * (1 + s); };
+  auto full_v = [&](int s) { return bar_q + 8 * (1 + kStages + s); };
+  auto empty_k = [&](int s) { return bar_q + 8 * (1 + 2 * kStages + s); };
+  auto empty_v = [&](int s) { return bar_q + 8 * (1 + 3 * kStages + s); };
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int bh = blockIdx.y, b = bh / p.heads, h = bh % p.heads;
+  const int q0 = static_cast<int>(gridDim.x - 1 - blockIdx.x) * Tile::kBlockM;  // longest causal blocks start first
+  const int kv_len = p.causal ? min(p.k_seq, q0 + Tile::kBlockM) : p.k_seq;      // later keys are masked for every row here
+  const int n_tiles = (kv_len + kBlockN - 1) / kBlockN;
+
+  if (threadIdx.x == 0) {
+    mbar_init(bar_q, 1);
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(full_k(s), 1);
+      mbar_init(full_v(s), 1);
+      mbar_init(empty_k(s), 128 * kConsumers);
+      mbar_init(empty_v(s), 128 * kConsumers);
+    }
+    mbar_init_fence();
+  }
+  __syncthreads();
+
+  if (warp >= 4 * kConsumers) {  // producer: one thread issues every load; its registers go to the consumers
+    setmaxnreg_dec<24>();
+    if (warp == 4 * kConsumers && lane == 0) {
+      mbar_expect_tx(bar_q, Tile::kQBytes);
+      for (int c = 0; c < kCols; ++c) tma_load_4d(s_q + c * Tile::kBlockM * 128, &tm_q, bar_q, 64 * c, h, q0, b);
+      for (int j = 0; j < n_tiles; ++j) {
+        const int s = j % kStages;
+        const uint32_t phase = (j / kStages) & 1;
+        if (j >= kStages) mbar_wait(empty_k(s), phase ^ 1);
+        mbar_expect_tx(full_k(s), Tile::kKVBytes + 2 * Tile::kMaskBox);
+        for (int c = 0; c < kCols; ++c) tma_load_4d(s_k + s * Tile::kKVBytes + c * kBlockN * 128, &tm_k, full_k(s), 64 * c, h, j * kBlockN, b);
+        if constexpr (kMask != Sm90Mask::kNone) {  // mask keys [128 j, 128 j + 128) of rows q0.. (kTile) or row 0 (kRow)
+          for (int c = 0; c < 2; ++c) {
+            tma_load_4d(s_m + s * Tile::kMaskBytes + c * Tile::kMaskPitch, &tm_m, full_k(s), j * kBlockN + 64 * c,
+                        kMask == Sm90Mask::kTile ? q0 : 0, p.mask_h ? h : 0, p.mask_b ? b : 0);
+          }
+        }
+        if (j >= kStages) mbar_wait(empty_v(s), phase ^ 1);
+        mbar_expect_tx(full_v(s), Tile::kKVBytes);
+        for (int c = 0; c < kCols; ++c) tma_load_4d(s_v + s * Tile::kKVBytes + c * kBlockN * 128, &tm_v, full_v(s), 64 * c, h, j * kBlockN, b);
+      }
+    }
+    return;
+  }
+
+  setmaxnreg_inc<Tile::kConsumerRegs>();
+  // Consumer warpgroup wg: rows q0 + 64 wg + 16 (warp % 4) + g (+ 8) of the thread's accumulators.
+  const int wg = warp / 4, g = lane / 4, t = lane % 4;
+  const int row0 = q0 + 64 * wg + 16 * (warp % 4) + g;
+  const int rows[2] = {row0, row0 + 8};
+  const uint32_t q_wg = s_q + wg * 64 * 128;
+  auto s_tile = [&](float (&sc)[kBlockN / 2], int j) {  // issue S = Q K_j^T (committed, not waited for)
+    const uint32_t k_tile = s_k + (j % kStages) * Tile::kKVBytes;
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      const uint32_t col = (kk / 4), off = (kk % 4) * 32;
+      wgmma_ss<kBf16>(sc, sw128_desc(q_wg + col * Tile::kBlockM * 128 + off, 16), sw128_desc(k_tile + col * kBlockN * 128 + off, 16), kk > 0);
+    }
+    wgmma_commit();
+  };
+
+  float o[D / 2];
+#pragma unroll
+  for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+  float sc[kBlockN / 2];
+#pragma unroll
+  for (int i = 0; i < kBlockN / 2; ++i) sc[i] = 0.f;
+  uint32_t pa[kBlockN / 16][4];
+
+  // sc[4 i + 2 r + c] += mask(row r, key 8 i + 2 t + c of tile j) / scale, so that the scale folded
+  // into the exponent gives (S * scale + mask) * log2(e). This thread's mask row in the tile: its
+  // row in the CTA (kTile) or the one row (kRow); 16-byte chunk i % 8 of that row sits at chunk
+  // (i % 8) ^ (row % 8) of its 64-key box.
+  const int m_row = kMask == Sm90Mask::kTile ? row0 - q0 : 0;
+  auto add_mask = [&](int j) {
+    const float mul = kLog2e / p.scale;
+    const uint32_t m_tile = s_m + (j % kStages) * Tile::kMaskBytes;
+#pragma unroll
+    for (int i = 0; i < kBlockN / 8; ++i) {
+#pragma unroll
+      for (int r = 0; r < (kMask == Sm90Mask::kTile ? 2 : 1); ++r) {
+        const int rr = m_row + 8 * r;
+        const float2 mv = unpack2<T>(ld_shared_u32(m_tile + (i / 8) * Tile::kMaskPitch + rr * 128 + (((i % 8) ^ (rr % 8)) * 16) + 4 * t));
+#pragma unroll
+        for (int q = r; q < 2; q += (kMask == Sm90Mask::kTile ? 2 : 1)) {  // kRow: the one row serves rows g and g + 8
+          sc[4 * i + 2 * q] = fmaf(mv.x, mul, sc[4 * i + 2 * q]);
+          sc[4 * i + 2 * q + 1] = fmaf(mv.y, mul, sc[4 * i + 2 * q + 1]);
+        }
+      }
+    }
+  };
+
+  // Online softmax of S_j in sc: P_j in place, m and l updated; returns alpha per row. Only the last
+  // tile and tiles crossing the diagonal need the bounds/causal test (warp-uniform).
+  auto softmax = [&](int j, float (&alpha)[2]) {
+    const int k0 = j * kBlockN;
+    if constexpr (kMask != Sm90Mask::kNone) add_mask(j);
+    if (k0 + kBlockN > p.k_seq || (p.causal && k0 + kBlockN - 1 > row0 - g)) {
+#pragma unroll
+      for (int i = 0; i < kBlockN / 8; ++i) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int key = k0 + 8 * i + 2 * t + (e & 1);
+          if (key >= p.k_seq || (p.causal && key > rows[e >> 1])) sc[4 * i + e] = -INFINITY;
+        }
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float mx = -INFINITY;
+#pragma unroll
+      for (int i = 0; i < kBlockN / 8; ++i) mx = fmaxf(mx, fmaxf(sc[4 * i + 2 * r], sc[4 * i + 2 * r + 1]));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      mx = fmaxf(m[r], mx * p.scale);
+      const float base = mx == -INFINITY ? 0.f : mx;  // all masked so far: P = 0 without inf - inf
+      alpha[r] = ex2(m[r] - base);
+      m[r] = mx;
+      float sum = 0.f;
+#pragma unroll
+      for (int i = 0; i < kBlockN / 8; ++i) {
+        sc[4 * i + 2 * r] = ex2(fmaf(sc[4 * i + 2 * r], p.scale, -base));
+        sc[4 * i + 2 * r + 1] = ex2(fmaf(sc[4 * i + 2 * r + 1], p.scale, -base));
+        sum += sc[4 * i + 2 * r] + sc[4 * i + 2 * r + 1];
+      }
+      l[r] = l[r] * alpha[r] + sum;  // this thread's columns only; the quad is summed at the end
+    }
+  };
+  auto pack_p = [&] {
+#pragma unroll
+    for (int kk = 0; kk < kBlockN / 16; ++kk) {
+      pa[kk][0] = pack2<T>(sc[8 * kk], sc[8 * kk + 1]);
+      pa[kk][1] = pack2<T>(sc[8 * kk + 2], sc[8 * kk + 3]);
+      pa[kk][2] = pack2<T>(sc[8 * kk + 4], sc[8 * kk + 5]);
+      pa[kk][3] = pack2<T>(sc[8 * kk + 6], sc[8 * kk + 7]);
+    }
+  };
+
+  mbar_wait(bar_q, 0);
+  if (n_tiles > 0) {
+    float alpha[2];
+    mbar_wait(full_k(0), 0);
+    s_tile(sc, 0);
+    wgmma_wait<0>();
+    fence_regs(sc);
+    if constexpr (kMask == Sm90Mask::kNone) mbar_arrive(empty_k(0));
+    softmax(0, alpha);  // O is still 0: alpha unused
+    if constexpr (kMask != Sm90Mask::kNone) mbar_arrive(empty_k(0));  // the mask tile shares K's stage
+    pack_p();
+  }
+  // Tile j: S_j+1 = Q K_j+1^T and O += P_j V_j go to the tensor cores back to back; the softmax of
+  // S_j+1 runs while P_j V_j is in flight, then O is rescaled and P_j+1 packed.
+  auto pv_tile = [&](int j) {
+    const int s = j % kStages;
+    mbar_wait(full_v(s), (j / kStages) & 1);
+    const uint32_t v_tile = s_v + s * Tile::kKVBytes;
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kBlockN / 16; ++kk) wgmma_rs_t<kBf16>(o, pa[kk], sw128_desc(v_tile + kk * 2048, kBlockN * 128));
+    wgmma_commit();
+  };
+  for (int j = 0; j + 1 < n_tiles; ++j) {
+    float alpha[2];
+    mbar_wait(full_k((j + 1) % kStages), ((j + 1) / kStages) & 1);
+    s_tile(sc, j + 1);
+    pv_tile(j);
+    wgmma_wait<1>();  // S_j+1 done, P_j V_j may still run
+    fence_regs(sc);
+    if constexpr (kMask == Sm90Mask::kNone) mbar_arrive(empty_k((j + 1) % kStages));
+    softmax(j + 1, alpha);
+    if constexpr (kMask != Sm90Mask::kNone) mbar_arrive(empty_k((j + 1) % kStages));
+    wgmma_wait<0>();
+    fence_regs(o);
+    for (auto& frag : pa) fence_regs(frag);  // P_j V_j has read them
+    mbar_arrive(empty_v(j % kStages));
+#pragma unroll
+    for (int i = 0; i < D / 8; ++i) {
+      o[4 * i] *= alpha[0];
+      o[4 * i + 1] *= alpha[0];
+      o[4 * i + 2] *= alpha[1];
+      o[4 * i + 3] *= alpha[1];
+    }
+    pack_p();
+  }
+  if (n_tiles > 0) {
+    pv_tile(n_tiles - 1);
+    wgmma_wait<0>();
+    fence_regs(o);
+  }
+
+  // Epilogue: Y = O / l from registers (each quad writes 16 contiguous bytes of a row per column tile).
+  const int64_t ld = static_cast<int64_t>(p.heads) * D;
+  T* y_base = y + static_cast<int64_t>(b) * p.q_seq * ld + h * D + 2 * t;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float sum = l[r];
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    const float inv = sum > 0.f ? 1.f / sum : 0.f;
+    if (rows[r] < p.q_seq) {
+      T* out = y_base + rows[r] * ld;
+#pragma unroll
+      for (int i = 0; i < D / 8; ++i) *reinterpret_cast<uint32_t*>(out + 8 * i) = pack2<T>(o[4 * i + 2 * r] * inv, o[4 * i + 2 * r + 1] * inv);
+    }
+  }
+#else
+  __trap();  // launch_fused_mha_sm90 only launches on sm_90a code
+#endif
+}
+
+// cuTensorMapEncodeTiled from the driver, through the runtime (no -lcuda); null when unavailable.
+using EncodeTiledFn = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*, const cuuint64_t*, const cuuint32_t*,
+                                   const cuuint32_t*, CUtensorMapInterleave, CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+EncodeTiledFn encode_tiled() {
+  static const EncodeTiledFn fn = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+#if CUDART_VERSION >= 12050
+    const cudaError_t err = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &found);
+#else
+    const cudaError_t err = cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", &f, cudaEnableDefault, &found);
+#endif
+    return err == cudaSuccess && found == cudaDriverEntryPointSuccess ? reinterpret_cast<EncodeTiledFn>(f) : nullptr;
+  }();
+  return fn;
+}
+
+// [batch, seq, heads, D] as a 4-D tensor map (innermost first) with boxes of 64 values x `rows` rows.
+template <typename T>
+bool make_map(CUtensorMap* map, const T* base, const MhaShape& s, int64_t seq, int rows) {
+  const cuuint64_t dims[4] = {static_cast<cuuint64_t>(s.head_dim), static_cast<cuuint64_t>(s.heads), static_cast<cuuint64_t>(seq),
+                              static_cast<cuuint64_t>(s.batch)};
+  const cuuint64_t row_bytes = static_cast<cuuint64_t>(s.heads * s.head_dim) * sizeof(T);
+  const cuuint64_t strides[3] = {static_cast<cuuint64_t>(s.head_dim) * sizeof(T), row_bytes, row_bytes * seq};
+  const cuuint32_t box[4] = {64, 1, static_cast<cuuint32_t>(rows), 1};
+  const cuuint32_t elem_strides[4] = {1, 1, 1, 1};
+  const CUtensorMapDataType type = std::is_same_v<T, __half> ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+  return encode_tiled()(map, type, 4, const_cast<T*>(base), dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                        CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+// The additive mask over [key, query, head, batch] (innermost first) with boxes of 64 keys x `rows`
+// queries; a broadcast dimension gets extent 1. False when TMA cannot read it: keys not contiguous, a
+// base or a row, head or batch stride not 16-byte aligned.
+template <typename T>
+bool make_mask_map(CUtensorMap* map, const T* mask, const MhaShape& s, int rows) {
+  const int64_t* ms = s.mask_stride;
+  if (!aligned16(mask) || (ms[3] != 1 && s.k_seq != 1)) return false;
+  const int64_t extent[3] = {s.q_seq, s.heads, s.batch};
+  cuuint64_t dims[4] = {static_cast<cuuint64_t>(s.k_seq), 1, 1, 1}, strides[3];
+  for (int i = 0; i < 3; ++i) {
+    const int64_t stride = ms[2 - i];
+    if (stride % 8 != 0) return false;
+    if (stride != 0) dims[i + 1] = static_cast<cuuint64_t>(extent[i]);
+    strides[i] = stride != 0 ? static_cast<cuuint64_t>(stride) * sizeof(T) : 16;  // any legal stride for an extent of 1
+  }
+  const cuuint32_t box[4] = {64, static_cast<cuuint32_t>(rows), 1, 1};
+  const cuuint32_t elem_strides[4] = {1, 1, 1, 1};
+  const CUtensorMapDataType type = std::is_same_v<T, __half> ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+  return encode_tiled()(map, type, 4, const_cast<T*>(mask), dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                        CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+template <typename T, int D, int kConsumers, Sm90Mask kMask>
+cudaError_t launch_with(cudaStream_t stream, const T* q, const T* k, const T* v, const T* mask, T* y, const MhaShape& s) {
+  using Tile = Sm90Tile<D, kConsumers, kMask>;
+  const auto kernel = fused_mha_sm90_kernel<T, D, kConsumers, kMask>;
+  static std::atomic<uint64_t> configured{0};  // devices whose shared-memory limit is raised (bit = ordinal)
+  int device = 0;
+  DF_RETURN_IF_ERROR(cudaGetDevice(&device));
+  const uint64_t bit = device < 64 ? 1ull << device : 0;
+  if (!(configured.load() & bit)) {
+    DF_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(Tile::kSmem)));
+    configured.fetch_or(bit);
+  }
+  CUtensorMap maps[4] = {};
+  if (!make_map(&maps[0], q, s, s.q_seq, Tile::kBlockM) || !make_map(&maps[1], k, s, s.k_seq, kBlockN) || !make_map(&maps[2], v, s, s.k_seq, kBlockN) ||
+      (kMask != Sm90Mask::kNone && !make_mask_map(&maps[3], mask, s, Tile::kMaskRows))) {
+    return cudaErrorNotSupported;
+  }
+  Sm90Params prm;
+  prm.scale = s.scale * kLog2e;
+  prm.q_seq = static_cast<int>(s.q_seq);
+  prm.k_seq = static_cast<int>(s.k_seq);
+  prm.heads = static_cast<int>(s.heads);
+  prm.causal = s.causal;
+  prm.mask_b = mask && s.mask_stride[0] != 0;
+  prm.mask_h = mask && s.mask_stride[1] != 0;
+  const dim3 grid(static_cast<unsigned>((s.q_seq + Tile::kBlockM - 1) / Tile::kBlockM), static_cast<unsigned>(s.batch * s.heads));
+  kernel<<<grid, Tile::kThreads, Tile::kSmem, stream>>>(maps[0], maps[1], maps[2], maps[3], y, prm);
+  return cudaGetLastError();
+}
+
+bool is_sm90(int device) {
+  static std::atomic<int> cached[64];  // 0 unknown, 1 yes, 2 no
+  if (device >= 64) return false;
+  int state = cached[device].load();
+  if (state == 0) {
+    int major = 0, minor = 0;
+    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
+    state = major == 9 && minor == 0 ? 1 : 2;
+    cached[device].store(state);
+  }
+  return state == 1;
+}
+
+template <typename T, int D, int kConsumers>
+cudaError_t launch_mask(cudaStream_t stream, const T* q, const T* k, const T* v, const T* mask, T* y, const MhaShape& s) {
+  if (!mask) return launch_with<T, D, kConsumers, Sm90Mask::kNone>(stream, q, k, v, mask, y, s);
+  if (s.mask_stride[2] == 0) return launch_with<T, D, kConsumers, Sm90Mask::kRow>(stream, q, k, v, mask, y, s);
+  return launch_with<T, D, kConsumers, Sm90Mask::kTile>(stream, q, k, v, mask, y, s);
+}
+
+}  // namespace
+
+template <typename T>
+cudaError_t launch_fused_mha_sm90(cudaStream_t stream, const T* q, const T* k, const T* v, const T* mask, T* y, const MhaShape& s) {
+  if (!(s.scale > 0.f) || (s.head_dim != 64 && s.head_dim != 128)) return cudaErrorNotSupported;
+  if (!aligned16(q) || !aligned16(k) || !aligned16(v) || !aligned16(y)) return cudaErrorNotSupported;
+  if (s.q_seq > INT_MAX - 256 || s.k_seq > INT_MAX - 256 || s.heads > INT_MAX / 256) return cudaErrorNotSupported;
+  int device = 0;
+  DF_RETURN_IF_ERROR(cudaGetDevice(&device));
+  if (!is_sm90(device) || !encode_tiled()) return cudaErrorNotSupported;
+  // Two 64-row consumer warpgroups a CTA; at head_dim 64 three share each K/V tile (11 % faster at
+  // seq 2048 on an H200), which wastes rows on short query sequences.
+  if (s.head_dim == 64 && s.q_seq > 128) return launch_mask<T, 64, 3>(stream, q, k, v, mask, y, s);
+  if (s.head_dim == 64) return launch_mask<T, 64, 2>(stream, q, k, v, mask, y, s);
+  return launch_mask<T, 128, 2>(stream, q, k, v, mask, y, s);
+}
+
+template cudaError_t launch_fused_mha_sm90<__half>(cudaStream_t, const __half*, const __half*, const __half*, const __half*, __half*, const MhaShape&);
+template cudaError_t launch_fused_mha_sm90<__nv_bfloat16>(cudaStream_t, const __nv_bfloat16*, const __nv_bfloat16*, const __nv_bfloat16*,
+                                                           const __nv_bfloat16*, __nv_bfloat16*, const MhaShape&);
+
+}  // namespace deployfuse
