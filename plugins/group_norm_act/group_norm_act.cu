@@ -1,24 +1,41 @@
 // Two paths. On Hopper (sm_90+), when spatial is a whole number of 16-byte vectors, X and Y are
-// 16-byte aligned and a (sample, group) slice is at most kCluster * 8 * kClusterThreads vectors:
-// each slice is split over a cluster of kCluster blocks (chunk = ceil(span / kCluster) vectors a
-// block, up to kVecs a thread, in registers, storage type). Per slice a block computes its chunk's
-// sum S_b and, from registers again, M2_b = sum (x - S_b / n_b)^2 (two-pass within the chunk), puts
-// (S_b, M2_b) in distributed shared memory, and after one cluster barrier every thread merges the
-// cluster's pairs exactly: mean = sum S_b / N, M2 = sum M2_b + n_b (S_b / n_b - mean)^2. Then
-// y = act(fma(x, scale * rstd, bias - mean * scale * rstd)) from registers: X read once, Y written once.
-// The grid is persistent (as many clusters as fit, each striding over the slices) and each block
-// loads its chunk of the next slice before reducing the current one, so those loads are in flight
-// during the barriers and the apply (round 3, a cluster per slice: 35-47 % of copy bandwidth,
-// memory idle while short-lived blocks waited on three cluster barriers each).
+// 16-byte aligned and a (sample, group) slice is at most kMaxCluster * 128 KiB, a persistent grid
+// streams X through shared memory with the bulk copy engine:
+// - A (sample, group) slice of NCHW is contiguous. It is split over a cluster of C blocks, block r
+//   taking the vectors [r * chunk, (r + 1) * chunk) (C = 1 where the chunk fits one block, e.g. a
+//   16x64x64 fp16 slice; more for larger slices, or to spread few slices over more SMs); each
+//   cluster strides over the slices.
+// - A producer warp copies the block's chunk of each slice in 16 KiB pieces (cp.async.bulk into a
+//   ring slot, completing on the slot's mbarrier). Consumer warps hold a slot until they have
+//   written its outputs, then release it for the producer to refill, so the next slice's first
+//   pieces load while this one is reduced and applied, and loads take no registers.
+// - Statistics in one sweep, exact: per piece each thread takes mean and M2 = sum (x - mean)^2 of
+//   its vectors in registers (two-pass), then Chan's merge of (n, mean, M2) into its running
+//   moments, over the warp, the block and, for C > 1, the cluster: each block pushes its moments
+//   into every block's shared memory and arrives on their mbarrier (no cluster-wide barrier), and
+//   every block merges them in rank order, so all get the same mean and variance.
+// - y = act(fma(x, scale * rstd, bias - mean * scale * rstd)) from shared memory, stored
+//   evict-first (X is loaded evict-first too): X read once, Y written once.
+// Two shapes of the kernel, Ring<kBlocks>: one block an SM (16 consumer warps, 13 slots, chunks up
+// to 128 KiB) or two (8 consumer warps and 6 slots each, chunks up to 64 KiB), where each block
+// fills the other's waits for its cluster; launch_ring picks.
+// What bounds it (H200, 16x512x64x64 fp16 silu: 52 us, a copy of the same bytes 34 us): no output
+// of a slice can be stored before all of it has arrived and been reduced, and the sweeps cost ~27
+// instructions an element (silu: 2 MUFU), so memory and issue take turns (ncu: DRAM 45 %, issue
+// slots 55 % busy); without the activation it runs in 44 us, fp32 (half the work a byte) at 76-82 %.
+// History: round 3, a cluster per slice, chunk in registers (35-47 % of copy bandwidth); round 4,
+// persistent, the next chunk loaded into registers before reducing this one (51-64 %). Measured and
+// dropped here: the chunk in registers with the ring only for staging (no faster, fp32 5 % slower),
+// smaller chunks over more blocks (a cluster wait each: slower), programmatic dependent launch (no change).
 // Otherwise: one block per (sample, group), Welford statistics, then a second sweep.
 #include "group_norm_act/group_norm_act.cuh"
 
 #include <atomic>
 
-#include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include "common/async_copy.cuh"
 #include "common/cuda_check.h"
 #include "common/dtype.cuh"
 #include "common/vec_math.cuh"
@@ -26,132 +43,225 @@
 namespace deployfuse {
 namespace {
 
-namespace cg = cooperative_groups;
+constexpr int kThreads = 512;    // fallback
+constexpr int kPieceVecs = 1024;  // 16 KiB: the unit of copy and release
+constexpr int kMaxCluster = 8;    // portable cluster size
 
-constexpr int kThreads = 512;
-constexpr int kClusterThreads = 256;
-constexpr int kCluster = 8;
-constexpr int kMaxVecs = 8;  // vectors a thread: slices up to kCluster * 8 * 256 = 16384 vectors
+// The ring kernel's shape for kBlocks blocks an SM. A block's chunk takes at most kMaxChunkPieces
+// slots, so at least kSlots - kMaxChunkPieces pieces of the next slice load while it is reduced.
+template <int kBlocks>
+struct Ring {
+  static constexpr int kConsumerWarps = 16 / kBlocks;
+  static constexpr int kConsumers = 32 * kConsumerWarps;
+  static constexpr int kThreads = kConsumers + 32;  // + the producer warp
+  static constexpr int kSlots = kBlocks == 1 ? 13 : 6;
+  static constexpr int kMaxChunkPieces = kBlocks == 1 ? 8 : 4;
+  static constexpr size_t kBytes = size_t{kSlots} * kPieceVecs * 16;  // 208 / 96 KiB
+};
 
-template <typename T, int kVecs>
-__device__ __forceinline__ void load_chunk(Vec<T> (&v)[kVecs], const Vec<T>* __restrict__ xs, int begin, int end) {
-#pragma unroll
-  for (int j = 0; j < kVecs; ++j) {
-    const int i = begin + static_cast<int>(threadIdx.x) + j * kClusterThreads;
-    if (i < end) v[j] = xs[i];
-  }
+struct FastDiv {  // see fast_div
+  unsigned mul, shift;
+};
+
+FastDiv make_fast_div(unsigned d) {
+  unsigned p = 0;
+  while ((1ull << p) < d) ++p;
+  return {static_cast<unsigned>((1ull << (32 + p)) / d - (1ull << 32) + 1), p};
 }
 
-// One launch handles every slice: cluster c takes slices c, c + clusters, ... (the same count for
-// each block of a cluster, so their barriers pair up). In-slice indices fit an int (<= 16384).
-template <typename T, int kVecs, Act kAct>
-__global__ void __launch_bounds__(kClusterThreads, kVecs <= 4 ? 3 : 2) group_norm_act_cluster_kernel(const Vec<T>* __restrict__ x, const T* __restrict__ scale,
-                                                                                    const T* __restrict__ bias, Vec<T>* __restrict__ y,
-                                                                                    int64_t slices, int span_vectors, int spatial_vectors,
-                                                                                    int group_channels, int64_t groups, float inv_span, float epsilon) {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900  // the ring kernel's helpers (left out of older device passes)
+// Count, mean and sum of squared deviations of a set of elements.
+struct Moments {
+  float n, mean, m2;
+};
+
+// Chan et al.: moments of the union of two disjoint sets (either may be empty).
+__device__ __forceinline__ Moments merge(Moments a, Moments b) {
+  const float n = a.n + b.n;
+  const float w = n > 0.f ? __fdividef(b.n, n) : 0.f;
+  const float d = b.mean - a.mean;
+  return {n, fmaf(d, w, a.mean), a.m2 + fmaf(d * d * a.n, w, b.m2)};
+}
+
+// Lane 0 gets the moments of lanes [0, kWidth).
+template <int kWidth>
+__device__ __forceinline__ Moments warp_merge(Moments m) {
+#pragma unroll
+  for (int off = kWidth / 2; off > 0; off >>= 1) {
+    const Moments o = {__shfl_down_sync(0xffffffffu, m.n, off), __shfl_down_sync(0xffffffffu, m.mean, off),
+                       __shfl_down_sync(0xffffffffu, m.m2, off)};
+    m = merge(m, o);
+  }
+  return m;
+}
+
+__device__ __forceinline__ Moments broadcast0(Moments m) {
+  return {__shfl_sync(0xffffffffu, m.n, 0), __shfl_sync(0xffffffffu, m.mean, 0), __shfl_sync(0xffffffffu, m.m2, 0)};
+}
+
+// n / d for 0 <= n < 2^31 by multiply-high (Granlund & Montgomery): p = ceil(log2 d),
+// mul = floor(2^(32 + p) / d) - 2^32 + 1, n / d = (umulhi(n, mul) + n) >> p.
+__device__ __forceinline__ int fast_div(int n, FastDiv d) { return static_cast<int>((__umulhi(n, d.mul) + n) >> d.shift); }
+
+template <int kCount>
+__device__ __forceinline__ void consumer_sync() {
+  asm volatile("bar.sync 1, %0;" ::"n"(kCount) : "memory");
+}
+#endif
+
+// gridDim.x = clusters * C; cluster c takes slices c, c + clusters, ...; block `rank` of a cluster
+// the vectors [rank * chunk, rank * chunk + chunk) of each (fewer or none for the last ranks), in
+// `pieces` pieces. In-slice vector indices fit an int (<= kMaxCluster * 8 * kPieceVecs).
+template <typename T, Act kAct, int kBlocks>
+__global__ void __launch_bounds__(Ring<kBlocks>::kThreads, kBlocks) group_norm_act_ring_kernel(
+    const Vec<T>* __restrict__ x, const T* __restrict__ scale, const T* __restrict__ bias, Vec<T>* __restrict__ y, int64_t slices,
+    int span_vectors, int chunk, int pieces, FastDiv spatial_vectors, int group_channels, int64_t groups, float inv_span, float epsilon) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  using R = Ring<kBlocks>;
   constexpr int K = Vec<T>::kSize;
   constexpr int kPairs = K / 2;
-  // (S_b, M2_b) of this block's chunk, double-buffered by slice parity: a block writes buffer p
-  // again two slices later, after the barrier of the slice in between, which every block of the
-  // cluster reaches only once it has read buffer p.
-  __shared__ float2 s_part[2];
-  cg::cluster_group cluster = cg::this_cluster();
-  const int rank = static_cast<int>(cluster.block_rank());
-  const int chunk = (span_vectors + kCluster - 1) / kCluster;
-  const int begin = rank * chunk;
-  const int end = begin + chunk < span_vectors ? begin + chunk : span_vectors;
-  const float n_block = begin < end ? static_cast<float>((end - begin) * K) : 0.f;
-  const int64_t stride = gridDim.x / kCluster;
-  // Channel (within the group) of each of this thread's vectors: the same in every slice, and a
-  // vector never straddles two channels (spatial % K == 0).
-  int channel[kVecs];
-#pragma unroll
-  for (int j = 0; j < kVecs; ++j) channel[j] = (begin + static_cast<int>(threadIdx.x) + j * kClusterThreads) / spatial_vectors;
+  constexpr int kPer = kPieceVecs / R::kConsumers;  // vectors of a piece a thread
+  extern __shared__ __align__(128) unsigned char ring_bytes[];
+  Vec<T>* ring = reinterpret_cast<Vec<T>*>(ring_bytes);
+  __shared__ uint64_t full[R::kSlots], empty[R::kSlots];  // piece landed / piece done by every consumer warp
+  __shared__ uint64_t moments_in[2];                      // the cluster's moments of a slice arrived (by slice parity)
+  __shared__ float4 cluster_moments[2][kMaxCluster];
+  __shared__ float4 warp_moments[2][R::kConsumerWarps];
 
-  Vec<T> v[kVecs], next[kVecs];
-  int64_t slice = blockIdx.x / kCluster;
-  load_chunk(v, x + slice * span_vectors, begin, end);
-  for (int parity = 0; slice < slices; slice += stride, parity ^= 1) {
-    if (slice + stride < slices) load_chunk(next, x + (slice + stride) * span_vectors, begin, end);  // in flight until the loop's end
-    const int64_t first_channel = (slice % groups) * group_channels;
-    float a[kVecs], b[kVecs];  // scale, bias of each vector's channel (loads issued before the reductions)
-#pragma unroll
-    for (int j = 0; j < kVecs; ++j) {
-      if (begin + static_cast<int>(threadIdx.x) + j * kClusterThreads < end) {
-        a[j] = to_float(scale[first_channel + channel[j]]);
-        b[j] = to_float(bias[first_channel + channel[j]]);
-      }
+  const int rank = static_cast<int>(cluster_rank()), blocks = static_cast<int>(cluster_size());
+  const int64_t first_slice = blockIdx.x / blocks, stride = gridDim.x / blocks;
+  const int begin = rank * chunk;
+  const int len = min(chunk, span_vectors - begin);  // <= 0: an empty chunk
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (threadIdx.x == 0) {
+    for (int i = 0; i < R::kSlots; ++i) {
+      mbar_init(&full[i], 1);
+      mbar_init(&empty[i], R::kConsumerWarps);
     }
-    float sum = 0.f;
-#pragma unroll
-    for (int j = 0; j < kVecs; ++j) {
-      if (begin + static_cast<int>(threadIdx.x) + j * kClusterThreads < end) {
-#pragma unroll
-        for (int k = 0; k < kPairs; ++k) {
-          const float2 f = pair_to_float2(v[j], k);
-          sum += f.x + f.y;
-        }
-      }
-    }
-    const float block_total = block_sum(sum);
-    const float block_mean = n_block > 0.f ? __fdividef(block_total, n_block) : 0.f;  // n_block <= 2^14: ~2 ulp
-    float sq = 0.f;
-#pragma unroll
-    for (int j = 0; j < kVecs; ++j) {
-      opaque(v[j]);  // convert again rather than keep the floats of the pass above alive
-      if (begin + static_cast<int>(threadIdx.x) + j * kClusterThreads < end) {
-#pragma unroll
-        for (int k = 0; k < kPairs; ++k) {
-          const float2 f = pair_to_float2(v[j], k);
-          const float d0 = f.x - block_mean, d1 = f.y - block_mean;
-          sq = fmaf(d0, d0, sq);
-          sq = fmaf(d1, d1, sq);
-        }
-      }
-    }
-    const float block_m2 = block_sum(sq);
-    if (threadIdx.x == 0) s_part[parity] = make_float2(block_total, block_m2);
-    cluster.sync();
-    float2 part[kCluster];
-#pragma unroll
-    for (int r = 0; r < kCluster; ++r) part[r] = *cluster.map_shared_rank(&s_part[parity], r);
-    float total = 0.f;
-#pragma unroll
-    for (int r = 0; r < kCluster; ++r) total += part[r].x;
-    const float mean = total * inv_span;
-    float m2 = 0.f;
-#pragma unroll
-    for (int r = 0; r < kCluster; ++r) {
-      const int rb = r * chunk, re = rb + chunk < span_vectors ? rb + chunk : span_vectors;
-      if (rb < re) {
-        const float n = static_cast<float>((re - rb) * K);
-        const float d = __fdividef(part[r].x, n) - mean;
-        m2 += fmaf(n * d, d, part[r].y);
-      }
-    }
-    const float inv_std = rsqrtf(m2 * inv_span + epsilon);
-    Vec<T>* ys = y + slice * span_vectors;
-#pragma unroll
-    for (int j = 0; j < kVecs; ++j) {
-      opaque(v[j]);
-      const int i = begin + static_cast<int>(threadIdx.x) + j * kClusterThreads;
-      if (i < end) {
-        const float sa = a[j] * inv_std;
-        const float sb = fmaf(-mean, sa, b[j]);
-        Vec<T> o;
-#pragma unroll
-        for (int k = 0; k < kPairs; ++k) {
-          const float2 f = pair_to_float2(v[j], k);
-          set_pair(o, k, act_lean<kAct>(fmaf(f.x, sa, sb)), act_lean<kAct>(fmaf(f.y, sa, sb)));
-        }
-        ys[i] = o;
-      }
-    }
-#pragma unroll
-    for (int j = 0; j < kVecs; ++j) v[j] = next[j];
+    mbar_init(&moments_in[0], blocks);
+    mbar_init(&moments_in[1], blocks);
+    fence_mbar_init();
   }
-  cluster.sync();  // no block leaves while another may still read its s_part
+  cluster_sync();  // peers arrive on moments_in only once it is initialised
+
+  if (warp == R::kConsumerWarps) {  // producer
+    if (lane == 0) {
+      const uint64_t policy = l2_evict_first();
+      int slot = 0;
+      unsigned phase = 0;
+      for (int64_t s = first_slice; s < slices; s += stride) {
+        const Vec<T>* src = x + s * span_vectors + begin;
+        for (int j = 0; j < pieces; ++j) {
+          mbar_wait(&empty[slot], phase ^ 1);  // the slot's previous piece is done (a fresh slot: at once)
+          const int n = max(0, min(kPieceVecs, len - j * kPieceVecs));
+          mbar_arrive_expect_tx(&full[slot], n * 16);
+          if (n > 0) bulk_load(ring + slot * kPieceVecs, src + j * kPieceVecs, n * 16, &full[slot], policy);
+          if (++slot == R::kSlots) slot = 0, phase ^= 1;
+        }
+      }
+    }
+    __syncwarp();
+  } else {  // consumers
+    const int tid = threadIdx.x;
+    int slot = 0;
+    unsigned phase = 0;
+    for (int64_t s = first_slice, k = 0; s < slices; s += stride, ++k) {
+      const int first_slot = slot;
+      Moments acc = {0.f, 0.f, 0.f};
+      for (int j = 0; j < pieces; ++j) {
+        mbar_wait(&full[slot], phase);
+        const Vec<T>* piece = ring + slot * kPieceVecs;
+        const int n = len - j * kPieceVecs;
+        Vec<T> v[kPer];
+        int count = 0;
+        float sum = 0.f;
+#pragma unroll
+        for (int u = 0; u < kPer; ++u) {
+          if (tid + u * R::kConsumers < n) {
+            v[u] = piece[tid + u * R::kConsumers];
+            ++count;
+#pragma unroll
+            for (int p = 0; p < kPairs; ++p) {
+              const float2 f = pair_to_float2(v[u], p);
+              sum += f.x + f.y;
+            }
+          }
+        }
+        if (count > 0) {
+          const float n_local = static_cast<float>(count * K);
+          const float mean = __fdividef(sum, n_local);
+          float m2 = 0.f;
+#pragma unroll
+          for (int u = 0; u < kPer; ++u) {
+            opaque(v[u]);  // convert again rather than keep the floats of the sum alive
+            if (u < count) {
+#pragma unroll
+              for (int p = 0; p < kPairs; ++p) {
+                const float2 f = pair_to_float2(v[u], p);
+                const float d0 = f.x - mean, d1 = f.y - mean;
+                m2 = fmaf(d0, d0, m2);
+                m2 = fmaf(d1, d1, m2);
+              }
+            }
+          }
+          acc = merge(acc, {n_local, mean, m2});
+        }
+        if (++slot == R::kSlots) slot = 0, phase ^= 1;
+      }
+      // Block: warps, then every warp merges the warps' moments in the same order (same result).
+      const int parity = static_cast<int>(k & 1);
+      acc = warp_merge<32>(acc);
+      if (lane == 0) warp_moments[parity][warp] = make_float4(acc.n, acc.mean, acc.m2, 0.f);
+      consumer_sync<R::kConsumers>();  // double-buffered by parity: the next write to this buffer follows the next sync
+      float4 w = lane < R::kConsumerWarps ? warp_moments[parity][lane] : make_float4(0.f, 0.f, 0.f, 0.f);
+      Moments total = broadcast0(warp_merge<R::kConsumerWarps>({w.x, w.y, w.z}));
+      if (blocks > 1) {
+        // Push to every block (itself included). A block pushes slice k + 2 into this buffer only
+        // after it has received this block's moments of slice k + 1, sent after this block read it.
+        if (warp == 0 && lane < blocks) {
+          st_cluster(cluster_addr(&cluster_moments[parity][rank], lane), make_float4(total.n, total.mean, total.m2, 0.f));
+          mbar_arrive_cluster(cluster_addr(&moments_in[parity], lane));
+        }
+        mbar_wait<true>(&moments_in[parity], static_cast<unsigned>(k >> 1) & 1);
+        w = cluster_moments[parity][0];
+        total = {w.x, w.y, w.z};
+        for (int r = 1; r < blocks; ++r) {
+          w = cluster_moments[parity][r];
+          total = merge(total, {w.x, w.y, w.z});
+        }
+      }
+      const float mean = total.mean;
+      const float inv_std = rsqrtf(total.m2 * inv_span + epsilon);
+      const int64_t first_channel = (s % groups) * group_channels;
+      Vec<T>* ys = y + s * span_vectors + begin;
+      int out_slot = first_slot;
+      for (int j = 0; j < pieces; ++j) {
+        const Vec<T>* piece = ring + out_slot * kPieceVecs;
+        const int n = len - j * kPieceVecs;
+#pragma unroll
+        for (int u = 0; u < kPer; ++u) {
+          const int i = tid + u * R::kConsumers;
+          if (i < n) {
+            const int c = fast_div(begin + j * kPieceVecs + i, spatial_vectors);
+            const float sa = to_float(scale[first_channel + c]) * inv_std;
+            const float sb = fmaf(-mean, sa, to_float(bias[first_channel + c]));
+            const Vec<T> v = piece[i];
+            Vec<T> o;
+#pragma unroll
+            for (int p = 0; p < kPairs; ++p) {
+              const float2 f = pair_to_float2(v, p);
+              set_pair(o, p, act_lean<kAct>(fmaf(f.x, sa, sb)), act_lean<kAct>(fmaf(f.y, sa, sb)));
+            }
+            __stcs(reinterpret_cast<uint4*>(ys + j * kPieceVecs + i), *reinterpret_cast<const uint4*>(o.v));
+          }
+        }
+        __syncwarp();  // the warp's reads of the slot are done (their values are stored)
+        if (lane == 0) mbar_arrive(&empty[out_slot]);
+        if (++out_slot == R::kSlots) out_slot = 0;
+      }
+    }
+  }
+  cluster_sync();  // no block leaves while a peer may still push to it
 #endif
 }
 
@@ -182,68 +292,102 @@ bool has_clusters() {
          major >= 9;
 }
 
-void set_cluster_config(cudaLaunchConfig_t* config, cudaLaunchAttribute* attribute, unsigned clusters, cudaStream_t stream) {
+template <int kBlocks>
+void set_ring_config(cudaLaunchConfig_t* config, cudaLaunchAttribute* attribute, unsigned clusters, int blocks, cudaStream_t stream) {
   *config = {};
-  config->gridDim = dim3(clusters * kCluster);
-  config->blockDim = dim3(kClusterThreads);
+  config->gridDim = dim3(clusters * blocks);
+  config->blockDim = dim3(Ring<kBlocks>::kThreads);
+  config->dynamicSmemBytes = Ring<kBlocks>::kBytes;
   config->stream = stream;
   attribute->id = cudaLaunchAttributeClusterDimension;
-  attribute->val.clusterDim.x = kCluster;
+  attribute->val.clusterDim.x = blocks;
   attribute->val.clusterDim.y = 1;
   attribute->val.clusterDim.z = 1;
   config->attrs = attribute;
   config->numAttrs = 1;
 }
 
-// Clusters of this kernel the device holds at once (0: unknown), cached per device.
-template <typename T, int kVecs, Act kAct>
-int resident_clusters() {
-  static std::atomic<int> cache[64];
+// Clusters of `blocks` blocks of this kernel the device holds at once (0: none or unknown), cached
+// per device; the first call also raises the kernel's shared-memory limit.
+template <typename T, Act kAct, int kBlocks>
+int resident_clusters(int blocks) {
+  static std::atomic<int> cache[64][4];  // by device, log2(blocks)
+  const auto kernel = group_norm_act_ring_kernel<T, kAct, kBlocks>;
   int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess) {
+  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= 64) {
     cudaGetLastError();
     return 0;
   }
-  if (device >= 0 && device < 64 && cache[device].load() > 0) return cache[device].load();
+  const int b = blocks == 1 ? 0 : blocks == 2 ? 1 : blocks == 4 ? 2 : 3;
+  if (cache[device][b].load() > 0) return cache[device][b].load();
   cudaLaunchConfig_t config;
   cudaLaunchAttribute attribute;
-  set_cluster_config(&config, &attribute, 1, nullptr);
+  set_ring_config<kBlocks>(&config, &attribute, 1, blocks, nullptr);
   int clusters = 0;
-  if (cudaOccupancyMaxActiveClusters(&clusters, reinterpret_cast<const void*>(group_norm_act_cluster_kernel<T, kVecs, kAct>), &config) != cudaSuccess) {
-    cudaGetLastError();  // not sticky: clear it, and launch a cluster per slice instead
+  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(Ring<kBlocks>::kBytes)) != cudaSuccess ||
+      cudaOccupancyMaxActiveClusters(&clusters, kernel, &config) != cudaSuccess) {
+    cudaGetLastError();  // not sticky: clear it, and take the fallback
     return 0;
   }
-  if (device >= 0 && device < 64 && clusters > 0) cache[device].store(clusters);
+  if (clusters > 0) cache[device][b].store(clusters);
   return clusters;
 }
 
-template <typename T, int kVecs, Act kAct>
-cudaError_t launch_cluster(cudaStream_t stream, const T* x, const T* scale, const T* bias, T* y, int64_t n, int64_t channels,
-                           int64_t spatial, int64_t groups, float epsilon) {
+// false: the shape or the device does not take this ring shape.
+template <typename T, Act kAct, int kBlocks>
+bool launch_ring(cudaStream_t stream, const T* x, const T* scale, const T* bias, T* y, int64_t n, int64_t channels, int64_t spatial,
+                 int64_t groups, float epsilon, cudaError_t* status) {
   constexpr int K = Vec<T>::kSize;
-  const int64_t group_channels = channels / groups, span = group_channels * spatial, slices = n * groups;
-  // Persistent grid: at most the resident clusters, and as few as keep every cluster's slice count
-  // equal (512 slices on 66 resident clusters: 64 clusters x 8 slices, not 66 with a ragged end).
-  const int64_t resident = resident_clusters<T, kVecs, kAct>();
-  int64_t clusters = resident > 0 && resident < slices ? resident : slices;
-  if (clusters > 0x7fffffff / kCluster) clusters = 0x7fffffff / kCluster;
+  constexpr int64_t kMaxChunk = int64_t{Ring<kBlocks>::kMaxChunkPieces} * kPieceVecs;
+  const int64_t group_channels = channels / groups, span = group_channels * spatial / K, slices = n * groups;
+  int blocks = 1;
+  while (blocks < kMaxCluster && (span + blocks - 1) / blocks > kMaxChunk) blocks *= 2;
+  if ((span + blocks - 1) / blocks > kMaxChunk) return false;
+  int device = 0, sms = 0;
+  if (cudaGetDevice(&device) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  // Few slices: spread each over more SMs while every block keeps at least a piece.
+  while (blocks < kMaxCluster && slices * 2 * blocks <= int64_t{sms} * kBlocks && (span + 2 * blocks - 1) / (2 * blocks) >= kPieceVecs) blocks *= 2;
+  const int64_t resident = resident_clusters<T, kAct, kBlocks>(blocks);
+  if (resident <= 0) return false;
+  // At most the resident clusters, and as few as keep every cluster's slice count equal.
+  int64_t clusters = resident < slices ? resident : slices;
   const int64_t per_cluster = (slices + clusters - 1) / clusters;
   clusters = (slices + per_cluster - 1) / per_cluster;
+  const int chunk = static_cast<int>((span + blocks - 1) / blocks);
   cudaLaunchConfig_t config;
   cudaLaunchAttribute attribute;
-  set_cluster_config(&config, &attribute, static_cast<unsigned>(clusters), stream);
-  return cudaLaunchKernelEx(&config, group_norm_act_cluster_kernel<T, kVecs, kAct>, reinterpret_cast<const Vec<T>*>(x), scale, bias,
-                            reinterpret_cast<Vec<T>*>(y), slices, static_cast<int>(span / K), static_cast<int>(spatial / K),
-                            static_cast<int>(group_channels), groups, 1.f / static_cast<float>(span), epsilon);
+  set_ring_config<kBlocks>(&config, &attribute, static_cast<unsigned>(clusters), blocks, stream);
+  *status = cudaLaunchKernelEx(&config, group_norm_act_ring_kernel<T, kAct, kBlocks>, reinterpret_cast<const Vec<T>*>(x), scale, bias,
+                               reinterpret_cast<Vec<T>*>(y), slices, static_cast<int>(span), chunk, (chunk + kPieceVecs - 1) / kPieceVecs,
+                               make_fast_div(static_cast<unsigned>(spatial / K)), static_cast<int>(group_channels), groups,
+                               1.f / static_cast<float>(group_channels * spatial), epsilon);
+  return true;
 }
 
-template <typename T, int kVecs>
-cudaError_t launch_cluster(cudaStream_t stream, const T* x, const T* scale, const T* bias, T* y, int64_t n, int64_t channels,
-                           int64_t spatial, int64_t groups, float epsilon, Act act) {
+// Ring<1> while a slice spans at most two of its blocks; a larger slice takes Ring<2> where it fits
+// (H200: 16-bit 16x512x128x128 slices, 8 blocks of Ring<2>, 204 us against 220-225 us on 4 of
+// Ring<1>; fp32 16x512x64x64, 2 blocks of Ring<1>, 83 us against 85 us on 4 of Ring<2>).
+template <typename T, Act kAct>
+bool launch_ring(cudaStream_t stream, const T* x, const T* scale, const T* bias, T* y, int64_t n, int64_t channels, int64_t spatial,
+                 int64_t groups, float epsilon, cudaError_t* status) {
+  const int64_t span = channels / groups * spatial / Vec<T>::kSize;
+  if (span > int64_t{2} * Ring<1>::kMaxChunkPieces * kPieceVecs &&
+      launch_ring<T, kAct, 2>(stream, x, scale, bias, y, n, channels, spatial, groups, epsilon, status)) {
+    return true;
+  }
+  return launch_ring<T, kAct, 1>(stream, x, scale, bias, y, n, channels, spatial, groups, epsilon, status);
+}
+
+template <typename T>
+bool launch_ring(cudaStream_t stream, const T* x, const T* scale, const T* bias, T* y, int64_t n, int64_t channels, int64_t spatial,
+                 int64_t groups, float epsilon, Act act, cudaError_t* status) {
   switch (act) {  // the activations GroupNormAct accepts
-    case Act::kSilu: return launch_cluster<T, kVecs, Act::kSilu>(stream, x, scale, bias, y, n, channels, spatial, groups, epsilon);
-    case Act::kGelu: return launch_cluster<T, kVecs, Act::kGelu>(stream, x, scale, bias, y, n, channels, spatial, groups, epsilon);
-    default: return launch_cluster<T, kVecs, Act::kNone>(stream, x, scale, bias, y, n, channels, spatial, groups, epsilon);
+    case Act::kSilu: return launch_ring<T, Act::kSilu>(stream, x, scale, bias, y, n, channels, spatial, groups, epsilon, status);
+    case Act::kGelu: return launch_ring<T, Act::kGelu>(stream, x, scale, bias, y, n, channels, spatial, groups, epsilon, status);
+    default: return launch_ring<T, Act::kNone>(stream, x, scale, bias, y, n, channels, spatial, groups, epsilon, status);
   }
 }
 
@@ -256,13 +400,10 @@ cudaError_t launch_group_norm_act(cudaStream_t stream, const T* x, const T* scal
   if (groups <= 0 || channels % groups != 0) return cudaErrorInvalidValue;
   if (act != Act::kSilu && act != Act::kGelu && act != Act::kNone) return cudaErrorInvalidValue;
   constexpr int K = Vec<T>::kSize;
-  const int64_t span_vectors = channels / groups * spatial / K;
-  const int64_t chunk = (span_vectors + kCluster - 1) / kCluster;
-  if (spatial % K == 0 && aligned16(x) && aligned16(y) && chunk <= kMaxVecs * kClusterThreads && has_clusters()) {
-    if (chunk <= kClusterThreads) return launch_cluster<T, 1>(stream, x, scale, bias, y, n, channels, spatial, groups, epsilon, act);
-    if (chunk <= 2 * kClusterThreads) return launch_cluster<T, 2>(stream, x, scale, bias, y, n, channels, spatial, groups, epsilon, act);
-    if (chunk <= 4 * kClusterThreads) return launch_cluster<T, 4>(stream, x, scale, bias, y, n, channels, spatial, groups, epsilon, act);
-    return launch_cluster<T, kMaxVecs>(stream, x, scale, bias, y, n, channels, spatial, groups, epsilon, act);
+  cudaError_t status = cudaSuccess;
+  if (spatial % K == 0 && aligned16(x) && aligned16(y) && has_clusters() &&
+      launch_ring<T>(stream, x, scale, bias, y, n, channels, spatial, groups, epsilon, act, &status)) {
+    return status;
   }
   group_norm_act_kernel<T><<<static_cast<unsigned>(n * groups), kThreads, 0, stream>>>(x, scale, bias, y, channels / groups, spatial,
                                                                                        groups, epsilon, act);
