@@ -28,8 +28,10 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "common/async_copy.cuh"
 #include "common/cuda_check.h"
 #include "common/dtype.cuh"
+#include "fused_mha/flash_math.cuh"
 #include "fused_mha/wgmma.cuh"
 
 namespace deployfuse {
@@ -37,7 +39,6 @@ namespace {
 
 constexpr int kBlockN = 128;  // keys a tile
 constexpr int kStages = 2;    // K/V tiles in flight
-constexpr float kLog2e = 1.4426950408889634f;
 
 // Additive mask, staged per key tile by TMA next to K_j: none; one row shared by every query of the
 // CTA (a [b, 1, 1, k] padding mask: 1 row); a row per query (kBlockM rows). Stored as two 64-key
@@ -67,32 +68,10 @@ struct Sm90Params {
   bool mask_b, mask_h;  // the mask varies over batch / heads (else its map has one there)
 };
 
-template <typename T>
-__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
-  if constexpr (std::is_same_v<T, __half>) {
-    const __half2 h = __floats2half2_rn(lo, hi);
-    return *reinterpret_cast<const uint32_t*>(&h);
-  } else {
-    const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<const uint32_t*>(&h);
-  }
-}
-
-template <typename T>
-__device__ __forceinline__ float2 unpack2(uint32_t v) {
-  if constexpr (std::is_same_v<T, __half>) return __half22float2(*reinterpret_cast<const __half2*>(&v));
-  else return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&v));
-}
 __device__ __forceinline__ uint32_t ld_shared_u32(uint32_t addr) {
   uint32_t v;
   asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(v) : "r"(addr));
   return v;
-}
-
-__device__ __forceinline__ float ex2(float x) {  // 2^x; ex2(-inf) = 0
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
 }
 
 template <typename T, int D, int kConsumers, Sm90Mask kMask>
@@ -107,13 +86,13 @@ __global__ void __launch_bounds__(Sm90Tile<D, kConsumers, kMask>::kThreads, 1)
   constexpr int kCols = D / 64;  // 128-byte column blocks of a tile
   extern __shared__ unsigned char smem_raw[];
   __shared__ uint64_t bars[1 + 4 * kStages];  // full Q, full K[s], full V[s], empty K[s], empty V[s]
-  const uint32_t s_q = (smem_u32(smem_raw) + 1023) & ~1023u;
+  const uint32_t s_q = (smem_addr(smem_raw) + 1023) & ~1023u;
   const uint32_t s_k = s_q + Tile::kQBytes, s_v = s_k + kStages * Tile::kKVBytes, s_m = s_v + kStages * Tile::kKVBytes;
-  const uint32_t bar_q = smem_u32(bars);
-  auto full_k = [&](int s) { return bar_q + 8 * (1 + s); };
-  auto full_v = [&](int s) { return bar_q + 8 * (1 + kStages + s); };
-  auto empty_k = [&](int s) { return bar_q + 8 * (1 + 2 * kStages + s); };
-  auto empty_v = [&](int s) { return bar_q + 8 * (1 + 3 * kStages + s); };
+  uint64_t* bar_q = bars;
+  auto full_k = [&](int s) { return bars + 1 + s; };
+  auto full_v = [&](int s) { return bars + 1 + kStages + s; };
+  auto empty_k = [&](int s) { return bars + 1 + 2 * kStages + s; };
+  auto empty_v = [&](int s) { return bars + 1 + 3 * kStages + s; };
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int bh = blockIdx.y, b = bh / p.heads, h = bh % p.heads;
@@ -129,20 +108,20 @@ __global__ void __launch_bounds__(Sm90Tile<D, kConsumers, kMask>::kThreads, 1)
       mbar_init(empty_k(s), 128 * kConsumers);
       mbar_init(empty_v(s), 128 * kConsumers);
     }
-    mbar_init_fence();
+    fence_mbar_init();
   }
   __syncthreads();
 
   if (warp >= 4 * kConsumers) {  // producer: one thread issues every load; its registers go to the consumers
     setmaxnreg_dec<24>();
     if (warp == 4 * kConsumers && lane == 0) {
-      mbar_expect_tx(bar_q, Tile::kQBytes);
+      mbar_arrive_expect_tx(bar_q, Tile::kQBytes);
       for (int c = 0; c < kCols; ++c) tma_load_4d(s_q + c * Tile::kBlockM * 128, &tm_q, bar_q, 64 * c, h, q0, b);
       for (int j = 0; j < n_tiles; ++j) {
         const int s = j % kStages;
         const uint32_t phase = (j / kStages) & 1;
         if (j >= kStages) mbar_wait(empty_k(s), phase ^ 1);
-        mbar_expect_tx(full_k(s), Tile::kKVBytes + 2 * Tile::kMaskBox);
+        mbar_arrive_expect_tx(full_k(s), Tile::kKVBytes + 2 * Tile::kMaskBox);
         for (int c = 0; c < kCols; ++c) tma_load_4d(s_k + s * Tile::kKVBytes + c * kBlockN * 128, &tm_k, full_k(s), 64 * c, h, j * kBlockN, b);
         if constexpr (kMask != Sm90Mask::kNone) {  // mask keys [128 j, 128 j + 128) of rows q0.. (kTile) or row 0 (kRow)
           for (int c = 0; c < 2; ++c) {
@@ -151,7 +130,7 @@ __global__ void __launch_bounds__(Sm90Tile<D, kConsumers, kMask>::kThreads, 1)
           }
         }
         if (j >= kStages) mbar_wait(empty_v(s), phase ^ 1);
-        mbar_expect_tx(full_v(s), Tile::kKVBytes);
+        mbar_arrive_expect_tx(full_v(s), Tile::kKVBytes);
         for (int c = 0; c < kCols; ++c) tma_load_4d(s_v + s * Tile::kKVBytes + c * kBlockN * 128, &tm_v, full_v(s), 64 * c, h, j * kBlockN, b);
       }
     }

@@ -38,12 +38,12 @@
 
 #include "common/cuda_check.h"
 #include "common/dtype.cuh"
+#include "fused_mha/flash_math.cuh"
 
 namespace deployfuse {
 namespace {
 
 constexpr int kBlockN = 64;
-constexpr float kLog2e = 1.4426950408889634f;
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
 
@@ -69,12 +69,6 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t add
                : "r"(addr));
 }
 
-__device__ __forceinline__ float ex2(float x) {  // 2^x; ex2(-inf) = 0
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
-
 // c += a (16x16, row) * b (16x8, col), fp32 accumulators.
 template <typename T> struct Mma;
 template <> struct Mma<__half> {
@@ -83,11 +77,6 @@ template <> struct Mma<__half> {
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
   }
-  static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
-    const __half2 h = __floats2half2_rn(lo, hi);
-    return *reinterpret_cast<const uint32_t*>(&h);
-  }
-  static __device__ __forceinline__ float2 unpack(uint32_t v) { return __half22float2(*reinterpret_cast<const __half2*>(&v)); }
 };
 template <> struct Mma<__nv_bfloat16> {
   static __device__ __forceinline__ void run(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
@@ -95,11 +84,6 @@ template <> struct Mma<__nv_bfloat16> {
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
   }
-  static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
-    const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<const uint32_t*>(&h);
-  }
-  static __device__ __forceinline__ float2 unpack(uint32_t v) { return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&v)); }
 };
 
 template <int D>
@@ -287,8 +271,8 @@ __global__ void __launch_bounds__(kWarps * 32, kWarps == 8 ? 2 : 1) fused_mha_tc
     for (int n = 0; n < kBlockN / 8; ++n) {
       float2 mv[2];  // kTile/kRow: keys 2t, 2t + 1 of rows g, g + 8 (0 past k_seq: those become -inf below)
       if (kMaskSmem) {
-        mv[0] = Mma<T>::unpack(*reinterpret_cast<const uint32_t*>(sm_row + n * 8));
-        mv[1] = kMode == MaskMode::kTile ? Mma<T>::unpack(*reinterpret_cast<const uint32_t*>(sm_row + 8 * kMaskPitch + n * 8)) : mv[0];
+        mv[0] = unpack2<T>(*reinterpret_cast<const uint32_t*>(sm_row + n * 8));
+        mv[1] = kMode == MaskMode::kTile ? unpack2<T>(*reinterpret_cast<const uint32_t*>(sm_row + 8 * kMaskPitch + n * 8)) : mv[0];
       }
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
@@ -332,8 +316,8 @@ __global__ void __launch_bounds__(kWarps * 32, kWarps == 8 ? 2 : 1) fused_mha_tc
 
 #pragma unroll
     for (int kk = 0; kk < kBlockN / 16; ++kk) {
-      const uint32_t pa[4] = {Mma<T>::pack(sc[2 * kk][0], sc[2 * kk][1]), Mma<T>::pack(sc[2 * kk][2], sc[2 * kk][3]),
-                              Mma<T>::pack(sc[2 * kk + 1][0], sc[2 * kk + 1][1]), Mma<T>::pack(sc[2 * kk + 1][2], sc[2 * kk + 1][3])};
+      const uint32_t pa[4] = {pack2<T>(sc[2 * kk][0], sc[2 * kk][1]), pack2<T>(sc[2 * kk][2], sc[2 * kk][3]),
+                              pack2<T>(sc[2 * kk + 1][0], sc[2 * kk + 1][1]), pack2<T>(sc[2 * kk + 1][2], sc[2 * kk + 1][3])};
 #pragma unroll
       for (int dp = 0; dp < D / 16; ++dp) {
         uint32_t vb[4];
@@ -356,7 +340,7 @@ __global__ void __launch_bounds__(kWarps * 32, kWarps == 8 ? 2 : 1) fused_mha_tc
     const float inv = sum > 0.f ? 1.f / sum : 0.f;
 #pragma unroll
     for (int n = 0; n < D / 8; ++n) {
-      *reinterpret_cast<uint32_t*>(so + (g + 8 * r) * kP + n * 8 + 2 * t) = Mma<T>::pack(o[n][2 * r] * inv, o[n][2 * r + 1] * inv);
+      *reinterpret_cast<uint32_t*>(so + (g + 8 * r) * kP + n * 8 + 2 * t) = pack2<T>(o[n][2 * r] * inv, o[n][2 * r + 1] * inv);
     }
   }
   __syncwarp();

@@ -1,5 +1,5 @@
-// Hopper (sm_90a) warpgroup MMA, shared-memory descriptors and mbarrier/TMA primitives, as inline
-// PTX. Only compiled into the sm_90a kernels (fused_mha_sm90.cu).
+// Hopper (sm_90a) warpgroup MMA and its shared-memory descriptors, as inline PTX. Only compiled into
+// the sm_90a kernels (fused_mha_sm90.cu).
 //
 // wgmma D (64 x N, fp32) += A (64 x 16) * B (16 x N) per warpgroup (4 warps, 128 threads). D is N/2
 // registers a thread: element (row, col) of warp w of the group, lane = 4 g + t, sits in
@@ -19,8 +19,6 @@
 
 namespace deployfuse {
 namespace sm90 {
-
-__device__ __forceinline__ uint32_t smem_u32(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
 
 // Shared-memory matrix descriptor, 128-byte swizzle.
 __device__ __forceinline__ uint64_t sw128_desc(uint32_t addr, uint32_t lbo_bytes) {
@@ -105,31 +103,6 @@ __device__ __forceinline__ void wgmma_rs_t(float (&d)[64], const uint32_t (&a)[4
 #undef DF_F4
 #undef DF_D64
 #undef DF_D32
-
-// mbarrier (shared::cta, 64-bit) and TMA.
-__device__ __forceinline__ void mbar_init(uint32_t bar, int count) { asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count)); }
-__device__ __forceinline__ void mbar_init_fence() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
-__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(uint32_t bar) { asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory"); }
-// Waits until the phase with this parity has completed.
-__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
-  asm volatile(
-      "{\n.reg .pred done;\nWAIT:\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-      "@!done bra WAIT;\n}\n" ::"r"(bar),
-      "r"(parity)
-      : "memory");
-}
-// A 4-D box of `map` at coordinates (c0..c3, innermost first) into shared memory; completes `bytes`
-// of the barrier's transaction count (rows outside the tensor arrive as zeros).
-__device__ __forceinline__ void tma_load_4d(uint32_t dst, const void* map, uint32_t bar, int c0, int c1, int c2, int c3) {
-  asm volatile(
-      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5, %6}], [%2];\n" ::"r"(dst),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
-      : "memory");
-}
 
 }  // namespace sm90
 }  // namespace deployfuse
