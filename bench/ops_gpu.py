@@ -5,12 +5,13 @@ each launch, compared by ||out - ref|| / ||ref|| against the spec's PyTorch refe
 in float64. Speed: GPU time per call from CUDA-graph replays against a device copy of the same
 bytes, PyTorch eager and torch.compile of the same math.
 
-    python bench/ops_gpu.py LIB.so [--ort libdeployfuse_ort.so]
+    python bench/ops_gpu.py LIB.so [--ort libdeployfuse_ort.so] [--only FusedMHA,BiasAct]
     python bench/ops_gpu.py OTHER_LIB.so --time-only      # the benchmark shapes only, for A/B runs
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import ctypes
 import importlib.util
@@ -38,12 +39,29 @@ class MhaShape(ctypes.Structure):
                 ("head_dim", ctypes.c_int64), ("scale", ctypes.c_float), ("causal", ctypes.c_bool), ("mask_stride", ctypes.c_int64 * 4)]
 
 
-lib = ctypes.CDLL(sys.argv[1])
+ARGS = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+ARGS.add_argument("lib", help="libdeployfuse_ops_cuda.so")
+ARGS.add_argument("--ort", metavar="LIB", help="libdeployfuse_ort.so: also check and time the ops through ORT's CUDA EP")
+ARGS.add_argument("--time-only", action="store_true", help="GPU ms of the benchmark shapes only (the other side of an A/B run)")
+ARGS.add_argument("--only", metavar="OPS", help="comma-separated op names to check and benchmark (default: all)")
+ARGS.add_argument("--check-only", action="store_true", help="no benchmarks (e.g. under compute-sanitizer)")
+ARGS.add_argument("--max-size", type=int, metavar="N", help="only the check cases whose shape's product (FusedMHA: b*sq*sk*hidden, its work) is at most N")
+ARGS = ARGS.parse_args()
+ONLY = set(ARGS.only.split(",")) if ARGS.only else None
+
+
+def wanted(op):
+    return ONLY is None or op in ONLY
+
+
+lib = ctypes.CDLL(ARGS.lib)
 P, I, Fl = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
-lib.df_layer_norm_gelu.argtypes = [ctypes.c_int, P, P, P, P, P, I, I, Fl, ctypes.c_int]
-lib.df_group_norm_act.argtypes = [ctypes.c_int, P, P, P, P, P, I, I, I, I, Fl, ctypes.c_int]
-lib.df_bias_act.argtypes = [ctypes.c_int, P, P, P, P, I, I, ctypes.c_int]
-lib.df_fused_mha.argtypes = [ctypes.c_int, P, P, P, P, P, P, ctypes.POINTER(MhaShape)]
+for name, argtypes in (("df_layer_norm_gelu", [ctypes.c_int, P, P, P, P, P, I, I, Fl, ctypes.c_int]),
+                       ("df_group_norm_act", [ctypes.c_int, P, P, P, P, P, I, I, I, I, Fl, ctypes.c_int]),
+                       ("df_bias_act", [ctypes.c_int, P, P, P, P, I, I, ctypes.c_int]),
+                       ("df_fused_mha", [ctypes.c_int, P, P, P, P, P, P, ctypes.POINTER(MhaShape)])):
+    if hasattr(lib, name):  # with --only, a library of just those ops' launchers will do
+        getattr(lib, name).argtypes = argtypes
 
 
 def ptr(t):
@@ -150,9 +168,14 @@ CHECKS = [
     ("LayerNormGelu", (1027, 4096), {}), ("LayerNormGelu", (3, 7, 4088), {"approximate": "tanh"}),
     ("LayerNormGelu", (5, 2056), {}), ("LayerNormGelu", (2, 2048), {"epsilon": 1e-3}),
     ("LayerNormGelu", (9, 264), {}), ("LayerNormGelu", (1, 8), {}), ("LayerNormGelu", (6, 2052), {"approximate": "tanh"}),
-    # GroupNormAct persistent clusters: more slices than resident clusters, empty chunks, channels of 1 vector
+    # GroupNormAct persistent grid: more slices than resident blocks, slices of a partial piece, channels of 1 vector
     ("GroupNormAct", (4, 512, 64, 64), {"num_groups": 32}), ("GroupNormAct", (16, 512, 16, 16), {"num_groups": 32, "activation": "gelu"}),
     ("GroupNormAct", (3, 4, 1, 8), {"num_groups": 2}), ("GroupNormAct", (2, 24, 5, 8), {"num_groups": 3, "activation": "none"}),
+    # GroupNormAct shared-memory ring (sm_90): clusters of 4/8 blocks with a ragged last chunk and a
+    # partial last piece; 16-bit: two blocks an SM (Ring<2>), fp32: the largest slice (8 blocks of
+    # 128 KiB); one past it (fallback). (1, 32, 128, 128) above: fp32 on Ring<2>, 16-bit spread to 8 blocks.
+    ("GroupNormAct", (1, 10, 8, 1001), {"num_groups": 2, "activation": "gelu"}),
+    ("GroupNormAct", (1, 64, 128, 128), {"num_groups": 4}), ("GroupNormAct", (1, 64, 128, 130), {"num_groups": 2, "activation": "none"}),
     ("BiasAct", (1, 3), {"activation": "relu"}), ("BiasAct", (5, 77, 1001), {"activation": "gelu"}),
     ("BiasAct", (33, 512), {"activation": "gelu"}), ("BiasAct", (7, 3, 2048), {"activation": "gelu_tanh"}),
     ("BiasAct", (9, 1024), {"activation": "silu", "misalign": True}),
@@ -188,12 +211,25 @@ CHECKS = [
     # kGlobal (per-element fallback): key stride 2; misaligned q-varying rows at 8 warps, head_dim 64.
     ("FusedMHA", (2, 80, 90, 256), {"num_heads": 2, "mask": "bhqk", "mask_layout": "kstride"}),
     ("FusedMHA", (2, 150, 100, 512), {"num_heads": 8, "mask": "bqk", "mask_layout": "offset", "mask_inf": 0.2}),
+    # Hopper path (fused_mha_sm90.cu: head_dim 64/128, positive scale): key tails of 1 and 127 past a
+    # 128-key tile, queries past the last 128/192-row block, a CTA with its second warpgroup idle
+    # (q_seq 64), causal with q_seq > k_seq and q_seq < k_seq, many tiles through the 2-stage ring.
+    ("FusedMHA", (3, 77, 257, 512), {"num_heads": 8}), ("FusedMHA", (2, 300, 383, 1024), {"num_heads": 8, "scale": 0.2}),
+    ("FusedMHA", (2, 64, 500, 512), {"num_heads": 4, "causal": 1}), ("FusedMHA", (2, 300, 190, 1024), {"num_heads": 8, "causal": 1}),
+    ("FusedMHA", (1, 1000, 3001, 256), {"num_heads": 2}), ("FusedMHA", (2, 640, 640, 2048), {"num_heads": 16, "causal": 1}),
+    ("FusedMHA", (1, 129, 129, 128), {"num_heads": 2, "causal": 1}),
+    # ... its TMA-staged masks (16-byte aligned, keys contiguous): per query with a fully masked row,
+    # head_dim 128, keys past the last tile; one row per batch with -inf entries, causal, 3 warpgroups.
+    ("FusedMHA", (2, 150, 264, 1024), {"num_heads": 8, "mask": "bhqk", "mask_inf": 0.3}),
+    ("FusedMHA", (3, 300, 136, 512), {"num_heads": 8, "mask": True, "mask_inf": 0.2, "causal": 1}),
 ]
 
 
 def check():
     worst = 0.0
     for op, shape, attrs in CHECKS:
+        if not wanted(op) or (ARGS.max_size and math.prod(shape) > ARGS.max_size):
+            continue
         for dtype in DT:
             torch.manual_seed(zlib.crc32(repr((op, shape, str(dtype))).encode()))  # hash() of str varies per process
             xs = inputs(op, shape, dtype, attrs)
@@ -228,6 +264,8 @@ def ort_check(ort_lib):
              ("FusedMHA", (2, 33, 65, 128), {"num_heads": 2, "causal": 1, "mask": True}), ("FusedMHA", (2, 128, 128, 512), {"num_heads": 8})]
     worst = 0.0
     for op, shape, attrs in cases:
+        if not wanted(op):
+            continue
         for dtype, tol in ((np.float32, 1e-5), (np.float16, 2e-3)):
             for with_lib in (True, False):
                 a = dict(attrs)
@@ -277,7 +315,11 @@ def graph_ms(fn, calls=20):
     return median_ms(graph.replay, 10) / calls
 
 
-BENCH_SHAPES = [("LayerNormGelu", (16384, 4096), {}), ("GroupNormAct", (16, 512, 64, 64), {"num_groups": 32}), ("BiasAct", (8192, 16384), {"activation": "gelu"})]
+# GroupNormAct: the round-1..4 shape (134 MB moved in fp16, ~32 us at copy speed: launch and ramp
+# weigh) and two larger diffusion-UNet ones (2x and 4x the bytes).
+BENCH_SHAPES = [("LayerNormGelu", (16384, 4096), {}), ("GroupNormAct", (16, 512, 64, 64), {"num_groups": 32}),
+                ("GroupNormAct", (32, 512, 64, 64), {"num_groups": 32}), ("GroupNormAct", (16, 512, 128, 128), {"num_groups": 32}),
+                ("BiasAct", (8192, 16384), {"activation": "gelu"})]
 
 
 def bench():
@@ -296,6 +338,8 @@ def bench():
         "BiasAct": lambda x, b: F.gelu(x + b),
     }
     for op, shape, attrs in BENCH_SHAPES:
+        if not wanted(op):
+            continue
         eager = eager_of[op]
         for dtype in (torch.float16, torch.bfloat16, torch.float32):
             xs = inputs(op, shape, dtype, attrs)
@@ -409,11 +453,13 @@ def time_only():
     """GPU ms of the library's kernels on the benchmark shapes (no checks, no baselines): the
     other side of an A/B run against another build."""
     for op, shape, attrs in BENCH_SHAPES:
+        if not wanted(op):
+            continue
         for dtype in (torch.float16, torch.bfloat16, torch.float32):
             xs = inputs(op, shape, dtype, attrs)
             y = torch.empty_like(xs[0])
             print(f"time {op} {shape} {str(dtype)[6:]} {graph_ms(lambda: native(op, xs, attrs, y)):.4f} ms")
-    for sq, extra in ((1024, {}), (1024, {"mask": True}), (2048, {})):
+    for sq, extra in ((1024, {}), (1024, {"mask": True}), (2048, {})) if wanted("FusedMHA") else ():
         attrs = {"num_heads": 16, **extra}
         xs = inputs("FusedMHA", (8, sq, sq, 1024), torch.float16, attrs)
         y = torch.empty_like(xs[0])
@@ -423,16 +469,18 @@ def time_only():
 
 if __name__ == "__main__":
     print(torch.cuda.get_device_name(), torch.__version__)
-    if "--time-only" in sys.argv:
+    if ARGS.time_only:
         time_only()
         sys.exit(0)
     worst = check()
     print(f"worst error / tolerance: {worst:.2f}")
-    if len(sys.argv) > 2:  # --ort LIB: onnxruntime-gpu is importable with its CUDA provider
-        worst = max(worst, ort_check(sys.argv[3]))
+    if ARGS.ort:  # onnxruntime-gpu is importable with its CUDA provider
+        worst = max(worst, ort_check(ARGS.ort))
         print(f"worst error / tolerance incl. ORT CUDA EP: {worst:.2f}")
-    bench()
-    bench_mha()
-    if len(sys.argv) > 2:
-        bench_mha_ort(sys.argv[3])
+    if not ARGS.check_only:
+        bench()
+        if wanted("FusedMHA"):
+            bench_mha()
+            if ARGS.ort:
+                bench_mha_ort(ARGS.ort)
     sys.exit(0 if worst < 1 else 1)
