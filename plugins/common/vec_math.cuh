@@ -26,6 +26,28 @@ __device__ __forceinline__ float rcp_ftz(float x) {
   return r;
 }
 
+// Loads at a shared-window address (__cvta_generic_to_shared), so that a loop's addresses are
+// formed once: through pointers into dynamic or cluster-kernel shared memory, nvcc rebuilt them
+// (shared-window base, offsets) for every access. Volatile: kept in order with the barriers and
+// mbarrier waits (volatile too) that make the data visible.
+__device__ __forceinline__ uint4 ld_shared_v4(uint32_t addr) {
+  uint4 v;
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));
+  return v;
+}
+__device__ __forceinline__ float2 ld_shared_f2(uint32_t addr) {
+  float2 v;
+  asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];" : "=f"(v.x), "=f"(v.y) : "r"(addr));
+  return v;
+}
+
+template <typename T>
+__device__ __forceinline__ Vec<T> as_vec(uint4 w) {
+  Vec<T> v;
+  *reinterpret_cast<uint4*>(v.v) = w;
+  return v;
+}
+
 // Elements 2k, 2k+1 of v as floats.
 __device__ __forceinline__ float2 pair_to_float2(const Vec<float>& v, int k) { return make_float2(v.v[2 * k], v.v[2 * k + 1]); }
 __device__ __forceinline__ float2 pair_to_float2(const Vec<__half>& v, int k) {
@@ -82,6 +104,18 @@ __device__ __forceinline__ float act_lean(float x) {
   if constexpr (kAct == Act::kSilu) return x * rcp_ftz(1.f + ex2_ftz(x * -1.4426950408889634f));
   if constexpr (kAct == Act::kSigmoid) return rcp_ftz(1.f + ex2_ftz(x * -1.4426950408889634f));
   return x;
+}
+
+// silu(x) with one MUFU op instead of two, for kernels whose activations are bound by the MUFU
+// pipe (16 results a clock an SM, against 128 FMAs): u = 2^(-|x| log2 e) in (0, 1],
+// 1 / (1 + u) by a degree-5 minimax polynomial on [0, 1] (relative error 5.1e-5 = 2^-14.3: for
+// 16-bit outputs), and silu(x) = x / (1 + u) for x >= 0, x u / (1 + u) for x < 0, i.e.
+// max(x, x u) / (1 + u): no cancellation for negative x.
+__device__ __forceinline__ float silu_one_mufu(float x) {
+  const float u = ex2_ftz(fabsf(x) * -1.4426950408889634f);
+  const float q = fmaf(fmaf(fmaf(fmaf(fmaf(-0.104481466f, u, 0.417926311f), u, -0.77055794f), u, 0.953412592f), u, -0.996273935f), u,
+                       0.999948859f);
+  return fmaxf(x, x * u) * q;
 }
 
 }  // namespace deployfuse

@@ -10,27 +10,38 @@
 //   written its outputs, then release it for the producer to refill, so the next slice's first
 //   pieces load while this one is reduced and applied, and loads take no registers.
 // - Statistics in one sweep, exact: per piece each thread takes mean and M2 = sum (x - mean)^2 of
-//   its vectors in registers (two-pass), then Chan's merge of (n, mean, M2) into its running
-//   moments, over the warp, the block and, for C > 1, the cluster: each block pushes its moments
-//   into every block's shared memory and arrives on their mbarrier (no cluster-wide barrier), and
-//   every block merges them in rank order, so all get the same mean and variance.
-// - y = act(fma(x, scale * rstd, bias - mean * scale * rstd)) from shared memory, stored
-//   evict-first (X is loaded evict-first too): X read once, Y written once.
+//   its vectors (two-pass over their floats, kept in registers), then Chan's merge of (n, mean, M2)
+//   into its running moments, over the warp, the block and, for C > 1, the cluster: each block
+//   pushes its moments into every block's shared memory and arrives on their mbarrier (no
+//   cluster-wide barrier), and every block merges them in rank order, so all get the same mean
+//   and variance.
+// - A table in shared memory of (a, b) = (scale * rstd, bias - mean * scale * rstd) for the chunk's
+//   channels, an entry a consumer thread (launch_ring sizes the cluster so that a chunk spans at
+//   most kConsumers channels), filled after the statistics from scale and bias loaded before them.
+// - y = act(fma(x, a, b)) from shared memory: per vector a fast_div for the channel and one 8-byte
+//   shared load for (a, b); stored evict-first (X is loaded evict-first too): X read once, Y
+//   written once. 16-bit silu takes every second element through silu_one_mufu (one MUFU op, not
+//   two: the apply loop was bound by the MUFU pipe, 16 results a clock an SM).
 // Two shapes of the kernel, Ring<kBlocks>: one block an SM (16 consumer warps, 13 slots, chunks up
 // to 128 KiB) or two (8 consumer warps and 6 slots each, chunks up to 64 KiB), where each block
 // fills the other's waits for its cluster; launch_ring picks.
-// What bounds it (H200, 16x512x64x64 fp16 silu: 52 us, a copy of the same bytes 34 us): no output
-// of a slice can be stored before all of it has arrived and been reduced, and the sweeps cost ~27
-// instructions an element (silu: 2 MUFU), so memory and issue take turns (ncu: DRAM 45 %, issue
-// slots 55 % busy); without the activation it runs in 44 us, fp32 (half the work a byte) at 76-82 %.
+// What bounds it (H200, copy 4231 GB/s): 16x512x64x64 silu fp16 42.9 us = 74 % of copy, bf16 73 %,
+// fp32 84 %; 32x512x64x64 16-bit 80 %, 16x512x128x128 16-bit 71 %. About 18 SASS instructions an
+// element (statistics 6.7, apply 11.5; 22 before the table). Without the activation fp16
+// 16x512x64x64 runs at 78 %: what is left is the structure, no output of a slice before all of it
+// has arrived and been reduced, and no loads while the ring is full of slices being reduced.
 // History: round 3, a cluster per slice, chunk in registers (35-47 % of copy bandwidth); round 4,
-// persistent, the next chunk loaded into registers before reducing this one (51-64 %). Measured and
-// dropped here: the chunk in registers with the ring only for staging (no faster, fp32 5 % slower),
-// smaller chunks over more blocks (a cluster wait each: slower), programmatic dependent launch (no change).
+// persistent, the next chunk loaded into registers before reducing this one (51-64 %); the ring
+// (60-65 %); the (a, b) table, floats kept between the passes, shared loads at precomputed
+// addresses and silu_one_mufu (71-80 %; silu_one_mufu's share 1-2 %: 42.9 against 43.4 us, 177
+// against 181 us at 16x512x128x128). Measured and dropped: the chunk in registers with the ring only
+// for staging (no faster, fp32 5 % slower), smaller chunks over more blocks (a cluster wait each:
+// slower; Ring<2> for 16-bit 16x512x64x64, 44.6 us against 42.9), programmatic dependent launch.
 // Otherwise: one block per (sample, group), Welford statistics, then a second sweep.
 #include "group_norm_act/group_norm_act.cuh"
 
 #include <atomic>
+#include <type_traits>
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -78,7 +89,7 @@ struct Moments {
 // Chan et al.: moments of the union of two disjoint sets (either may be empty).
 __device__ __forceinline__ Moments merge(Moments a, Moments b) {
   const float n = a.n + b.n;
-  const float w = n > 0.f ? __fdividef(b.n, n) : 0.f;
+  const float w = n > 0.f ? b.n * rcp_ftz(n) : 0.f;
   const float d = b.mean - a.mean;
   return {n, fmaf(d, w, a.mean), a.m2 + fmaf(d * d * a.n, w, b.m2)};
 }
@@ -102,6 +113,14 @@ __device__ __forceinline__ Moments broadcast0(Moments m) {
 // n / d for 0 <= n < 2^31 by multiply-high (Granlund & Montgomery): p = ceil(log2 d),
 // mul = floor(2^(32 + p) / d) - 2^32 + 1, n / d = (umulhi(n, mul) + n) >> p.
 __device__ __forceinline__ int fast_div(int n, FastDiv d) { return static_cast<int>((__umulhi(n, d.mul) + n) >> d.shift); }
+
+// act of two elements. 16-bit silu: the second by silu_one_mufu, three MUFU ops a pair instead of
+// four (the apply loop is bound by the MUFU pipe; fp32's tolerance wants the exact reciprocal).
+template <typename T, Act kAct>
+__device__ __forceinline__ float2 act_pair(float a, float b) {
+  if constexpr (kAct == Act::kSilu && sizeof(T) == 2) return make_float2(act_lean<kAct>(a), silu_one_mufu(b));
+  return make_float2(act_lean<kAct>(a), act_lean<kAct>(b));
+}
 
 template <int kCount>
 __device__ __forceinline__ void consumer_sync() {
@@ -127,6 +146,7 @@ __global__ void __launch_bounds__(Ring<kBlocks>::kThreads, kBlocks) group_norm_a
   __shared__ uint64_t moments_in[2];                      // the cluster's moments of a slice arrived (by slice parity)
   __shared__ float4 cluster_moments[2][kMaxCluster];
   __shared__ float4 warp_moments[2][R::kConsumerWarps];
+  __shared__ float2 coef[R::kConsumers];                  // (a, b) of the chunk's channels
 
   const int rank = static_cast<int>(cluster_rank()), blocks = static_cast<int>(cluster_size());
   const int64_t first_slice = blockIdx.x / blocks, stride = gridDim.x / blocks;
@@ -163,49 +183,69 @@ __global__ void __launch_bounds__(Ring<kBlocks>::kThreads, kBlocks) group_norm_a
     __syncwarp();
   } else {  // consumers
     const int tid = threadIdx.x;
+    // The chunk's channels of its group: [c_first, c_first + chunk_channels), at most kConsumers.
+    const int c_first = len > 0 ? fast_div(begin, spatial_vectors) : 0;
+    const int chunk_channels = len > 0 ? fast_div(begin + len - 1, spatial_vectors) - c_first + 1 : 0;
+    // Shared-window addresses, formed once (as pointers they were rebuilt for every vector).
+    const uint32_t ring_at = smem_addr(ring) + tid * 16;
+    const uint32_t coef_at = smem_addr(coef) - c_first * 8;  // + channel * 8
     int slot = 0;
     unsigned phase = 0;
     for (int64_t s = first_slice, k = 0; s < slices; s += stride, ++k) {
+      // This thread's entry of the coefficient table: scale and bias load while the moments are taken.
+      float g = 0.f, h = 0.f;
+      if (tid < chunk_channels) {
+        const int64_t c = (s % groups) * group_channels + c_first + tid;
+        g = to_float(scale[c]);
+        h = to_float(bias[c]);
+      }
       const int first_slot = slot;
       Moments acc = {0.f, 0.f, 0.f};
       for (int j = 0; j < pieces; ++j) {
         mbar_wait(&full[slot], phase);
-        const Vec<T>* piece = ring + slot * kPieceVecs;
-        const int n = len - j * kPieceVecs;
-        Vec<T> v[kPer];
-        int count = 0;
-        float sum = 0.f;
+        const uint32_t at = ring_at + slot * (kPieceVecs * 16);
+        const int n = len - j * kPieceVecs - tid;  // this thread's vectors u * kConsumers < n exist
+        // Two passes over the thread's vectors of the piece, from registers; a full piece (all but
+        // maybe the last) without the per-vector bounds.
+        const auto moments = [&](auto whole) -> Moments {
+          constexpr bool kWhole = decltype(whole)::value;
+          float2 f[kPer][kPairs];
+          int count = 0;
+          float sum = 0.f;
 #pragma unroll
-        for (int u = 0; u < kPer; ++u) {
-          if (tid + u * R::kConsumers < n) {
-            v[u] = piece[tid + u * R::kConsumers];
-            ++count;
+          for (int u = 0; u < kPer; ++u) {
+            if (kWhole || u * R::kConsumers < n) {
+              const Vec<T> v = as_vec<T>(ld_shared_v4(at + u * (R::kConsumers * 16)));
+              ++count;
 #pragma unroll
-            for (int p = 0; p < kPairs; ++p) {
-              const float2 f = pair_to_float2(v[u], p);
-              sum += f.x + f.y;
+              for (int p = 0; p < kPairs; ++p) f[u][p] = pair_to_float2(v, p);
+              float vs = f[u][0].x + f[u][0].y;
+#pragma unroll
+              for (int p = 1; p < kPairs; ++p) vs += f[u][p].x + f[u][p].y;
+              sum = u == 0 ? vs : sum + vs;
             }
           }
-        }
-        if (count > 0) {
+          if (count == 0) return {0.f, 0.f, 0.f};
           const float n_local = static_cast<float>(count * K);
-          const float mean = __fdividef(sum, n_local);
+          const float mean = sum * (kWhole ? 1.f / (kPer * K) : rcp_ftz(n_local));
           float m2 = 0.f;
 #pragma unroll
           for (int u = 0; u < kPer; ++u) {
-            opaque(v[u]);  // convert again rather than keep the floats of the sum alive
-            if (u < count) {
+            if (kWhole || u < count) {
+              float vm = 0.f;
 #pragma unroll
               for (int p = 0; p < kPairs; ++p) {
-                const float2 f = pair_to_float2(v[u], p);
-                const float d0 = f.x - mean, d1 = f.y - mean;
-                m2 = fmaf(d0, d0, m2);
-                m2 = fmaf(d1, d1, m2);
+                const float d0 = f[u][p].x - mean, d1 = f[u][p].y - mean;
+                vm = p == 0 ? d0 * d0 : fmaf(d0, d0, vm);
+                vm = fmaf(d1, d1, vm);
               }
+              m2 = u == 0 ? vm : m2 + vm;
             }
           }
-          acc = merge(acc, {n_local, mean, m2});
-        }
+          return {n_local, mean, m2};
+        };
+        const Moments piece = n > (kPer - 1) * R::kConsumers ? moments(std::true_type()) : moments(std::false_type());
+        acc = merge(acc, piece);
         if (++slot == R::kSlots) slot = 0, phase ^= 1;
       }
       // Block: warps, then every warp merges the warps' moments in the same order (same result).
@@ -230,29 +270,33 @@ __global__ void __launch_bounds__(Ring<kBlocks>::kThreads, kBlocks) group_norm_a
           total = merge(total, {w.x, w.y, w.z});
         }
       }
-      const float mean = total.mean;
+      // y = act(x * a + b) with a = scale * rstd, b = bias - mean * a per channel. The table's
+      // readers of the previous slice are past the sync above.
       const float inv_std = rsqrtf(total.m2 * inv_span + epsilon);
-      const int64_t first_channel = (s % groups) * group_channels;
-      Vec<T>* ys = y + s * span_vectors + begin;
+      if (tid < chunk_channels) {
+        const float a = g * inv_std;
+        coef[tid] = make_float2(a, fmaf(-total.mean, a, h));
+      }
+      consumer_sync<R::kConsumers>();
+      Vec<T>* ys = y + s * span_vectors + begin + tid;
       int out_slot = first_slot;
       for (int j = 0; j < pieces; ++j) {
-        const Vec<T>* piece = ring + out_slot * kPieceVecs;
-        const int n = len - j * kPieceVecs;
+        const uint32_t at = ring_at + out_slot * (kPieceVecs * 16);
+        const int n = len - j * kPieceVecs - tid;
+        const int first = begin + j * kPieceVecs + tid;  // in-slice index of the thread's first vector
 #pragma unroll
         for (int u = 0; u < kPer; ++u) {
-          const int i = tid + u * R::kConsumers;
-          if (i < n) {
-            const int c = fast_div(begin + j * kPieceVecs + i, spatial_vectors);
-            const float sa = to_float(scale[first_channel + c]) * inv_std;
-            const float sb = fmaf(-mean, sa, to_float(bias[first_channel + c]));
-            const Vec<T> v = piece[i];
+          if (u * R::kConsumers < n) {
+            const float2 ab = ld_shared_f2(coef_at + fast_div(first + u * R::kConsumers, spatial_vectors) * 8);
+            const Vec<T> v = as_vec<T>(ld_shared_v4(at + u * (R::kConsumers * 16)));
             Vec<T> o;
 #pragma unroll
             for (int p = 0; p < kPairs; ++p) {
               const float2 f = pair_to_float2(v, p);
-              set_pair(o, p, act_lean<kAct>(fmaf(f.x, sa, sb)), act_lean<kAct>(fmaf(f.y, sa, sb)));
+              const float2 r = act_pair<T, kAct>(fmaf(f.x, ab.x, ab.y), fmaf(f.y, ab.x, ab.y));
+              set_pair(o, p, r.x, r.y);
             }
-            __stcs(reinterpret_cast<uint4*>(ys + j * kPieceVecs + i), *reinterpret_cast<const uint4*>(o.v));
+            __stcs(reinterpret_cast<uint4*>(ys + j * kPieceVecs + u * R::kConsumers), *reinterpret_cast<const uint4*>(o.v));
           }
         }
         __syncwarp();  // the warp's reads of the slot are done (their values are stored)
@@ -339,10 +383,15 @@ bool launch_ring(cudaStream_t stream, const T* x, const T* scale, const T* bias,
                  int64_t groups, float epsilon, cudaError_t* status) {
   constexpr int K = Vec<T>::kSize;
   constexpr int64_t kMaxChunk = int64_t{Ring<kBlocks>::kMaxChunkPieces} * kPieceVecs;
-  const int64_t group_channels = channels / groups, span = group_channels * spatial / K, slices = n * groups;
+  const int64_t group_channels = channels / groups, span = group_channels * spatial / K, slices = n * groups, spatial_vectors = spatial / K;
+  // A chunk takes at most kMaxChunk vectors and touches at most kConsumers channels (the table).
+  const auto fits = [&](int blocks) {
+    const int64_t chunk = (span + blocks - 1) / blocks;
+    return chunk <= kMaxChunk && (chunk + spatial_vectors - 2) / spatial_vectors + 1 <= Ring<kBlocks>::kConsumers;
+  };
   int blocks = 1;
-  while (blocks < kMaxCluster && (span + blocks - 1) / blocks > kMaxChunk) blocks *= 2;
-  if ((span + blocks - 1) / blocks > kMaxChunk) return false;
+  while (blocks < kMaxCluster && !fits(blocks)) blocks *= 2;
+  if (!fits(blocks)) return false;
   int device = 0, sms = 0;
   if (cudaGetDevice(&device) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
     cudaGetLastError();
@@ -362,14 +411,15 @@ bool launch_ring(cudaStream_t stream, const T* x, const T* scale, const T* bias,
   set_ring_config<kBlocks>(&config, &attribute, static_cast<unsigned>(clusters), blocks, stream);
   *status = cudaLaunchKernelEx(&config, group_norm_act_ring_kernel<T, kAct, kBlocks>, reinterpret_cast<const Vec<T>*>(x), scale, bias,
                                reinterpret_cast<Vec<T>*>(y), slices, static_cast<int>(span), chunk, (chunk + kPieceVecs - 1) / kPieceVecs,
-                               make_fast_div(static_cast<unsigned>(spatial / K)), static_cast<int>(group_channels), groups,
+                               make_fast_div(static_cast<unsigned>(spatial_vectors)), static_cast<int>(group_channels), groups,
                                1.f / static_cast<float>(group_channels * spatial), epsilon);
   return true;
 }
 
 // Ring<1> while a slice spans at most two of its blocks; a larger slice takes Ring<2> where it fits
-// (H200: 16-bit 16x512x128x128 slices, 8 blocks of Ring<2>, 204 us against 220-225 us on 4 of
-// Ring<1>; fp32 16x512x64x64, 2 blocks of Ring<1>, 83 us against 85 us on 4 of Ring<2>).
+// (H200, before the (a, b) table: 16-bit 16x512x128x128 slices, 8 blocks of Ring<2>, 204 us against
+// 220-225 us on 4 of Ring<1>; fp32 16x512x64x64, 2 blocks of Ring<1>, 83 us against 85 us on 4 of
+// Ring<2>).
 template <typename T, Act kAct>
 bool launch_ring(cudaStream_t stream, const T* x, const T* scale, const T* bias, T* y, int64_t n, int64_t channels, int64_t spatial,
                  int64_t groups, float epsilon, cudaError_t* status) {
