@@ -116,13 +116,13 @@ __global__ void __launch_bounds__(Sm90Tile<D, kConsumers, kMask>::kThreads, 1)
     setmaxnreg_dec<24>();
     if (warp == 4 * kConsumers && lane == 0) {
       mbar_arrive_expect_tx(bar_q, Tile::kQBytes);
-      for (int c = 0; c < kCols; ++c) tma_load_4d(s_q + c * Tile::kBlockM * 128, &tm_q, bar_q, 64 * c, h, q0, b);
+      for (int c = 0; c < kCols; ++c) tma_load_4d(s_q + c * Tile::kBlockM * 128, &tm_q, bar_q, 64 * c, q0, h, b);
       for (int j = 0; j < n_tiles; ++j) {
         const int s = j % kStages;
         const uint32_t phase = (j / kStages) & 1;
         if (j >= kStages) mbar_wait(empty_k(s), phase ^ 1);
         mbar_arrive_expect_tx(full_k(s), Tile::kKVBytes + 2 * Tile::kMaskBox);
-        for (int c = 0; c < kCols; ++c) tma_load_4d(s_k + s * Tile::kKVBytes + c * kBlockN * 128, &tm_k, full_k(s), 64 * c, h, j * kBlockN, b);
+        for (int c = 0; c < kCols; ++c) tma_load_4d(s_k + s * Tile::kKVBytes + c * kBlockN * 128, &tm_k, full_k(s), 64 * c, j * kBlockN, h, b);
         if constexpr (kMask != Sm90Mask::kNone) {  // mask keys [128 j, 128 j + 128) of rows q0.. (kTile) or row 0 (kRow)
           for (int c = 0; c < 2; ++c) {
             tma_load_4d(s_m + s * Tile::kMaskBytes + c * Tile::kMaskPitch, &tm_m, full_k(s), j * kBlockN + 64 * c,
@@ -131,7 +131,7 @@ __global__ void __launch_bounds__(Sm90Tile<D, kConsumers, kMask>::kThreads, 1)
         }
         if (j >= kStages) mbar_wait(empty_v(s), phase ^ 1);
         mbar_arrive_expect_tx(full_v(s), Tile::kKVBytes);
-        for (int c = 0; c < kCols; ++c) tma_load_4d(s_v + s * Tile::kKVBytes + c * kBlockN * 128, &tm_v, full_v(s), 64 * c, h, j * kBlockN, b);
+        for (int c = 0; c < kCols; ++c) tma_load_4d(s_v + s * Tile::kKVBytes + c * kBlockN * 128, &tm_v, full_v(s), 64 * c, j * kBlockN, h, b);
       }
     }
     return;
@@ -321,23 +321,31 @@ EncodeTiledFn encode_tiled() {
   return fn;
 }
 
-// [batch, seq, heads, D] as a 4-D tensor map (innermost first) with boxes of 64 values x `rows` rows.
+// A 4-D tensor map of 16-bit T (dims and byte strides innermost first) read in boxes of 64 x rows
+// with the 128-byte swizzle; false when the driver refuses it.
 template <typename T>
-bool make_map(CUtensorMap* map, const T* base, const MhaShape& s, int64_t seq, int rows) {
-  const cuuint64_t dims[4] = {static_cast<cuuint64_t>(s.head_dim), static_cast<cuuint64_t>(s.heads), static_cast<cuuint64_t>(seq),
-                              static_cast<cuuint64_t>(s.batch)};
-  const cuuint64_t row_bytes = static_cast<cuuint64_t>(s.heads * s.head_dim) * sizeof(T);
-  const cuuint64_t strides[3] = {static_cast<cuuint64_t>(s.head_dim) * sizeof(T), row_bytes, row_bytes * seq};
-  const cuuint32_t box[4] = {64, 1, static_cast<cuuint32_t>(rows), 1};
+bool encode_map(CUtensorMap* map, const T* base, const cuuint64_t (&dims)[4], const cuuint64_t (&strides)[3], int rows) {
+  const cuuint32_t box[4] = {64, static_cast<cuuint32_t>(rows), 1, 1};
   const cuuint32_t elem_strides[4] = {1, 1, 1, 1};
   const CUtensorMapDataType type = std::is_same_v<T, __half> ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
   return encode_tiled()(map, type, 4, const_cast<T*>(base), dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
                         CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-// The additive mask over [key, query, head, batch] (innermost first) with boxes of 64 keys x `rows`
-// queries; a broadcast dimension gets extent 1. False when TMA cannot read it: keys not contiguous, a
-// base or a row, head or batch stride not 16-byte aligned.
+// Q, K or V, [batch, seq, heads, D], as [D, seq, heads, batch]: a box is 64 head values of `rows`
+// sequence positions of one head.
+template <typename T>
+bool make_map(CUtensorMap* map, const T* base, const MhaShape& s, int64_t seq, int rows) {
+  const cuuint64_t row_bytes = static_cast<cuuint64_t>(s.heads * s.head_dim) * sizeof(T);
+  const cuuint64_t dims[4] = {static_cast<cuuint64_t>(s.head_dim), static_cast<cuuint64_t>(seq), static_cast<cuuint64_t>(s.heads),
+                              static_cast<cuuint64_t>(s.batch)};
+  const cuuint64_t strides[3] = {row_bytes, static_cast<cuuint64_t>(s.head_dim) * sizeof(T), row_bytes * seq};
+  return encode_map(map, base, dims, strides, rows);
+}
+
+// The additive mask as [key, query, head, batch], a broadcast dimension with extent 1: a box is 64
+// keys of `rows` queries. False when TMA cannot read it: keys not contiguous, a base or a query,
+// head or batch stride not 16-byte aligned.
 template <typename T>
 bool make_mask_map(CUtensorMap* map, const T* mask, const MhaShape& s, int rows) {
   const int64_t* ms = s.mask_stride;
@@ -350,11 +358,7 @@ bool make_mask_map(CUtensorMap* map, const T* mask, const MhaShape& s, int rows)
     if (stride != 0) dims[i + 1] = static_cast<cuuint64_t>(extent[i]);
     strides[i] = stride != 0 ? static_cast<cuuint64_t>(stride) * sizeof(T) : 16;  // any legal stride for an extent of 1
   }
-  const cuuint32_t box[4] = {64, static_cast<cuuint32_t>(rows), 1, 1};
-  const cuuint32_t elem_strides[4] = {1, 1, 1, 1};
-  const CUtensorMapDataType type = std::is_same_v<T, __half> ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
-  return encode_tiled()(map, type, 4, const_cast<T*>(mask), dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                        CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+  return encode_map(map, mask, dims, strides, rows);
 }
 
 template <typename T, int D, int kConsumers, Sm90Mask kMask>
