@@ -36,6 +36,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "common/arch_check.h"
 #include "common/cuda_check.h"
 #include "common/dtype.cuh"
 #include "fused_mha/flash_math.cuh"
@@ -406,7 +407,8 @@ cudaError_t launch_fused_mha_tc(cudaStream_t stream, const T* q, const T* k, con
   int device = 0, major = 0;
   DF_RETURN_IF_ERROR(cudaGetDevice(&device));
   DF_RETURN_IF_ERROR(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-  if (major < 8) return cudaErrorNotSupported;
+  static ArchCheck built_for;
+  if (major < 8 || !built_for(reinterpret_cast<const void*>(fused_mha_tc_kernel<T, 64, 4, MaskMode::kNone>), 80)) return cudaErrorNotSupported;
   switch (s.head_dim) {
     case 32: return launch_dim<T, 32>(stream, q, k, v, mask, y, s);
     case 64: return launch_dim<T, 64>(stream, q, k, v, mask, y, s);

@@ -46,6 +46,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include "common/arch_check.h"
 #include "common/async_copy.cuh"
 #include "common/cuda_check.h"
 #include "common/dtype.cuh"
@@ -330,10 +331,12 @@ __global__ void __launch_bounds__(kThreads) group_norm_act_kernel(const T* __res
   }
 }
 
+// A 9.0+ GPU and ring kernels compiled for it (their body is empty below sm_90).
 bool has_clusters() {
+  static ArchCheck built_for;
   int device = 0, major = 0;
   return cudaGetDevice(&device) == cudaSuccess && cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess &&
-         major >= 9;
+         major >= 9 && built_for(reinterpret_cast<const void*>(group_norm_act_ring_kernel<float, Act::kNone, 1>), 90);
 }
 
 template <int kBlocks>

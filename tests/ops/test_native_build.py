@@ -1,5 +1,5 @@
-"""The CUDA sources compile (sm_80 and sm_90) into the CUDA flavour of the ORT library, and the
-CLI builds the plugins."""
+"""The CUDA sources compile (sm_80 and sm_90, and the Hopper FusedMHA as sm_90a) into the CUDA
+flavour of the ORT library, and the CLI builds the plugins."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ def test_cuda_library_builds_for_sm80_and_sm90():
 
     out = build_plugins(cuda=True)
     assert (out / "libdeployfuse_ort.so").is_file() and (out / "libdeployfuse_ops_cuda.so").is_file()
+    assert (out / "libdeployfuse_cuda_sm90a.a").is_file(), "the sm_90a FusedMHA target was not built (sm_90 among the architectures?)"
 
 
 def test_cli_builds_cpu_plugins(capsys):
