@@ -1,5 +1,5 @@
 // Elementwise, four paths:
-// - fp32 rows of whole 16-byte vectors (X, Y, Bias 16-byte aligned): flat, four vectors a thread,
+// - fp32 with cols % 4 == 0 (X, Y, Bias 16-byte aligned): flat, four vectors a thread,
 //   the bias vector by a 32-bit remainder (H200, 8192x16384 gelu: 0.262 ms against 0.276 for the
 //   rows kernel below; 16-bit data gained nothing, bf16 lost 3 %);
 // - rows of whole 16-byte vectors (cols % (16 / sizeof(T)) == 0, X, Y, Bias 16-byte aligned,
@@ -119,16 +119,18 @@ cudaError_t launch_bias_act(cudaStream_t stream, const T* x, const T* bias, T* y
   if (cols <= 0) return cudaErrorInvalidValue;
   constexpr int kSize = Vec<T>::kSize;
   const bool aligned = aligned16(x) && aligned16(y);
-  if (std::is_same_v<T, float> && aligned && cols % kSize == 0 && aligned16(bias) && total / kSize <= UINT_MAX) {
-    const int64_t vectors = total / kSize;
-    const unsigned blocks = static_cast<unsigned>((vectors + kThreads * kFlat - 1) / (kThreads * kFlat));
-    with_act(act, [&](auto a) {
-      bias_act_flat_kernel<T, decltype(a)::value><<<blocks, kThreads, 0, stream>>>(
-          reinterpret_cast<const Vec<T>*>(x), reinterpret_cast<const Vec<T>*>(bias), reinterpret_cast<Vec<T>*>(y), vectors,
-          static_cast<unsigned>(cols / kSize));
-      return 0;
-    });
-    return cudaGetLastError();
+  if constexpr (std::is_same_v<T, float>) {
+    if (aligned && cols % kSize == 0 && aligned16(bias) && total / kSize <= UINT_MAX) {
+      const int64_t vectors = total / kSize;
+      const unsigned blocks = static_cast<unsigned>((vectors + kThreads * kFlat - 1) / (kThreads * kFlat));
+      with_act(act, [&](auto a) {
+        bias_act_flat_kernel<T, decltype(a)::value><<<blocks, kThreads, 0, stream>>>(
+            reinterpret_cast<const Vec<T>*>(x), reinterpret_cast<const Vec<T>*>(bias), reinterpret_cast<Vec<T>*>(y), vectors,
+            static_cast<unsigned>(cols / kSize));
+        return 0;
+      });
+      return cudaGetLastError();
+    }
   }
   if (aligned && cols % kSize == 0 && aligned16(bias) && cols / kSize >= kMinColumnVectors) {
     const int64_t col_vectors = cols / kSize, rows = total / cols;
