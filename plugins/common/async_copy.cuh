@@ -6,9 +6,9 @@
 #pragma once
 #include <cstdint>
 
-namespace deployfuse {
+#include "common/shared_mem.cuh"
 
-__device__ __forceinline__ uint32_t smem_addr(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
+namespace deployfuse {
 
 __device__ __forceinline__ void mbar_init(uint64_t* bar, unsigned count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(count) : "memory");

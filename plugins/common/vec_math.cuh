@@ -26,21 +26,7 @@ __device__ __forceinline__ float rcp_ftz(float x) {
   return r;
 }
 
-// Loads at a shared-window address (__cvta_generic_to_shared), so that a loop's addresses are
-// formed once: through pointers into dynamic or cluster-kernel shared memory, nvcc rebuilt them
-// (shared-window base, offsets) for every access. Volatile: kept in order with the barriers and
-// mbarrier waits (volatile too) that make the data visible.
-__device__ __forceinline__ uint4 ld_shared_v4(uint32_t addr) {
-  uint4 v;
-  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));
-  return v;
-}
-__device__ __forceinline__ float2 ld_shared_f2(uint32_t addr) {
-  float2 v;
-  asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];" : "=f"(v.x), "=f"(v.y) : "r"(addr));
-  return v;
-}
-
+// 16 bytes (e.g. from ld_shared_v4, common/shared_mem.cuh) as a vector of T.
 template <typename T>
 __device__ __forceinline__ Vec<T> as_vec(uint4 w) {
   Vec<T> v;

@@ -31,6 +31,7 @@
 #include "common/async_copy.cuh"
 #include "common/cuda_check.h"
 #include "common/dtype.cuh"
+#include "common/shared_mem.cuh"
 #include "fused_mha/flash_math.cuh"
 #include "fused_mha/wgmma.cuh"
 
@@ -67,12 +68,6 @@ struct Sm90Params {
   bool causal;
   bool mask_b, mask_h;  // the mask varies over batch / heads (else its map has one there)
 };
-
-__device__ __forceinline__ uint32_t ld_shared_u32(uint32_t addr) {
-  uint32_t v;
-  asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(v) : "r"(addr));
-  return v;
-}
 
 template <typename T, int D, int kConsumers, Sm90Mask kMask>
 __global__ void __launch_bounds__(Sm90Tile<D, kConsumers, kMask>::kThreads, 1)
@@ -186,8 +181,8 @@ __global__ void __launch_bounds__(Sm90Tile<D, kConsumers, kMask>::kThreads, 1)
     }
   };
 
-  // Online softmax of S_j in sc: P_j in place, m and l updated; returns alpha per row. Only the last
-  // tile and tiles crossing the diagonal need the bounds/causal test (warp-uniform).
+  // Online softmax of S_j in sc (flash_math.cuh): P_j in place, m and l updated, alpha per row. Only
+  // the last tile and tiles crossing the diagonal need the bounds/causal test (warp-uniform).
   auto softmax = [&](int j, float (&alpha)[2]) {
     const int k0 = j * kBlockN;
     if constexpr (kMask != Sm90Mask::kNone) add_mask(j);
@@ -201,35 +196,12 @@ __global__ void __launch_bounds__(Sm90Tile<D, kConsumers, kMask>::kThreads, 1)
         }
       }
     }
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      float mx = -INFINITY;
-#pragma unroll
-      for (int i = 0; i < kBlockN / 8; ++i) mx = fmaxf(mx, fmaxf(sc[4 * i + 2 * r], sc[4 * i + 2 * r + 1]));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      mx = fmaxf(m[r], mx * p.scale);
-      const float base = mx == -INFINITY ? 0.f : mx;  // all masked so far: P = 0 without inf - inf
-      alpha[r] = ex2(m[r] - base);
-      m[r] = mx;
-      float sum = 0.f;
-#pragma unroll
-      for (int i = 0; i < kBlockN / 8; ++i) {
-        sc[4 * i + 2 * r] = ex2(fmaf(sc[4 * i + 2 * r], p.scale, -base));
-        sc[4 * i + 2 * r + 1] = ex2(fmaf(sc[4 * i + 2 * r + 1], p.scale, -base));
-        sum += sc[4 * i + 2 * r] + sc[4 * i + 2 * r + 1];
-      }
-      l[r] = l[r] * alpha[r] + sum;  // this thread's columns only; the quad is summed at the end
-    }
+    alpha[0] = online_softmax_row(sc, 0, p.scale, m[0], l[0]);
+    alpha[1] = online_softmax_row(sc, 1, p.scale, m[1], l[1]);
   };
   auto pack_p = [&] {
 #pragma unroll
-    for (int kk = 0; kk < kBlockN / 16; ++kk) {
-      pa[kk][0] = pack2<T>(sc[8 * kk], sc[8 * kk + 1]);
-      pa[kk][1] = pack2<T>(sc[8 * kk + 2], sc[8 * kk + 3]);
-      pa[kk][2] = pack2<T>(sc[8 * kk + 4], sc[8 * kk + 5]);
-      pa[kk][3] = pack2<T>(sc[8 * kk + 6], sc[8 * kk + 7]);
-    }
+    for (int kk = 0; kk < kBlockN / 16; ++kk) p_fragment<T>(sc, kk, pa[kk]);
   };
 
   mbar_wait(bar_q, 0);
@@ -289,10 +261,7 @@ __global__ void __launch_bounds__(Sm90Tile<D, kConsumers, kMask>::kThreads, 1)
   T* y_base = y + static_cast<int64_t>(b) * p.q_seq * ld + h * D + 2 * t;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    float sum = l[r];
-    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-    const float inv = sum > 0.f ? 1.f / sum : 0.f;
+    const float inv = row_inverse_sum(l[r]);
     if (rows[r] < p.q_seq) {
       T* out = y_base + rows[r] * ld;
 #pragma unroll
@@ -362,12 +331,10 @@ bool make_mask_map(CUtensorMap* map, const T* mask, const MhaShape& s, int rows)
 }
 
 template <typename T, int D, int kConsumers, Sm90Mask kMask>
-cudaError_t launch_with(cudaStream_t stream, const T* q, const T* k, const T* v, const T* mask, T* y, const MhaShape& s) {
+cudaError_t launch_with(cudaStream_t stream, int device, const T* q, const T* k, const T* v, const T* mask, T* y, const MhaShape& s) {
   using Tile = Sm90Tile<D, kConsumers, kMask>;
   const auto kernel = fused_mha_sm90_kernel<T, D, kConsumers, kMask>;
   static std::atomic<uint64_t> configured{0};  // devices whose shared-memory limit is raised (bit = ordinal)
-  int device = 0;
-  DF_RETURN_IF_ERROR(cudaGetDevice(&device));
   const uint64_t bit = device < 64 ? 1ull << device : 0;
   if (!(configured.load() & bit)) {
     DF_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(Tile::kSmem)));
@@ -406,10 +373,10 @@ bool is_sm90(int device) {
 }
 
 template <typename T, int D, int kConsumers>
-cudaError_t launch_mask(cudaStream_t stream, const T* q, const T* k, const T* v, const T* mask, T* y, const MhaShape& s) {
-  if (!mask) return launch_with<T, D, kConsumers, Sm90Mask::kNone>(stream, q, k, v, mask, y, s);
-  if (s.mask_stride[2] == 0) return launch_with<T, D, kConsumers, Sm90Mask::kRow>(stream, q, k, v, mask, y, s);
-  return launch_with<T, D, kConsumers, Sm90Mask::kTile>(stream, q, k, v, mask, y, s);
+cudaError_t launch_mask(cudaStream_t stream, int device, const T* q, const T* k, const T* v, const T* mask, T* y, const MhaShape& s) {
+  if (!mask) return launch_with<T, D, kConsumers, Sm90Mask::kNone>(stream, device, q, k, v, mask, y, s);
+  if (s.mask_stride[2] == 0) return launch_with<T, D, kConsumers, Sm90Mask::kRow>(stream, device, q, k, v, mask, y, s);
+  return launch_with<T, D, kConsumers, Sm90Mask::kTile>(stream, device, q, k, v, mask, y, s);
 }
 
 }  // namespace
@@ -424,9 +391,9 @@ cudaError_t launch_fused_mha_sm90(cudaStream_t stream, const T* q, const T* k, c
   if (!is_sm90(device) || !encode_tiled()) return cudaErrorNotSupported;
   // Two 64-row consumer warpgroups a CTA; at head_dim 64 three share each K/V tile (11 % faster at
   // seq 2048 on an H200), which wastes rows on short query sequences.
-  if (s.head_dim == 64 && s.q_seq > 128) return launch_mask<T, 64, 3>(stream, q, k, v, mask, y, s);
-  if (s.head_dim == 64) return launch_mask<T, 64, 2>(stream, q, k, v, mask, y, s);
-  return launch_mask<T, 128, 2>(stream, q, k, v, mask, y, s);
+  if (s.head_dim == 64 && s.q_seq > 128) return launch_mask<T, 64, 3>(stream, device, q, k, v, mask, y, s);
+  if (s.head_dim == 64) return launch_mask<T, 64, 2>(stream, device, q, k, v, mask, y, s);
+  return launch_mask<T, 128, 2>(stream, device, q, k, v, mask, y, s);
 }
 
 template cudaError_t launch_fused_mha_sm90<__half>(cudaStream_t, const __half*, const __half*, const __half*, const __half*, __half*, const MhaShape&);

@@ -39,6 +39,7 @@
 #include "common/arch_check.h"
 #include "common/cuda_check.h"
 #include "common/dtype.cuh"
+#include "common/shared_mem.cuh"
 #include "fused_mha/flash_math.cuh"
 
 namespace deployfuse {
@@ -46,7 +47,6 @@ namespace {
 
 constexpr int kBlockN = 64;
 
-__device__ __forceinline__ uint32_t smem_addr(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
 
 // 16 bytes global -> shared, bypassing L1; zero-filled (nothing read) when !valid.
 __device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool valid) {
@@ -289,25 +289,10 @@ __global__ void __launch_bounds__(kWarps * 32, kWarps == 8 ? 2 : 1) fused_mha_tc
         sc[n][e] = x;
       }
     }
+    float (&s_flat)[kBlockN / 2] = reinterpret_cast<float(&)[kBlockN / 2]>(sc);  // the same registers, flat (flash_math.cuh)
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      float mx = -INFINITY;
-#pragma unroll
-      for (int n = 0; n < kBlockN / 8; ++n) mx = fmaxf(mx, fmaxf(sc[n][2 * r], sc[n][2 * r + 1]));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      mx = fmaxf(m[r], mx * mul);
-      const float base = mx == -INFINITY ? 0.f : mx;  // all masked so far: P = 0 without inf - inf
-      const float alpha = ex2(m[r] - base);
-      m[r] = mx;
-      float sum = 0.f;
-#pragma unroll
-      for (int n = 0; n < kBlockN / 8; ++n) {
-        sc[n][2 * r] = ex2(fmaf(sc[n][2 * r], mul, -base));
-        sc[n][2 * r + 1] = ex2(fmaf(sc[n][2 * r + 1], mul, -base));
-        sum += sc[n][2 * r] + sc[n][2 * r + 1];
-      }
-      l[r] = l[r] * alpha + sum;  // this thread's columns only; the quad is summed at the end
+      const float alpha = online_softmax_row(s_flat, r, mul, m[r], l[r]);
 #pragma unroll
       for (int n = 0; n < D / 8; ++n) {
         o[n][2 * r] *= alpha;
@@ -317,8 +302,8 @@ __global__ void __launch_bounds__(kWarps * 32, kWarps == 8 ? 2 : 1) fused_mha_tc
 
 #pragma unroll
     for (int kk = 0; kk < kBlockN / 16; ++kk) {
-      const uint32_t pa[4] = {pack2<T>(sc[2 * kk][0], sc[2 * kk][1]), pack2<T>(sc[2 * kk][2], sc[2 * kk][3]),
-                              pack2<T>(sc[2 * kk + 1][0], sc[2 * kk + 1][1]), pack2<T>(sc[2 * kk + 1][2], sc[2 * kk + 1][3])};
+      uint32_t pa[4];
+      p_fragment<T>(s_flat, kk, pa);
 #pragma unroll
       for (int dp = 0; dp < D / 16; ++dp) {
         uint32_t vb[4];
@@ -335,10 +320,7 @@ __global__ void __launch_bounds__(kWarps * 32, kWarps == 8 ? 2 : 1) fused_mha_tc
   T* so = s_q + warp * 16 * kP;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    float sum = l[r];
-    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-    const float inv = sum > 0.f ? 1.f / sum : 0.f;
+    const float inv = row_inverse_sum(l[r]);
 #pragma unroll
     for (int n = 0; n < D / 8; ++n) {
       *reinterpret_cast<uint32_t*>(so + (g + 8 * r) * kP + n * 8 + 2 * t) = pack2<T>(o[n][2 * r] * inv, o[n][2 * r + 1] * inv);

@@ -50,6 +50,7 @@
 #include "common/async_copy.cuh"
 #include "common/cuda_check.h"
 #include "common/dtype.cuh"
+#include "common/shared_mem.cuh"
 #include "common/vec_math.cuh"
 
 namespace deployfuse {
