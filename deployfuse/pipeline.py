@@ -262,8 +262,8 @@ def cuda_provider_options(model: onnx.ModelProto, cuda_graph: bool, tf32: bool =
 
     prefer_nhwc for convolutional networks (ResNet-50, batch 32: fp16 2.78 -> 1.92 ms, fp32
     4.07 -> 3.17 ms), not for a transformer with one patch convolution, where the layout
-    transposes cost more than they win (ViT-B/16 fp16: 2.32 -> 2.56 ms); enable_cuda_graph when asked (BERT-base fp16: 2.02 -> 1.00 ms), since it
-    constrains how the caller runs the model; use_tf32=0 when full fp32 is asked for;
+    transposes cost more than they win (ViT-B/16 fp16: 2.32 -> 2.56 ms); enable_cuda_graph when
+    asked (BERT-base fp16: 2.02 -> 1.00 ms), since it constrains how the caller runs the model; use_tf32=0 when full fp32 is asked for;
     sdpa_kernel=2 for fp32 models with ORT attention, which lifts ORT's 256-token minimum for
     its memory-efficient fp32 attention kernel (ViT-B/16 fp32, 197 tokens: 2.90 -> 2.72 ms with a
     CUDA graph; GPT-2 fp32 1.83 -> 1.73). See bench/results/h200.md.
