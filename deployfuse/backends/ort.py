@@ -12,7 +12,9 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from deployfuse import metadata
+from deployfuse.runtime import artefact_provider_options, resolve_providers
+
+__all__ = ["PROVIDERS", "artefact_provider_options", "run", "session"]
 
 PROVIDERS = {"ort-cpu": ["CPUExecutionProvider"], "ort-cuda": ["CUDAExecutionProvider", "CPUExecutionProvider"]}
 
@@ -47,26 +49,12 @@ def session(
     if custom_ops_library is not None:
         options.register_custom_ops_library(str(custom_ops_library))
     if "CUDAExecutionProvider" in providers:
-        provider_options = artefact_provider_options(model if isinstance(model, (onnx.ModelProto, str, Path)) else onnx.load_from_string(model))
-        provider_options.update(cuda_options or {})
-        providers = [("CUDAExecutionProvider", provider_options) if p == "CUDAExecutionProvider" else p for p in providers]
+        providers = resolve_providers(model if isinstance(model, (onnx.ModelProto, str, Path)) else onnx.load_from_string(model), providers, cuda_options)
     if isinstance(model, onnx.ModelProto):
         model = model.SerializeToString()
     elif isinstance(model, Path):
         model = str(model)
     return ort.InferenceSession(model, sess_options=options, providers=list(providers))
-
-
-def artefact_provider_options(model: onnx.ModelProto | str | Path) -> dict[str, str]:
-    """The CUDA EP options stored in the model's metadata by `deployfuse export --target ort-cuda`.
-
-    They travel inside the artefact, so every session deployfuse makes (and any user who reads
-    them) runs the model as it was measured.
-    """
-    if not isinstance(model, onnx.ModelProto):
-        model = onnx.load(str(model), load_external_data=False)
-    options = metadata.read(model, metadata.CUDA_PROVIDER_OPTIONS) or {}
-    return {str(k): str(v) for k, v in options.items()}  # type: ignore[union-attr]
 
 
 def run(sess, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:

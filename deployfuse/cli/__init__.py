@@ -18,6 +18,7 @@ COMMANDS: list[tuple[str, str]] = [
     ("plugins", "plugins"),
     ("build", "build"),
     ("compare", "compare"),
+    ("run", "run"),
 ]
 
 DESCRIPTION = """\
@@ -27,8 +28,11 @@ Export PyTorch models to fused ONNX for ONNX Runtime and TensorRT, and prove the
   deployfuse compare model.pt model.onnx --input x:1x3x224x224      accuracy, latency, first diverging node
   deployfuse build model.onnx -o model.plan --fp16                   TensorRT engine (TensorRT or TensorRT-RTX)
   deployfuse plugins build                                           the ORT custom-op library and TensorRT plugins
+  deployfuse run model.onnx --iterations 50                          latency through deployfuse.InferenceSession
 
-Each command's --help has the details. Exit codes: 0 ok, 1 accuracy failure, 2 bad input.
+Each command's --help has the details. Exit codes: 0 ok, 1 accuracy failure, 2 bad input,
+3 internal failure (one line, the traceback in a log file it names; --report still written),
+130 interrupted (Ctrl-C; 143 for SIGTERM), temporary files removed.
 """
 
 
@@ -43,20 +47,26 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point: parse, run, and turn deployfuse errors into one line and an exit code."""
-    args = build_parser().parse_args(argv)
-    if not getattr(args, "verbose", False):
-        # torch and transformers warn about deprecations on every load and export; users act on our errors.
-        warnings.filterwarnings("ignore")
-        logging.getLogger("onnxscript").setLevel(logging.ERROR)  # constant folding logs every shape it cannot evaluate
-    try:
-        return int(args.run(args))
-    except DeployfuseError as exc:
-        print(f"deployfuse {args.command}: error: {exc}", file=sys.stderr)
-        return exc.exit_code
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
+    """Entry point: parse, run, and turn every outcome into one line and an exit code."""
+    from deployfuse.cli import _outcome
+
+    command = "deployfuse"
+    with _outcome.signals_as_exceptions():
+        try:
+            args = build_parser().parse_args(argv)  # imports torch: a Ctrl-C there is caught below too
+            command = f"deployfuse {args.command}"
+            if not getattr(args, "verbose", False):
+                # torch and transformers warn about deprecations on every load and export; users act on our errors.
+                warnings.filterwarnings("ignore")
+                logging.getLogger("onnxscript").setLevel(logging.ERROR)  # constant folding logs every shape it cannot evaluate
+            return int(args.run(args))
+        except DeployfuseError as exc:
+            print(f"{command}: error: {exc}", file=sys.stderr)
+            return exc.exit_code
+        except KeyboardInterrupt as exc:
+            return _outcome.interrupted(command, exc)
+        except Exception as exc:
+            return _outcome.internal_failure(command, argv, exc)
 
 
 if __name__ == "__main__":
