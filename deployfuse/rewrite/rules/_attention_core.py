@@ -8,7 +8,10 @@ The core every exporter emits, on 4-D tensors Q [B, H, S, D], K [B, H, L, D], V 
 
 Kᵀ comes as Transpose(K, [0,1,3,2]), as Transpose(K_bshd, [0,2,3,1]) straight from the
 [B, L, H, D] split, or as Reshape→Transpose([0,2,1])→Reshape through 3-D (torch's
-decomposition); each reshape is proven with `_attention_shapes`, never assumed.
+decomposition). With static shapes the exporter's optimiser merges the reshape that repeats
+grouped K/V heads ([B, G, r, L, D] → [B, G·r, L, D]) into that 3-D flattening, so the flattened
+tensor may also be the 5-D repeat itself (layout "grouped"; the rule reshapes it back to
+[B, H, L, D]). Each reshape is proven with `_attention_shapes`, never assumed.
 `read_core` walks back from Softmax's input and returns a `Core`, or the reason it declines.
 """
 
@@ -27,7 +30,8 @@ class Core:
 
     Attributes:
         query: Q as [B, H, S, D].
-        key: K as [B, H, L, D] (`key_layout` "bhsd") or [B, L, H, D] ("bshd").
+        key: K as [B, H, L, D] (`key_layout` "bhsd"), [B, L, H, D] ("bshd") or grouped heads
+            repeated [B, G, r, L, D] with G·r = H ("grouped").
         value: V as [B, H, L, Dv].
         mask: the additive mask (broadcastable to [B, H, S, L]) or None.
         scale: the product of every constant factor on the scores.
@@ -96,18 +100,26 @@ def _untranspose_key(key_t: ir.Value) -> tuple[ir.Value, str] | None:
     if not _is(flatten, "Reshape"):
         return None
     key = flatten.inputs[0]
-    if rank(key) != 4:
+    key_rank = rank(key)
+    if key_rank not in (4, 5):
         return None
     flat, back = reshape_target(flatten), reshape_target(node)
     if flat is None or back is None or len(flat) != 3 or len(back) != 4:
         return None
     # [X, L, D] keeps the last two axes (X is then forced to B·H); [B, H, D, L] restores them
     # swapped: three provable entries force the fourth, the element count being fixed.
-    if _matches(flat[1:], [DimOf(key, 2), DimOf(key, 3)]) != 2:
+    length, depth = DimOf(key, key_rank - 2), DimOf(key, key_rank - 1)
+    if _matches(flat[1:], [length, depth]) != 2:
         return None
-    if _matches(back, [DimOf(key, 0), DimOf(key, 1), DimOf(key, 3), DimOf(key, 2)]) < 3:
+    if key_rank == 4:
+        if _matches(back, [DimOf(key, 0), DimOf(key, 1), depth, length]) < 3:
+            return None
+        return key, "bhsd"
+    # [B, G, r, L, D]: B, D and L provable and G·r = H, all four entries pinned.
+    groups, reps = static_dim(key, 1), static_dim(key, 2)
+    if groups is None or reps is None or not same_dim(back[1], groups * reps) or _matches([back[0], back[2], back[3]], [DimOf(key, 0), depth, length]) != 3:
         return None
-    return key, "bhsd"
+    return key, "grouped"
 
 
 def _heads(value: ir.Value, layout: str = "bhsd") -> tuple[int | None, int | None]:
@@ -146,11 +158,14 @@ def read_core(scores: ir.Value, value: ir.Value) -> Core | str:
     if key_and_layout is None:
         return "the key operand is not a provable transpose of K"
     key, layout = key_and_layout
-    if rank(query) != 4 or rank(key) != 4 or rank(value) != 4:
+    if rank(query) != 4 or rank(key) != (5 if layout == "grouped" else 4) or rank(value) != 4:
         return "Q, K, V are not 4-D"
     heads, head_dim = _heads(query)
     value_heads, value_head_dim = _heads(value)
-    key_heads, key_head_dim = _heads(key, layout)
+    if layout == "grouped":
+        key_heads, key_head_dim = static_dim(key, 1) * static_dim(key, 2), static_dim(key, 4)
+    else:
+        key_heads, key_head_dim = _heads(key, layout)
     if None in (heads, head_dim, value_head_dim):
         return "heads / head sizes are not static"
     if key_heads != heads or key_head_dim != head_dim or value_heads != heads:

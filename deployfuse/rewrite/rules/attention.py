@@ -114,7 +114,7 @@ class _Attention(pattern.RewriteRuleClassBase):
         core = self._core
         assert core is not None
         query = merged_heads(op, core.query, core.heads, core.head_dim)
-        key = merged_heads(op, core.key, core.heads, core.head_dim) if core.key_layout == "bhsd" else _merged_bshd(op, core.key)
+        key = _merged_bshd(op, core.key) if core.key_layout == "bshd" else merged_heads(op, _repeated_heads(op, core), core.heads, core.head_dim)
         value = merged_heads(op, core.value, core.heads, core.value_head_dim)
         out_shape = attended.shape  # [B, H, S, Dv]
         mask = None if core.mask is None or _zero(core.mask) else _bias(op, core.mask, query, key, self._fused_op == "MultiHeadAttention")
@@ -149,6 +149,16 @@ def merged_heads(op, value: ir.Value, heads: int, head_dim: int) -> ir.Value:
     merged = op.Reshape(unsplit if unsplit is not None else op.Transpose(value, perm=[0, 2, 1, 3]), _const(op, [0, 0, heads * head_dim]))
     _describe(merged, value, None if value.shape is None else [value.shape[0], value.shape[2], heads * head_dim])
     return merged
+
+
+def _repeated_heads(op, core: Core) -> ir.Value:
+    """K as [B, H, L, D]: itself, or (layout "grouped") its repeated groups [B, G, r, L, D] merged."""
+    if core.key_layout != "grouped":
+        return core.key
+    key = op.Reshape(core.key, _const(op, [0, core.heads, -1, core.head_dim]))
+    shape = core.key.shape
+    _describe(key, core.key, None if shape is None else [shape[0], core.heads, shape[3], core.head_dim])
+    return key
 
 
 def _merged_bshd(op, value: ir.Value) -> ir.Value:

@@ -1,14 +1,23 @@
 """Rotary position embeddings (rotate-half form) → com.microsoft.RotaryEmbedding.
 
-    y = x·cos + rotate_half(x)·sin,   rotate_half(x) = [-x₂, x₁],   cos = Cos([θ, θ]), sin = Sin([θ, θ])
+    y = x·cos + rotate_half(x)·sin,   rotate_half(x) = [-x₂, x₁],   cos = [c, c], sin = [s, s]
 
-with x [B, H, S, D] split in halves x₁, x₂ and θ [B', S, D/2] the per-position angles (B' is 1
-or B). RotaryEmbedding reads cos/sin rows from caches [rows, D/2] at `position_ids`; the rule
-gives it the model's own angles as the cache, Cos(θ) flattened to [B'·S, D/2], with position
-b·S + s for token (b, s). That is exact for any way the model computes θ (rope scaling, NTK,
-position ids from input) and has no maximum length. The halves must provably repeat (θ is
-Concat(θ, θ)), or the rule declines. When x was split from [B, S, H·D] the node takes that
-3-D tensor, so the attention rule can take its output as Q or K without a re-merge.
+with x [B, H, S, D] split in halves x₁, x₂. RotaryEmbedding computes exactly this from half-width
+caches c, s [rows, D/2] read at `position_ids` [B, S]; the rule recognises cos / sin by what they
+hold, whichever way the export wrote them:
+
+- **angles**: cos = Cos([θ, θ]), sin = Sin([θ, θ]) for θ [B', S, D/2] computed in the graph
+  (dynamic shapes; B' is 1 or B): the caches are Cos(θ), Sin(θ) flattened to [B'·S, D/2], read at
+  b·S + s. Exact for any way the model computes θ (rope scaling, NTK, position ids from input).
+- **constant tables**: with static shapes the exporter folds cos / sin to constants
+  [B'|1, 1, S, D] (any rank ≤ 4 that broadcasts so): the caches are their halves, read the same way.
+- **gathered tables**: cos = Unsqueeze(Gather(C, position_ids), 1) from a constant table C [P, D]
+  (precomputed caches indexed by position): the caches are C's halves, read at the model's own
+  position ids.
+
+The two halves of every table must provably repeat (equal constants, or Concat(θ, θ)), else the
+rule declines. When x was split from [B, S, H·D] the node takes that 3-D tensor, so the
+attention rule can take its output as Q or K without a re-merge.
 
 `tensorrt` gets nothing: RotaryEmbedding is com.microsoft (the standard op needs opset 23).
 """
@@ -20,7 +29,7 @@ import onnx_ir as ir
 from onnxscript.rewriter import pattern
 
 from deployfuse.rewrite.profiles import MS, profile
-from deployfuse.rewrite.rules._attention_shapes import DimOf, rank, same_dim, scalar, split_heads_source, static_dim, static_ints
+from deployfuse.rewrite.rules._attention_shapes import DimOf, constant, rank, same_dim, scalar, split_heads_source, static_dim, static_ints
 
 FAMILY = "rotary"
 
@@ -54,12 +63,79 @@ def _angles(value: ir.Value, function: str) -> tuple[ir.Value, float] | None:
     return angles, factor
 
 
+def _table_halves(array: np.ndarray, half: int) -> np.ndarray | None:
+    """The first half of `array`'s last axis when both halves are equal, else None."""
+    if array.shape[-1] != 2 * half or not np.array_equal(array[..., :half], array[..., half:]):
+        return None
+    return array[..., :half]
+
+
+def _constant_tables(cos: ir.Value, sin: ir.Value, x: ir.Value, half: int) -> tuple[np.ndarray, np.ndarray, int] | str:
+    """`(c, s, B')` for constant cos / sin broadcasting to x [B, H, S, D] as [B', 1, S, D]:
+    the half-width caches [B'·S, D/2]; else why not."""
+    tables = [constant(cos), constant(sin)]
+    if x.dtype is None:
+        return "x's dtype is unknown"
+    if tables[0] is None or tables[1] is None:
+        return "cos / sin are neither Cos / Sin of one repeated angle tensor, nor constants, nor gathered from constant tables"
+    seq, batch = static_dim(x, 2), static_dim(x, 0)
+    shaped = []
+    for table in tables:
+        if table.ndim > 4 or table.dtype != x.dtype.numpy():
+            return "constant cos / sin tables are above rank 4 or not of x's dtype"
+        table = table.reshape((1,) * (4 - table.ndim) + table.shape)
+        if table.shape[1] != 1 or seq is None or table.shape[2] != seq or table.shape[0] not in (1, batch):
+            return "constant cos / sin tables are not [1|B, 1, S, D] with a static S"
+        shaped.append(table)
+    if shaped[0].shape != shaped[1].shape:
+        return "constant cos / sin tables differ in shape"
+    caches = [_table_halves(t[:, 0], half) for t in shaped]
+    if caches[0] is None or caches[1] is None:
+        return "the halves of the constant cos / sin tables differ"
+    return caches[0].reshape(-1, half), caches[1].reshape(-1, half), shaped[0].shape[0]
+
+
+def _gathered(value: ir.Value) -> tuple[np.ndarray, ir.Value] | None:
+    """`(C, position_ids)` when `value` is Unsqueeze(Gather(C, position_ids, axis 0), axis 1) of a
+    constant table C [P, D] and 2-D integer position ids."""
+    node = value.producer()
+    if node is None or node.op_type != "Unsqueeze" or _ints(node.inputs[1] if len(node.inputs) > 1 else None) != [1]:
+        return None
+    gather = node.inputs[0].producer()
+    if gather is None or gather.op_type != "Gather" or gather.domain not in ("", "ai.onnx") or gather.attributes.get_int("axis", 0) != 0:
+        return None
+    table, positions = constant(gather.inputs[0]), gather.inputs[1]
+    if table is None or table.ndim != 2 or rank(positions) != 2 or positions.dtype != ir.DataType.INT64:
+        return None
+    return table, positions
+
+
+def _gathered_tables(cos: ir.Value, sin: ir.Value, x: ir.Value, half: int) -> tuple[np.ndarray, np.ndarray, ir.Value] | str | None:
+    """`(c, s, position_ids)` when cos / sin are rows of constant tables gathered at the same
+    position ids [1|B, S]; None when they are not gathered; a reason when they are but do not fit."""
+    found = _gathered(cos), _gathered(sin)
+    if found[0] is None or found[1] is None:
+        return None
+    (cos_table, positions), (sin_table, sin_positions) = found
+    if positions is not sin_positions or x.dtype is None:
+        return "cos / sin are gathered at different positions"
+    if cos_table.dtype != x.dtype.numpy() or sin_table.dtype != x.dtype.numpy():
+        return "the gathered cos / sin tables are not of x's dtype"
+    if not same_dim(DimOf(positions, 1), DimOf(x, 2)) or not (static_dim(positions, 0) == 1 or same_dim(DimOf(positions, 0), DimOf(x, 0))):
+        return "the position ids are not [1|B, S] for x [B, H, S, D]"
+    caches = _table_halves(cos_table, half), _table_halves(sin_table, half)
+    if caches[0] is None or caches[1] is None:
+        return "the halves of the gathered cos / sin tables differ"
+    return caches[0], caches[1], positions
+
+
 class _RotateHalf(pattern.RewriteRuleClassBase):
     """x·cos + Concat(-x[..., D/2:], x[..., :D/2])·sin on 4-D x."""
 
     def __init__(self) -> None:
         super().__init__(name="rotary_embedding")
-        self._plan: tuple[ir.Value, float, int, int, ir.Value | None] | None = None
+        self._caches: tuple[str, tuple] | None = None
+        self._split: tuple[int, ir.Value | None] = (0, None)
         self._expand_angles = False
 
     def pattern(self, op, x, cos, sin, s1, e1, a1, st1, s2, e2, a2, st2, axis):
@@ -81,48 +157,84 @@ class _RotateHalf(pattern.RewriteRuleClassBase):
         ends = _ints(e2)
         if _ints(s1) != [0] or _ints(e1) != [half] or _ints(s2) != [half] or ends is None or ends[0] < head_dim:
             return result.fail("x is not cut into two equal halves", x)
+        self._split = (source[1], source[0]) if source else (0, None)
         cos_angles, sin_angles = _angles(cos, "Cos"), _angles(sin, "Sin")
-        if cos_angles is None or sin_angles is None or cos_angles[0] is not sin_angles[0] or cos_angles[1] != sin_angles[1]:
-            return result.fail("cos / sin are not Cos / Sin of one repeated angle tensor", cos)
-        angles, factor = cos_angles
-        if static_dim(angles, 2) != half:
-            return result.fail("the angles are not [B', S, D/2]", angles)
-        self._plan = (angles, factor, half, source[1] if source else 0, source[0] if source else None)
-        self._expand_angles = not same_dim(DimOf(angles, 1), DimOf(x, 2))
+        if cos_angles is not None and sin_angles is not None:
+            if cos_angles[0] is not sin_angles[0] or cos_angles[1] != sin_angles[1]:
+                return result.fail("cos / sin are not Cos / Sin of one repeated angle tensor", cos)
+            angles, factor = cos_angles
+            if static_dim(angles, 2) != half:
+                return result.fail("the angles are not [B', S, D/2]", angles)
+            self._caches = ("angles", (angles, factor, half))
+            self._expand_angles = not same_dim(DimOf(angles, 1), DimOf(x, 2))
+            return result
+        gathered = _gathered_tables(cos, sin, x, half)
+        if isinstance(gathered, str):
+            return result.fail(gathered, cos)
+        if gathered is not None:
+            self._caches = ("gathered", gathered)
+            return result
+        tables = _constant_tables(cos, sin, x, half)
+        if isinstance(tables, str):
+            return result.fail(tables, cos)
+        self._caches = ("constant", tables)
         return result
 
     def rewrite(self, op, x, **_):
-        assert self._plan is not None
-        angles, factor, half, heads, merged = self._plan
-        def i64(*values: int, scalar: bool = False) -> ir.Value:
-            return op.Constant(value=ir.tensor(np.array(values[0] if scalar else values, dtype=np.int64)))
+        assert self._caches is not None
+        kind, plan = self._caches
+        if kind == "angles":
+            caches, positions = self._angle_caches(op, x, *plan)
+        elif kind == "gathered":
+            cos, sin, positions = plan
+            caches = [op.initializer(ir.tensor(np.ascontiguousarray(t)), name=f"{x.name}_rotary_{n}_cache") for t, n in ((cos, "cos"), (sin, "sin"))]
+            if static_dim(positions, 0) == 1:
+                positions = op.Expand(positions, op.Concat(op.Shape(x, start=0, end=1), op.Shape(positions, start=1, end=2), axis=0))
+        else:
+            cos, sin, batch = plan
+            caches = [op.initializer(ir.tensor(np.ascontiguousarray(t)), name=f"{x.name}_rotary_{n}_cache") for t, n in ((cos, "cos"), (sin, "sin"))]
+            seq = cos.shape[0] // batch
+            rows = np.arange(batch * seq, dtype=np.int64).reshape(batch, seq)  # b·S + s, or s for one shared table
+            positions = op.Expand(op.Constant(value=ir.tensor(rows)), op.Concat(op.Shape(x, start=0, end=1), _i64(op, seq), axis=0))
+        return self._emit(op, x, caches, positions)
 
+    def _angle_caches(self, op, x, angles, factor, half):
+        """Cos(θ), Sin(θ) flattened to [B'·S, D/2] and positions b·S + s."""
         if self._expand_angles:  # broadcast over x's sequence as the model's Mul did
-            target = op.Concat(op.Shape(angles, start=0, end=1), op.Shape(x, start=2, end=3), i64(half), axis=0)
+            target = op.Concat(op.Shape(angles, start=0, end=1), op.Shape(x, start=2, end=3), _i64(op, half), axis=0)
             angles = op.Expand(angles, target)
         caches = []
         for function in (op.Cos, op.Sin):
             rows = function(angles)
             if factor != 1.0:
                 rows = op.Mul(rows, op.Constant(value=ir.tensor(np.array(factor, dtype=angles.dtype.numpy()))))
-            caches.append(op.Reshape(rows, i64(-1, half)))
-        rows = op.Div(op.Size(angles), i64(half, scalar=True))  # B'·S
+            caches.append(op.Reshape(rows, _i64(op, -1, half)))
+        rows = op.Div(op.Size(angles), _i64(op, half, scalar=True))  # B'·S
         seq = op.Shape(angles, start=1, end=2)
-        positions = op.Reshape(op.Range(i64(0, scalar=True), rows, i64(1, scalar=True)), op.Concat(i64(-1), seq, axis=0))
+        positions = op.Reshape(op.Range(_i64(op, 0, scalar=True), rows, _i64(op, 1, scalar=True)), op.Concat(_i64(op, -1), seq, axis=0))
         positions = op.Expand(positions, op.Concat(op.Shape(x, start=0, end=1), seq, axis=0))
+        return caches, positions
+
+    def _emit(self, op, x, caches, positions):
+        heads, merged = self._split
         if merged is None:
             out = op.RotaryEmbedding(x, positions, *caches, interleaved=0, _domain=MS)
             out.dtype, out.shape = x.dtype, x.shape
             return out
+        head_dim = static_dim(x, 3) or split_heads_source(x)[2]
         rotated = op.RotaryEmbedding(merged, positions, *caches, interleaved=0, num_heads=heads, _domain=MS)
         rotated.dtype, rotated.shape = merged.dtype, merged.shape
-        split = op.Reshape(rotated, i64(0, 0, heads, 2 * half))
+        split = op.Reshape(rotated, _i64(op, 0, 0, heads, head_dim))
         split.dtype = merged.dtype
         if merged.shape is not None:
-            split.shape = ir.Shape([merged.shape[0], merged.shape[1], heads, 2 * half])
+            split.shape = ir.Shape([merged.shape[0], merged.shape[1], heads, head_dim])
         out = op.Transpose(split, perm=[0, 2, 1, 3])
         out.dtype, out.shape = x.dtype, x.shape
         return out
+
+
+def _i64(op, *values: int, scalar: bool = False) -> ir.Value:
+    return op.Constant(value=ir.tensor(np.array(values[0] if scalar else values, dtype=np.int64)))
 
 
 def rules(target: str) -> list[pattern.RewriteRule]:
