@@ -1,55 +1,113 @@
-"""Atomic writes: a file appears complete under its final name, or not at all."""
+"""Where deployfuse writes: output paths checked before any work, and atomic writes.
+
+Every command checks all of its output paths in one call (`check_outputs`) before it loads a
+model: an output may not be one of the run's inputs, another output, or an existing file that
+is not a regular file (a FIFO or a device node would be replaced by the atomic rename).
+Overwriting an existing regular file is allowed. Writes then go to a temporary beside the
+target that is renamed into place when complete, and removed on any exception, which
+includes KeyboardInterrupt and the CLI's SIGTERM (see `deployfuse.cli`).
+"""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import stat
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 from deployfuse.errors import UsageError
 
+PathLike = str | os.PathLike[str]
 
-def check_writable_target(path: str | os.PathLike[str]) -> Path:
-    """Return `path` as a Path after checking its directory exists and is writable."""
+
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def check_writable_target(path: PathLike, flag: str = "output") -> Path:
+    """Return `path` as a Path after checking its directory exists and is writable, and that
+    it is not a directory or another existing non-regular file (FIFO, device, socket)."""
     target = Path(path)
     parent = target.parent if str(target.parent) else Path(".")
     if not parent.is_dir():
-        raise UsageError(f"output directory does not exist: {parent}")
+        raise UsageError(f"{flag} {target}: output directory does not exist: {parent}")
+    if target.is_dir():
+        raise UsageError(f"{flag} {target}: output path is a directory")
+    with contextlib.suppress(FileNotFoundError):
+        mode = target.stat().st_mode
+        if not stat.S_ISREG(mode):
+            raise UsageError(f"{flag} {target}: exists and is {_kind(mode)}; deployfuse writes only regular files")
     try:  # os.access says yes to root even on read-only file systems: try for real
         with tempfile.TemporaryFile(dir=parent):
             pass
     except OSError as exc:
-        raise UsageError(f"output directory is not writable: {parent} ({exc.strerror})") from exc
-    if target.is_dir():
-        raise UsageError(f"output path is a directory: {target}")
+        raise UsageError(f"{flag} {target}: output directory is not writable: {parent} ({exc.strerror})") from exc
     return target
 
 
+def _same_file(a: Path, b: Path) -> bool:
+    """Whether two paths name one file: the same inode when both exist, else the same resolved path."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return a.resolve() == b.resolve()
+
+
+def check_outputs(outputs: Mapping[str, PathLike | None], inputs: Mapping[str, PathLike | None] = {}) -> dict[str, Path]:
+    """Check every output path of one run before any work; return them as Paths by flag.
+
+    Args:
+        outputs: flag -> path to be written (None: not asked for), e.g. {"-o": ..., "--report": ...}.
+        inputs: flag -> path the run reads (None or a non-path such as `pkg.mod:fn`: skipped).
+
+    Raises:
+        UsageError: an output is not writable (see `check_writable_target`), names one of the
+            inputs, or names the same file as another output.
+    """
+    checked: dict[str, Path] = {}
+    for flag, path in outputs.items():
+        if path is None:
+            continue
+        target = check_writable_target(path, flag)
+        for in_flag, source in inputs.items():
+            if source is not None and Path(source).exists() and _same_file(target, Path(source)):
+                raise UsageError(f"{flag} {target} is the {in_flag} of this run: it would be overwritten; choose another path")
+        for other_flag, other in checked.items():
+            if _same_file(target, other):
+                raise UsageError(f"{flag} and {other_flag} both name {target}: give each output its own path")
+        checked[flag] = target
+    return checked
+
+
 @contextlib.contextmanager
-def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
+def atomic_path(path: PathLike) -> Iterator[Path]:
     """Yield a temporary path in the target's directory; rename it over `path` on success.
 
     The temporary lives beside the target so the final rename stays on one file system.
-    On any exception the temporary is removed and the target is left untouched.
+    On any exception (KeyboardInterrupt included) the temporary is removed and the target is
+    left untouched.
     """
     target = check_writable_target(path)
     fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".part", dir=target.parent)
-    os.close(fd)
     tmp = Path(tmp_name)
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; a written artefact gets the usual mode
     try:
+        os.close(fd)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; a written artefact gets the usual mode
         yield tmp
         os.replace(tmp, target)
     finally:
-        if tmp.exists():
+        with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
 
 
-def write_text_atomic(path: str | os.PathLike[str], text: str) -> None:
+def write_text_atomic(path: PathLike, text: str) -> None:
     """Write `text` to `path` atomically."""
     with atomic_path(path) as tmp:
         tmp.write_text(text)

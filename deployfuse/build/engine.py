@@ -26,7 +26,7 @@ from deployfuse.build.preflight import Preflight, check_nodes, split_overloads, 
 from deployfuse.build.profiles import ShapeProfile, export_shapes, model_inputs, resolve_profiles
 from deployfuse.build.progress import progress_monitor
 from deployfuse.errors import DeployfuseError, UsageError
-from deployfuse.io import atomic_path, check_writable_target
+from deployfuse.io import atomic_path, check_outputs
 
 PRECISIONS = ("fp32", "fp16", "bf16")
 DEPLOYFUSE_DOMAIN = "deployfuse"
@@ -115,12 +115,13 @@ def build_engine(
         raise UsageError(f"unknown precision {precision!r}; choose one of {', '.join(PRECISIONS)}")
     if workspace_mib is not None and workspace_mib <= 0:
         raise UsageError(f"--workspace must be a positive number of MiB, got {workspace_mib}")
-    target = check_writable_target(output)
-    cache = check_writable_target(timing_cache) if timing_cache is not None else None
+    # The timing cache is read and written back: an output that may exist, but not another path of the run.
+    paths = check_outputs({"-o": output, "--timing-cache": timing_cache}, {"ONNX": model, **{f"--plugins {p}": p for p in plugins}})
+    target, cache = paths["-o"], paths.get("--timing-cache")
     onnx_model = _load_onnx(Path(model))
     name = builders.resolve_builder(builder)
-    capability = _parse_capability(compute_capability, name)
     trt = builders.activate(name)
+    capability = _parse_capability(compute_capability, name, trt)
     say(f"builder: {name} {trt.__version__}")
     if cache is not None and name == "tensorrt-rtx":
         say(f"timing cache {cache} not used: TensorRT-RTX has none (its timing cache calls are no-ops)")
@@ -174,7 +175,9 @@ def _load_onnx(path: Path) -> onnx.ModelProto:
         raise UsageError(f"{path} is not a readable ONNX model: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from exc
 
 
-def _parse_capability(text: str | None, builder: str) -> tuple[int, int] | None:
+def _parse_capability(text: str | None, builder: str, trt: Any) -> tuple[int, int] | None:
+    """MAJOR.MINOR as ints, checked against the ones the builder can target (its
+    `ComputeCapability` members SM75, SM89, SM120, ...)."""
     if text is None:
         return None
     if builder != "tensorrt-rtx":
@@ -182,6 +185,9 @@ def _parse_capability(text: str | None, builder: str) -> tuple[int, int] | None:
     match = re.fullmatch(r"(\d+)\.(\d)", text)
     if match is None:
         raise UsageError(f"--compute-capability {text!r}: expected MAJOR.MINOR, e.g. 8.9")
+    known = [m.group(1) + "." + m.group(2) for m in (re.fullmatch(r"SM(\d+)(\d)", n) for n in getattr(trt.ComputeCapability, "__members__", {})) if m]
+    if known and text not in known:
+        raise UsageError(f"--compute-capability {text}: {builder} {trt.__version__} builds for {', '.join(known)}")
     return int(match[1]), int(match[2])
 
 

@@ -15,6 +15,7 @@ import numpy as np
 import onnx
 import torch
 
+from deployfuse import metadata
 from deployfuse.compare import feeds as feed_lib
 from deployfuse.compare.accuracy import StatsCompareFunc
 from deployfuse.compare.latency import measure
@@ -23,7 +24,7 @@ from deployfuse.compare.result import BackendAccuracy, CompareResult
 from deployfuse.compare.tolerances import Tolerances
 from deployfuse.errors import UsageError
 from deployfuse.inputs import DynamicAxis, InputSpec
-from deployfuse.io import check_writable_target
+from deployfuse.io import check_outputs
 from deployfuse.loading import LoadedModel, load_model
 
 BACKENDS = ("torch", "ort-cpu", "ort-cuda", "trt")
@@ -175,7 +176,14 @@ def compare(
     say = progress or (lambda line: None)
     chosen = _check_backends(backends)
     tolerances = atol if isinstance(atol, Tolerances) else Tolerances.of(atol, rtol)
-    targets = {key: check_writable_target(p) for key, p in (("json", json_path), ("report", report_path), ("results", save_results)) if p is not None}
+    results_inputs = _inputs_beside(Path(save_results)) if save_results is not None else None
+    checked = check_outputs(
+        {"--json": json_path, "--report": report_path, "--save-results": save_results, "--save-results' inputs": results_inputs},
+        {"MODEL": None if isinstance(model, torch.nn.Module) else model, "ONNX": onnx_path, "--reference-onnx": reference_onnx, "--engine": engine,
+         "--example-inputs": example_inputs if isinstance(example_inputs, (str, os.PathLike)) else None, "--custom-ops": custom_ops,
+         **{f"--plugins {p}": p for p in plugins}},
+    )
+    targets = {key: checked[flag] for key, flag in (("json", "--json"), ("report", "--report"), ("results", "--save-results")) if flag in checked}
     if report_path is not None:
         try:
             import matplotlib  # noqa: F401
@@ -184,6 +192,8 @@ def compare(
     onnx_file = Path(onnx_path)
     onnx_model = _load_onnx(onnx_file)
     loaded = load_model(model, trust_pickle=trust_pickle)
+    if not inputs and example_inputs is None and loaded.example_inputs is None:
+        inputs = _recorded_inputs(onnx_model)
     feeds = feed_lib.make_feeds(loaded, onnx_model, inputs, example_inputs, dynamic, seed)
     dtypes = _output_dtypes(onnx_model)
     result = CompareResult(str(model) if not isinstance(model, torch.nn.Module) else type(model).__name__, str(onnx_file), chosen)
@@ -227,6 +237,21 @@ def compare(
     return result
 
 
+def _inputs_beside(results: Path) -> Path:
+    """Where --save-results puts the inputs: NAME.inputs.json beside NAME.json."""
+    return results.with_name(results.stem + ".inputs.json")
+
+
+def _recorded_inputs(model: onnx.ModelProto) -> list[InputSpec]:
+    """Specs for the shapes the export recorded (metadata INPUT_SHAPES), in the graph's dtypes
+    (float32 for an input the graph dropped); empty when nothing was recorded."""
+    recorded = metadata.read(model, metadata.INPUT_SHAPES)
+    if not isinstance(recorded, dict):
+        return []
+    dtypes = {name: dtype for name, (dtype, _) in feed_lib.graph_inputs(model).items()}
+    return [InputSpec(name, tuple(int(d) for d in shape), torch.from_numpy(np.zeros((), dtypes.get(name, np.float32))).dtype) for name, shape in recorded.items()]
+
+
 def _write_outputs(result: CompareResult, feeds: list[feed_lib.Feed], targets: Mapping[str, Path]) -> None:
     import json
 
@@ -236,7 +261,7 @@ def _write_outputs(result: CompareResult, feeds: list[feed_lib.Feed], targets: M
         from polygraphy.json import save_json
 
         # The inputs go beside the outputs: `polygraphy run M.onnx --onnxrt --load-inputs I --load-outputs R`.
-        inputs = targets["results"].with_name(targets["results"].stem + ".inputs.json")
+        inputs = _inputs_beside(targets["results"])
         with atomic_path(inputs) as tmp:
             save_json(feeds, str(tmp))
         with atomic_path(targets["results"]) as tmp:
