@@ -2,7 +2,8 @@
 
 Forms: a TorchScript archive, a `torch.export` program (`.pt2`), a full pickled module
 (`torch.save(model)`, which runs code when loaded and so needs `trust_pickle`), or a factory
-`package.module:callable` returning a module or `(module, example_inputs)`.
+`package.module:callable` returning a module or `(module, example_inputs)`, or a Hugging Face
+folder written by `save_pretrained` (see `deployfuse.hf`).
 """
 
 from __future__ import annotations
@@ -16,14 +17,15 @@ import re
 import sys
 import zipfile
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from deployfuse.errors import UsageError
-from deployfuse.inputs import InputSpec, Inputs, make_inputs
+from deployfuse.hf import is_pretrained_folder
+from deployfuse.inputs import DynamicAxis, InputSpec, Inputs, make_inputs
 
 _FACTORY = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
 
@@ -34,15 +36,20 @@ class LoadedModel:
 
     Attributes:
         module: the model in eval mode; for a `.pt2` this is the program's `module()`.
-        form: "torchscript", "exported-program", "pickle" or "factory".
+        form: "torchscript", "exported-program", "pickle", "factory" or "huggingface".
         input_names: the forward's parameter names, in order.
-        example_inputs: inputs that came with the model (factory or `.pt2`), else None.
+        example_inputs: inputs that came with the model (factory, `.pt2`, Hugging Face), else None.
+        dynamic: axes that are dynamic unless the user pins them (a Hugging Face task's batch
+            and sequence axes).
+        task: the Hugging Face task it was loaded for.
     """
 
     module: torch.nn.Module
     form: str
     input_names: list[str]
     example_inputs: Inputs | None = None
+    dynamic: list[DynamicAxis] = field(default_factory=list)
+    task: str | None = None
 
     def __call__(self, inputs: Mapping[str, torch.Tensor]) -> Any:
         """Run the model on named inputs (positionally where the names are a prefix)."""
@@ -112,16 +119,27 @@ def forward_parameter_names(module: torch.nn.Module) -> list[str]:
     return [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
 
 
-def load_model(model: str | os.PathLike[str] | torch.nn.Module, trust_pickle: bool = False) -> LoadedModel:
-    """Load MODEL in any supported form; raise `UsageError` with a one-line reason otherwise."""
+def load_model(model: str | os.PathLike[str] | torch.nn.Module, trust_pickle: bool = False, task: str | None = None) -> LoadedModel:
+    """Load MODEL in any supported form; raise `UsageError` with a one-line reason otherwise.
+
+    `task` (Optimum's task names) applies to a Hugging Face folder only."""
+    if task is not None and (isinstance(model, torch.nn.Module) or not is_pretrained_folder(Path(model))):
+        raise UsageError(f"--task {task} needs a Hugging Face model folder (save_pretrained, with config.json), not {model}")
     if isinstance(model, torch.nn.Module):
         return _finish(model, "module", None)
     text = str(model)
     path = Path(text)
+    if is_pretrained_folder(path):
+        from deployfuse.hf import load_pretrained
+
+        hf = load_pretrained(path, task)
+        return LoadedModel(hf.module, "huggingface", hf.input_names, hf.example_inputs, hf.dynamic, hf.task)
     if not path.exists() and _FACTORY.match(text):
         return _load_factory(text)
     if not path.exists():
         raise UsageError(f"model not found: {text} (give a file, or package.module:callable)")
+    if path.is_dir():
+        raise UsageError(f"{text} is a folder without config.json: give a Hugging Face folder written by save_pretrained, or a model file")
     if not path.is_file() or not os.access(path, os.R_OK):
         raise UsageError(f"model is not a readable file: {text}")
     if not zipfile.is_zipfile(path):

@@ -8,6 +8,7 @@ report, when asked for, is written in both cases so the failure can be read).
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import os
 import tempfile
@@ -70,6 +71,8 @@ class _Request:
     debug: bool
     trust_pickle: bool
     rtol: float | None
+    task: str | None = None
+    static: bool = False
 
 
 class _Steps:
@@ -125,6 +128,8 @@ def export(
     report_path: str | os.PathLike[str] | None = None,
     rtol: float | None = None,
     progress: Progress | None = None,
+    task: str | None = None,
+    static: bool = False,
 ) -> ExportResult:
     """Export `model` to a fused, verified ONNX file at `output`.
 
@@ -152,6 +157,10 @@ def export(
         report_path: write the JSON report there.
         rtol: verification tolerance relative to each output's max |value|.
         progress: called when each step starts and ends.
+        task: for a Hugging Face folder, the task to export (Optimum's names, e.g. "fill-mask");
+            default: the task of the saved architecture.
+        static: pin the axes a Hugging Face task makes dynamic by default (batch, sequence);
+            `cuda_graph` pins them too.
 
     Raises:
         UsageError: bad input; nothing is written.
@@ -161,6 +170,8 @@ def export(
         raise UsageError(f"unknown target {target!r}; choose one of {', '.join(TARGETS)}")
     if cuda_graph and (target != "ort-cuda" or dynamic):
         raise UsageError("--cuda-graph needs --target ort-cuda and static shapes (no --dynamic): a CUDA graph replays fixed shapes")
+    if static and dynamic:
+        raise UsageError("--static pins every axis: drop the --dynamic flags, or --static")
     if not tf32 and target != "ort-cuda":
         raise UsageError("--no-tf32 is an ONNX Runtime CUDA option: it needs --target ort-cuda")
     if exporter != "auto" and exporter not in EXPORTERS:
@@ -172,7 +183,7 @@ def export(
     report = ExportReport(str(model) if not isinstance(model, torch.nn.Module) else type(model).__name__, str(out_path), target, precision, opset or DEFAULT_OPSET)
     steps = _Steps(report, progress)
     try:
-        request = _Request(model, inputs, example_inputs, dynamic, exporter, fold, fuse, verify, cuda_graph, tf32, autotune, debug, trust_pickle, rtol)
+        request = _Request(model, inputs, example_inputs, dynamic, exporter, fold, fuse, verify, cuda_graph, tf32, autotune, debug, trust_pickle, rtol, task, static)
         fusion = _run(request, out_path, report, steps)
     except DeployfuseError as exc:
         report.error = str(exc)
@@ -187,9 +198,14 @@ def export(
 def _run(request: _Request, out_path: Path, report: ExportReport, steps: _Steps) -> FusionReport | None:
     with steps.step("load") as step:
         # Folding and casting happen in place: work on a copy of a module the caller handed us.
-        loaded = load_model(copy.deepcopy(request.model) if isinstance(request.model, torch.nn.Module) else request.model, trust_pickle=request.trust_pickle)
+        loaded = load_model(copy.deepcopy(request.model) if isinstance(request.model, torch.nn.Module) else request.model, trust_pickle=request.trust_pickle, task=request.task)
+        report.task = loaded.task
         report.form = step.detail = loaded.form
         example = _example_inputs(loaded, request.inputs, request.example_inputs)
+        if loaded.dynamic and not (request.dynamic or request.static or request.cuda_graph):
+            # A Hugging Face task's batch and sequence axes, on the inputs the export runs with.
+            request = dataclasses.replace(request, dynamic=[d for d in loaded.dynamic if d.name in example])
+        report.dynamic = [f"{d.name}:{d.axis}:{d.label}" for d in request.dynamic]
         dtype = PRECISIONS[report.precision]
         if dtype != torch.float32:
             loaded.module.to(dtype)

@@ -26,6 +26,8 @@ class ExportReport:
     precision: str
     opset: int
     form: str = ""
+    task: str | None = None  # the Hugging Face task, for a save_pretrained folder
+    dynamic: list[str] = field(default_factory=list)  # NAME:AXIS:LABEL of each dynamic axis
     steps: list[Step] = field(default_factory=list)
     fold: dict[str, Any] | None = None
     exporter: str | None = None

@@ -19,6 +19,8 @@ COMMANDS: list[tuple[str, str]] = [
     ("build", "build"),
     ("compare", "compare"),
     ("run", "run"),
+    ("package", "package"),
+    ("serve", "serve"),
 ]
 
 DESCRIPTION = """\
@@ -29,6 +31,8 @@ Export PyTorch models to fused ONNX for ONNX Runtime and TensorRT, and prove the
   deployfuse build model.onnx -o model.plan --fp16                   TensorRT engine (TensorRT or TensorRT-RTX)
   deployfuse plugins build                                           the ORT custom-op library and TensorRT plugins
   deployfuse run model.onnx --iterations 50                          latency through deployfuse.InferenceSession
+  deployfuse package model.onnx --triton models --max-batch-size 16  a Triton model repository
+  deployfuse serve model.onnx --port 8000                            a local Triton endpoint (PyTriton) until Ctrl-C
 
 Each command's --help has the details. Exit codes: 0 ok, 1 accuracy failure, 2 bad input,
 3 internal failure (one line, the traceback in a log file it names; --report still written),

@@ -7,6 +7,7 @@ import sys
 
 from deployfuse.cli._args import add_model_input_arguments
 from deployfuse.export import EXPORTERS
+from deployfuse.hf import TASKS
 from deployfuse.pipeline import DEFAULT_OPSET, PRECISIONS, TARGETS, export
 from deployfuse.report import Step
 
@@ -16,8 +17,11 @@ MODEL forms:
   model.pt2                 torch.export program (torch.export.save); carries its example inputs
   model.pt                  pickled module (torch.save(model)); runs code when loaded: --trust-pickle
   pkg.module:make_model     a callable returning a module, or (module, example_inputs)
+  my_model/                 a Hugging Face folder (save_pretrained, with config.json): --task picks the
+                            head; inputs as its processor names them; batch and sequence axes dynamic
 
 examples:
+  deployfuse export bert-folder/ -o bert.onnx --task fill-mask
   deployfuse export resnet.ts -o resnet.onnx --input x:1x3x224x224 --dynamic x:0:batch
   deployfuse export bert.pt2 -o bert.onnx --dynamic input_ids:0:batch --dynamic input_ids:1:seq
   deployfuse export examples.tiny_bert:build -o bert.onnx --target ort-cuda --report bert.json
@@ -36,6 +40,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("model", metavar="MODEL", help="model file or package.module:callable (see forms below)")
     p.add_argument("-o", "--output", required=True, metavar="OUT.onnx", help="the ONNX file to write")
     add_model_input_arguments(p)
+    p.add_argument("--task", choices=[*TASKS], metavar="TASK",
+                   help=f"Hugging Face folder: the task to export, Optimum's names ({', '.join(TASKS)}); default: the saved architecture's")
+    p.add_argument("--static", action="store_true", help="pin the batch and sequence axes a Hugging Face task makes dynamic by default")
     p.add_argument("--target", choices=TARGETS, default="ort-cpu", help="runtime the fusions lower for (default: ort-cpu)")
     p.add_argument("--precision", choices=list(PRECISIONS), default="fp32", help="dtype to export in (default: fp32)")
     p.add_argument("--opset", type=int, default=DEFAULT_OPSET, metavar="N", help=f"ONNX opset (default: {DEFAULT_OPSET})")
@@ -68,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
     result = export(
         args.model, args.output, inputs=args.inputs, example_inputs=args.example_inputs, dynamic=args.dynamic,
         target=args.target, precision=args.precision, opset=args.opset, exporter=args.exporter, fold=not args.no_fold, fuse=not args.no_fuse,
-        verify=not args.no_verify, cuda_graph=args.cuda_graph, tf32=not args.no_tf32, autotune=args.autotune, debug=args.debug, trust_pickle=args.trust_pickle, report_path=args.report, rtol=args.rtol,
+        verify=not args.no_verify, cuda_graph=args.cuda_graph, tf32=not args.no_tf32, autotune=args.autotune, debug=args.debug, trust_pickle=args.trust_pickle, report_path=args.report, rtol=args.rtol, task=args.task, static=args.static,
         progress=None if args.quiet else _progress,
     )
     if not args.quiet:
