@@ -1,6 +1,7 @@
 """Model inputs: parsing `--input`/`--dynamic` specs and making valid random tensors.
 
-Integer inputs get values a model accepts: attention masks are all ones, position ids count
+Integer inputs get values a model accepts: attention masks are all ones (or, with
+`pad_masks`, padded: each row keeps at least one leading valid position), position ids count
 up, and other integer inputs (token ids) stay below the vocabulary or the smallest embedding
 table, so a random input never indexes out of range.
 """
@@ -88,15 +89,30 @@ def integer_bound(module: object) -> int:
     return min(sizes) if sizes else 2
 
 
-def random_tensor(name: str, shape: Sequence[int], dtype: torch.dtype, int_bound: int, generator: torch.Generator) -> torch.Tensor:
-    """A random tensor a model accepts for an input called `name`."""
+def padding_mask(shape: Sequence[int], dtype: torch.dtype, generator: torch.Generator) -> torch.Tensor:
+    """A mask that pads the end of each row (last axis) after a random length of 1 or more.
+
+    The first row is always padded (when rows are longer than 1), so the mask is never all
+    ones; no row is all padding, whose output would be undefined (softmax over nothing).
+    """
+    if not shape:
+        return torch.ones((), dtype=dtype)
+    length = shape[-1]
+    valid = torch.randint(1, length + 1, tuple(shape[:-1]), generator=generator)
+    if length > 1:
+        valid.view(-1)[0] = int(torch.randint(1, length, (), generator=generator))
+    return (torch.arange(length) < valid.unsqueeze(-1)).to(dtype)
+
+
+def random_tensor(name: str, shape: Sequence[int], dtype: torch.dtype, int_bound: int, generator: torch.Generator, pad_masks: bool = False) -> torch.Tensor:
+    """A random tensor a model accepts for an input called `name` (masks padded with `pad_masks`)."""
     lowered = name.lower()
+    if "mask" in lowered and (dtype == torch.bool or not dtype.is_floating_point):
+        return padding_mask(shape, dtype, generator) if pad_masks else torch.ones(shape, dtype=dtype)
     if dtype == torch.bool:
-        return torch.ones(shape, dtype=dtype) if "mask" in lowered else torch.rand(shape, generator=generator) > 0.5
+        return torch.rand(shape, generator=generator) > 0.5
     if dtype.is_floating_point:
         return torch.randn(shape, generator=generator).to(dtype)
-    if "mask" in lowered:
-        return torch.ones(shape, dtype=dtype)
     if "position" in lowered and len(shape) > 0:
         return torch.arange(shape[-1], dtype=dtype).expand(*shape).contiguous()
     if "token_type" in lowered:
@@ -104,12 +120,12 @@ def random_tensor(name: str, shape: Sequence[int], dtype: torch.dtype, int_bound
     return torch.randint(0, max(int_bound, 1), tuple(shape), generator=generator, dtype=dtype)
 
 
-def make_inputs(specs: Sequence[InputSpec], module: object, seed: int | None = None) -> Inputs:
+def make_inputs(specs: Sequence[InputSpec], module: object, seed: int | None = None, pad_masks: bool = False) -> Inputs:
     """Random inputs for `specs`, valid for `module` (see `random_tensor`)."""
     generator = torch.Generator()
     generator.manual_seed(seed if seed is not None else torch.seed())
     bound = integer_bound(module)
-    return {s.name: random_tensor(s.name, s.shape, s.dtype, bound, generator) for s in specs}
+    return {s.name: random_tensor(s.name, s.shape, s.dtype, bound, generator, pad_masks) for s in specs}
 
 
 def specs_of(inputs: Mapping[str, torch.Tensor]) -> list[InputSpec]:

@@ -2,17 +2,22 @@
 
 INPUT_SHAPES: JSON map input name -> the shape the model was exported with (TensorRT
 profiles default to it). CUDA_PROVIDER_OPTIONS: JSON map of CUDA execution provider options
-the artefact was tuned with (deployfuse's sessions apply them).
+the artefact was tuned with (deployfuse's sessions apply them). WEIGHTS_SHA256: the
+`weights_digest` of the model as loaded (before folding and casting), so `deployfuse compare`
+can tell an ONNX file exported from other weights from a broken fusion.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 
 import onnx
+import torch
 
 INPUT_SHAPES = "deployfuse.input_shapes"
 CUDA_PROVIDER_OPTIONS = "deployfuse.cuda_provider_options"
+WEIGHTS_SHA256 = "deployfuse.weights_sha256"
 
 
 def read(model: onnx.ModelProto, key: str) -> object | None:
@@ -29,3 +34,22 @@ def write(model: onnx.ModelProto, key: str, value: object) -> None:
         if prop.key == key:
             model.metadata_props.remove(prop)
     model.metadata_props.add(key=key, value=json.dumps(value))
+
+
+def weights_digest(module: torch.nn.Module) -> str:
+    """SHA-256 of the module's state dict: every entry's name, dtype, shape and bytes, by name.
+
+    Deterministic across processes and loads of the same weights; a different value means
+    different weights (or a different architecture), whatever the file names say.
+    """
+    digest = hashlib.sha256()
+    for name, value in sorted(module.state_dict().items()):
+        digest.update(name.encode())
+        if not isinstance(value, torch.Tensor):
+            digest.update(repr(value).encode())  # extra state, e.g. a quantisation config
+            continue
+        tensor = value.detach().to("cpu").contiguous()
+        digest.update(f"{tensor.dtype}{tuple(tensor.shape)}".encode())
+        if tensor.numel():
+            digest.update(tensor.reshape(-1).view(torch.uint8).numpy())
+    return digest.hexdigest()

@@ -127,6 +127,9 @@ def export(
     trust_pickle: bool = False,
     report_path: str | os.PathLike[str] | None = None,
     rtol: float | None = None,
+    verify_draws: int = 3,
+    seed: int | None = None,
+    allow_traced_control_flow: bool = False,
     progress: Progress | None = None,
     task: str | None = None,
     static: bool = False,
@@ -156,6 +159,11 @@ def export(
         trust_pickle: allow loading a pickled module (runs code from the file).
         report_path: write the JSON report there.
         rtol: verification tolerance relative to each output's max |value|.
+        verify_draws: independent random input draws verified at each shape (different
+            seeds, token ids and padded attention masks after the first draw).
+        seed: the first verification draw's seed (the report records every seed); random when None.
+        allow_traced_control_flow: accept a TorchScript trace that baked a branch on tensor
+            values (`if x.sum() > 0:`) into the graph; refused by default.
         progress: called when each step starts and ends.
         task: for a Hugging Face folder, the task to export (Optimum's names, e.g. "fill-mask");
             default: the task of the saved architecture.
@@ -164,8 +172,12 @@ def export(
 
     Raises:
         UsageError: bad input; nothing is written.
-        AccuracyError: the export does not match PyTorch; the ONNX file is not written.
+        AccuracyError: the export does not match PyTorch (or follows one branch of data-dependent
+            control flow); the ONNX file is not written.
     """
+    if isinstance(verify_draws, bool) or not isinstance(verify_draws, int) or verify_draws < 1:
+        raise UsageError(f"--verify-draws {verify_draws!r}: give a whole number of input draws per shape, 1 or more")
+    checking = _Checking(verify_draws, seed, allow_traced_control_flow)
     if target not in TARGETS:
         raise UsageError(f"unknown target {target!r}; choose one of {', '.join(TARGETS)}")
     if cuda_graph and (target != "ort-cuda" or dynamic):
@@ -184,7 +196,7 @@ def export(
     steps = _Steps(report, progress)
     try:
         request = _Request(model, inputs, example_inputs, dynamic, exporter, fold, fuse, verify, cuda_graph, tf32, autotune, debug, trust_pickle, rtol, task, static)
-        fusion = _run(request, out_path, report, steps)
+        fusion = _run(request, out_path, report, steps, checking)
     except DeployfuseError as exc:
         report.error = str(exc)
         if report_file is not None and not isinstance(exc, UsageError):
@@ -195,7 +207,27 @@ def export(
     return ExportResult(out_path, report, report_file, fusion)
 
 
-def _run(request: _Request, out_path: Path, report: ExportReport, steps: _Steps) -> FusionReport | None:
+@dataclass(frozen=True)
+class _Checking:
+    """How far the export is trusted: input draws verified per shape, their first seed, and
+    whether a trace that baked in a branch on tensor values is accepted."""
+
+    draws: int = 3
+    seed: int | None = None
+    allow_traced_control_flow: bool = False
+
+
+@dataclass(frozen=True)
+class _Draw:
+    """One verification input set: which shape (0: the example's), which draw, its seed."""
+
+    inputs: Inputs
+    shape: int
+    draw: int
+    seed: int
+
+
+def _run(request: _Request, out_path: Path, report: ExportReport, steps: _Steps, checking: _Checking) -> FusionReport | None:
     with steps.step("load") as step:
         # Folding and casting happen in place: work on a copy of a module the caller handed us.
         loaded = load_model(copy.deepcopy(request.model) if isinstance(request.model, torch.nn.Module) else request.model, trust_pickle=request.trust_pickle, task=request.task)
@@ -206,15 +238,19 @@ def _run(request: _Request, out_path: Path, report: ExportReport, steps: _Steps)
             # A Hugging Face task's batch and sequence axes, on the inputs the export runs with.
             request = dataclasses.replace(request, dynamic=[d for d in loaded.dynamic if d.name in example])
         report.dynamic = [f"{d.name}:{d.axis}:{d.label}" for d in request.dynamic]
+        weights = metadata.weights_digest(loaded.module)  # as loaded: what compare recomputes from MODEL
         dtype = PRECISIONS[report.precision]
+        draws = _verification_inputs(loaded, example, request.dynamic, checking, dtype) if request.verify else []
+        # References come from the unfolded fp32 model, so verification also checks the fold and
+        # the cast; in fp16/bf16 they run on the same rounded inputs the ONNX model gets.
+        references = [_reference_run(loaded, d.inputs if dtype == torch.float32 else _cast(d.inputs, torch.float32)) for d in draws]
+        same_precision: list[dict[str, torch.Tensor]] = []
         if dtype != torch.float32:
             loaded.module.to(dtype)
-            example = {k: v.to(dtype) if v.is_floating_point() else v for k, v in example.items()}
-        # References come from the unfolded model, so verification also checks the fold.
-        reference = _reference_run(loaded, example)
-        output_names = list(reference)
-        checks = [example] if not request.verify else _verification_inputs(loaded, example, request.dynamic)
-        references = [_reference_run(loaded, x) for x in checks] if request.verify else []
+            example = _cast(example, dtype)
+            same_precision = [_reference_run(loaded, d.inputs) for d in draws]
+        output_names = list(_reference_run(loaded, example))
+        checks = [d.inputs for d in draws] or [example]
 
     if request.fold:
         with steps.step("fold") as step:
@@ -230,9 +266,18 @@ def _run(request: _Request, out_path: Path, report: ExportReport, steps: _Steps)
         # torch.export cannot trace TorchScript, so archives go straight to the TorchScript exporter.
         exporters = ("torchscript",) if loaded.form == "torchscript" else EXPORTERS if request.exporter == "auto" else (request.exporter,)
         onnx_model, attempts = to_onnx(loaded, _traceable(example, request.dynamic), request.dynamic, output_names, report.opset, exporters)
-        report.export_attempts = [vars(a) for a in attempts]
+        report.export_attempts = [a.to_dict() for a in attempts]
+        baked = attempts[-1].data_dependent
+        if baked and not checking.allow_traced_control_flow:
+            raise AccuracyError(
+                f"the {attempts[-1].exporter} exporter followed one branch of data-dependent control flow ({baked[0]}"
+                f"{f'; {len(baked) - 1} more in the report' if len(baked) > 1 else ''}): the ONNX model computes that branch for every "
+                "input, so it differs from PyTorch on inputs that take another; write the branch with torch.where or torch.cond, "
+                "or pass --allow-traced-control-flow to accept it (random-input verification is then the only check)")
         report.exporter = attempts[-1].exporter
         step.detail = report.exporter + (" (the dynamo exporter failed: see the report)" if len(attempts) > 1 else "")
+        if baked:
+            step.detail += f"; {len(baked)} branch(es) on tensor values baked in, accepted (--allow-traced-control-flow)"
 
     with steps.step("clean") as step:
         onnx_model = clean(onnx_model)
@@ -248,6 +293,7 @@ def _run(request: _Request, out_path: Path, report: ExportReport, steps: _Steps)
         fusion = None
         steps.skip("fuse", "--no-fuse")
     metadata.write(onnx_model, metadata.INPUT_SHAPES, {k: list(v.shape) for k, v in example.items()})
+    metadata.write(onnx_model, metadata.WEIGHTS_SHA256, weights)
     if report.target == "ort-cuda":
         metadata.write(onnx_model, metadata.CUDA_PROVIDER_OPTIONS, cuda_provider_options(onnx_model, request.cuda_graph, request.tf32, report.precision))
     report.op_histogram = dict(Counter(f"{n.domain + '.' if n.domain else ''}{n.op_type}" for n in onnx_model.graph.node).most_common())
@@ -255,12 +301,21 @@ def _run(request: _Request, out_path: Path, report: ExportReport, steps: _Steps)
     if request.verify:
         with steps.step("verify") as step:
             tolerance = request.rtol if request.rtol is not None else DEFAULT_RTOL[report.precision]
-            _verify(onnx_model, checks, references, tolerance, report)
+            against = f"PyTorch fp32 (the model before the cast to {report.precision})" if same_precision else "PyTorch"
+            shapes = list({d.shape: _shape_text(d.inputs) for d in draws}.values())
+            report.verification = {"draws_per_shape": checking.draws, "shapes": shapes, "seeds": [d.seed for d in draws],
+                                   "reference": against, "rtol": tolerance}
+            _verify(onnx_model, draws, references, same_precision, tolerance, report)
             worst = max(o["max_rel_error"] for v in report.verify for o in v["outputs"])
-            step.detail = f"{len(checks)} shape(s), worst relative error {worst:.2e}"
-            if not all(o["passed"] for v in report.verify for o in v["outputs"]):
-                failed = [o["name"] for v in report.verify for o in v["outputs"] if not o["passed"]]
-                raise AccuracyError(f"ONNX output differs from PyTorch beyond tolerance (rtol {tolerance:g}): {', '.join(dict.fromkeys(failed))}")
+            step.detail = f"{checking.draws} input draw(s) at each of {len(shapes)} shape(s) ({'; '.join(shapes)}), worst relative error {worst:.2e}"
+            if same_precision:
+                worst_same = max(o["same_precision_rel_error"] for v in report.verify for o in v["outputs"])
+                step.detail += f" vs fp32, {worst_same:.2e} vs PyTorch in {report.precision}"
+            failing = [v for v in report.verify if not all(o["passed"] for o in v["outputs"])]
+            if failing:
+                names = dict.fromkeys(o["name"] for v in failing for o in v["outputs"] if not o["passed"])
+                raise AccuracyError(f"ONNX output differs from {against} beyond tolerance (rtol {tolerance:g}) on {len(failing)} of "
+                                    f"{len(draws)} input draws: {', '.join(names)}")
     else:
         steps.skip("verify", "--no-verify")
 
@@ -315,11 +370,32 @@ def _reference_run(loaded: LoadedModel, inputs: Inputs) -> dict[str, torch.Tenso
     return {k: v.clone() for k, v in outputs.items()}
 
 
-def _verification_inputs(loaded: LoadedModel, example: Inputs, dynamic: Sequence[DynamicAxis]) -> list[Inputs]:
-    """Fresh random inputs at the example's shapes, and at a second shape when axes are dynamic."""
+def _verification_inputs(loaded: LoadedModel, example: Inputs, dynamic: Sequence[DynamicAxis], checking: _Checking,
+                         dtype: torch.dtype) -> list[_Draw]:
+    """`checking.draws` independent random input sets at the example's shapes, and as many at a
+    second shape when axes are dynamic, cast to `dtype`.
+
+    Each draw has its own seed, so floats and token ids differ; attention masks are all ones in
+    the first draw and padded in the others, the two paths models branch between.
+    """
     specs = specs_of(example)
     shapes = [specs] + ([resized(specs, dynamic)] if dynamic else [])
-    return [make_inputs(s, loaded.module) for s in shapes]
+    first = checking.seed if checking.seed is not None else torch.seed() % 2**32
+    draws = []
+    for index, shape in enumerate(shapes):
+        for draw in range(checking.draws):
+            seed = first + index * checking.draws + draw
+            draws.append(_Draw(_cast(make_inputs(shape, loaded.module, seed, pad_masks=draw > 0), dtype), index, draw, seed))
+    return draws
+
+
+def _cast(inputs: Inputs, dtype: torch.dtype) -> Inputs:
+    """Floating inputs in `dtype`; integer and bool inputs as they are."""
+    return {k: v.to(dtype) if v.is_floating_point() else v for k, v in inputs.items()}
+
+
+def _shape_text(inputs: Inputs) -> str:
+    return ", ".join(f"{k}={'x'.join(map(str, v.shape))}" for k, v in inputs.items())
 
 
 def _traceable(example: Inputs, dynamic: Sequence[DynamicAxis]) -> Inputs:
@@ -335,18 +411,22 @@ def _traceable(example: Inputs, dynamic: Sequence[DynamicAxis]) -> Inputs:
     return traced
 
 
-def _verify(model: onnx.ModelProto, checks: list[Inputs], references: list[dict[str, torch.Tensor]], rtol: float, report: ExportReport) -> None:
+def _verify(model: onnx.ModelProto, draws: list[_Draw], references: list[dict[str, torch.Tensor]],
+            same_precision: list[dict[str, torch.Tensor]], rtol: float, report: ExportReport) -> None:
+    """Run every draw on ORT; judge it against `references`, and show the error against
+    `same_precision` (PyTorch in the export's fp16/bf16) beside it when given."""
     try:
         session = ort_backend.session(model)
     except Exception as exc:
         raise AccuracyError(f"ONNX Runtime cannot load the exported model: {str(exc).splitlines()[0]}") from exc
-    for inputs, reference in zip(checks, references):
-        outputs = ort_backend.run(session, {k: to_numpy(v) for k, v in inputs.items()})
+    for index, (draw, reference) in enumerate(zip(draws, references)):
+        outputs = ort_backend.run(session, {k: to_numpy(v) for k, v in draw.inputs.items()})
         missing = [k for k in reference if k not in outputs]
         if missing:
             raise AccuracyError(f"the ONNX model lacks outputs {', '.join(missing)}")
-        results = compare_outputs(reference, outputs, rtol)
-        report.verify.append({"shapes": {k: list(v.shape) for k, v in inputs.items()}, "outputs": [r.to_dict() for r in results]})
+        results = compare_outputs(reference, outputs, rtol, same_precision[index] if same_precision else None)
+        report.verify.append({"shapes": {k: list(v.shape) for k, v in draw.inputs.items()}, "draw": draw.draw, "seed": draw.seed,
+                              "outputs": [r.to_dict() for r in results]})
 
 
 def save_model(model: onnx.ModelProto, path: Path, external_data_threshold: int = EXTERNAL_DATA_THRESHOLD) -> int:

@@ -2,7 +2,9 @@
 
 The check per output: max |onnx - torch| <= rtol * max|torch| (+ a tiny absolute floor for
 outputs that are all zeros). fp32 uses rtol 1e-4: exported graphs only reorder float
-arithmetic, so anything larger is a real difference.
+arithmetic, so anything larger is a real difference. An fp16/bf16 export is judged against the
+fp32 model it came from, with that precision's tolerance: PyTorch in the same precision can
+overflow or round the same way the export does, so it is shown beside, not trusted.
 """
 
 from __future__ import annotations
@@ -27,6 +29,9 @@ class OutputCheck:
     max_rel_error: float  # max abs error / max |reference|
     tolerance: float  # the max abs error allowed
     passed: bool
+    # fp16/bf16 exports: the errors against PyTorch run in that precision (the verdict is against fp32)
+    same_precision_abs_error: float | None = None
+    same_precision_rel_error: float | None = None
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -38,21 +43,30 @@ def to_numpy(t: torch.Tensor) -> np.ndarray:
     return (t.float() if t.dtype == torch.bfloat16 else t).numpy()
 
 
-def compare_outputs(reference: Mapping[str, torch.Tensor], actual: Mapping[str, np.ndarray], rtol: float) -> list[OutputCheck]:
-    """Compare each reference output with the same-named actual output."""
+def _errors(ref: np.ndarray, got: np.ndarray) -> tuple[float, float]:
+    """(max abs error, scale = max |finite reference|); inf when shapes or NaN/Inf places differ."""
+    if got.shape != ref.shape:
+        return float("inf"), 0.0
+    finite = np.isfinite(ref)
+    same_specials = np.array_equal(finite, np.isfinite(got)) and np.array_equal(ref[~finite], got[~finite], equal_nan=True)
+    scale = float(np.max(np.abs(ref[finite]))) if finite.any() else 0.0
+    err = float(np.max(np.abs(got[finite] - ref[finite]))) if finite.any() else 0.0
+    return (err if same_specials else float("inf")), scale
+
+
+def compare_outputs(reference: Mapping[str, torch.Tensor], actual: Mapping[str, np.ndarray], rtol: float,
+                    same_precision: Mapping[str, torch.Tensor] | None = None) -> list[OutputCheck]:
+    """Compare each reference output with the same-named actual output; with `same_precision`
+    (PyTorch in the export's precision), also record the error against it."""
     checks = []
     for name, ref_t in reference.items():
-        ref = to_numpy(ref_t).astype(np.float64)
         got = np.asarray(actual[name]).astype(np.float64)
-        if got.shape != ref.shape:
-            checks.append(OutputCheck(name, tuple(ref.shape), float("inf"), float("inf"), 0.0, False))
-            continue
-        finite = np.isfinite(ref)
-        same_specials = np.array_equal(finite, np.isfinite(got)) and np.array_equal(ref[~finite], got[~finite], equal_nan=True)
-        scale = float(np.max(np.abs(ref[finite]))) if finite.any() else 0.0
-        err = float(np.max(np.abs(got[finite] - ref[finite]))) if finite.any() else 0.0
-        if not same_specials:
-            err = float("inf")
+        err, scale = _errors(to_numpy(ref_t).astype(np.float64), got)
         tol = max(rtol * scale, ABS_FLOOR)
-        checks.append(OutputCheck(name, tuple(ref.shape), err, err / scale if scale else err, tol, err <= tol))
+        check = OutputCheck(name, tuple(ref_t.shape), err, err / scale if scale else err, tol, err <= tol)
+        if same_precision is not None:
+            same_err, same_scale = _errors(to_numpy(same_precision[name]).astype(np.float64), got)
+            check.same_precision_abs_error = same_err
+            check.same_precision_rel_error = same_err / same_scale if same_scale else same_err
+        checks.append(check)
     return checks

@@ -30,8 +30,8 @@ def test_zoo_model_exports_and_matches_pytorch_at_two_shapes(name, tmp_path):
     if name == "resnet18":  # every BN folded into its conv before export
         assert result.report.fold["counts"]["conv-bn"] == 20
         assert "BatchNormalization" not in result.report.op_histogram
-    assert len(result.report.verify) == 2, "a dynamic export is verified at a second shape"
-    assert result.report.verify[0]["shapes"] != result.report.verify[1]["shapes"]
+    assert len(result.report.verification["shapes"]) == 2, "a dynamic export is verified at a second shape"
+    assert len(result.report.verify) == 2 * result.report.verification["draws_per_shape"]
     for shape in (specs_of(example), resized(specs_of(example), entry.dynamic, grow=2)):
         assert_onnx_matches_torch(out, module, make_inputs(shape, module))
 
@@ -44,7 +44,7 @@ def test_torchscript_exporter_on_transformers(name, tmp_path):
     dynamic = [*entry.dynamic, DynamicAxis("attention_mask", 0, "batch"), DynamicAxis("attention_mask", 1, "seq")] if name == "llama" else entry.dynamic
     out = tmp_path / f"{name}.onnx"
     result = deployfuse.export(module, out, example_inputs=example, dynamic=dynamic, exporter="torchscript")
-    assert result.report.exporter == "torchscript" and len(result.report.verify) == 2
+    assert result.report.exporter == "torchscript" and len(result.report.verification["shapes"]) == 2
     assert_onnx_matches_torch(out, module, make_inputs(resized(specs_of(example), dynamic, grow=2), module))
 
 
@@ -209,7 +209,7 @@ def test_model_calling_a_deployfuse_op_exports_it_as_one_node(tmp_path):
     model = onnx.load(out)
     assert [n.op_type for n in model.graph.node if n.domain == "deployfuse"] == ["BiasAct"]
     assert {f.name for f in model.functions} == {"BiasAct"}, "the function body travels with the node"
-    assert len(result.report.verify) == 2
+    assert len(result.report.verification["shapes"]) == 2
     assert_onnx_matches_torch(out, module, {"x": torch.randn(2, 7, 16)})
 
 

@@ -58,6 +58,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--no-fold", action="store_true", help="do not fold BatchNorm into Conv/Linear")
     p.add_argument("--no-fuse", action="store_true", help="do not rewrite the graph into fused nodes")
     p.add_argument("--no-verify", action="store_true", help="do not compare the ONNX model with PyTorch")
+    p.add_argument("--verify-draws", type=int, default=3, metavar="N",
+                   help="independent random input draws verified at each shape; after the first, attention masks are padded (default: 3)")
+    p.add_argument("--seed", type=int, metavar="S", help="seed of the first verification draw, to repeat a verification (the report lists every seed)")
+    p.add_argument("--allow-traced-control-flow", action="store_true",
+                   help="accept a TorchScript trace that follows one branch of an `if` on tensor values (refused by default: "
+                   "the ONNX model would compute that branch for every input)")
     p.add_argument("--report", metavar="FILE.json", help="write the report (steps, times, folds, exporter, ops, errors) as JSON")
     p.add_argument("-q", "--quiet", action="store_true", help="print only errors")
     p.add_argument("-v", "--verbose", action="store_true", help="show warnings from torch and the exporters")
@@ -76,6 +82,7 @@ def run(args: argparse.Namespace) -> int:
         args.model, args.output, inputs=args.inputs, example_inputs=args.example_inputs, dynamic=args.dynamic,
         target=args.target, precision=args.precision, opset=args.opset, exporter=args.exporter, fold=not args.no_fold, fuse=not args.no_fuse,
         verify=not args.no_verify, cuda_graph=args.cuda_graph, tf32=not args.no_tf32, autotune=args.autotune, debug=args.debug, trust_pickle=args.trust_pickle, report_path=args.report, rtol=args.rtol, task=args.task, static=args.static,
+        verify_draws=args.verify_draws, seed=args.seed, allow_traced_control_flow=args.allow_traced_control_flow,
         progress=None if args.quiet else _progress,
     )
     if not args.quiet:

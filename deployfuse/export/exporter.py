@@ -2,6 +2,8 @@
 
 Several real models (T5 encoders, Swin, TorchScript archives) fail `torch.export` today; the
 TorchScript exporter still handles most of them, so a dynamo failure is recorded, not fatal.
+What the tracer could not record (a branch on tensor values) is recorded with the attempt
+(see `data_dependence`), for the caller to refuse or accept.
 """
 
 from __future__ import annotations
@@ -10,12 +12,13 @@ import io
 import re
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
 
 import onnx
 import torch
 
 from deployfuse.errors import DeployfuseError
+from deployfuse.export.data_dependence import DataDependence, DataDependenceSpy, dynamo_data_dependence
 from deployfuse.inputs import DynamicAxis, Inputs
 from deployfuse.loading import LoadedModel
 from deployfuse.ops import DOMAIN, attach_functions
@@ -26,10 +29,15 @@ EXPORTERS = ("dynamo", "torchscript")
 
 @dataclass
 class ExportAttempt:
-    """One exporter's try: which, and why it failed (None when it worked)."""
+    """One exporter's try: which, why it failed (None when it worked), and the Python values
+    it took from tensor data, each with the tracer's warning (a graph that follows one branch)."""
 
     exporter: str
     error: str | None = None
+    data_dependent: list[DataDependence] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, object]:
+        return asdict(self)
 
 
 def _axes(dynamic: Sequence[DynamicAxis], inputs: Inputs) -> dict[str, dict[int, str]]:
@@ -66,26 +74,29 @@ class _KeywordCall(torch.nn.Module):
     take more than their tensors) refuse that, so every input is passed by name.
     """
 
-    def __init__(self, module: torch.nn.Module, names: Sequence[str]):
+    def __init__(self, module: torch.nn.Module, names: Sequence[str], spy: DataDependenceSpy):
         super().__init__()
-        self.module, self.names = module, list(names)
+        self.module, self.names, self.spy = module, list(names), spy
         # The exporter restores the wrapper's mode afterwards, recursively: it must match the model's.
         self.train(module.training)
 
     def forward(self, *tensors: torch.Tensor) -> object:
+        self.spy.mark_inputs(tensors)
         return self.module(**dict(zip(self.names, tensors)))
 
 
-def _torchscript(loaded: LoadedModel, inputs: Inputs, dynamic: Sequence[DynamicAxis], output_names: list[str], opset: int) -> onnx.ModelProto:
-    if isinstance(loaded.module, torch.jit.ScriptModule):
+def _torchscript(loaded: LoadedModel, inputs: Inputs, dynamic: Sequence[DynamicAxis], output_names: list[str], opset: int,
+                 spy: DataDependenceSpy) -> onnx.ModelProto:
+    if isinstance(loaded.module, torch.jit.ScriptModule):  # scripted: its control flow is in the graph
         module, args = loaded.module, loaded.call_arguments(inputs)[0]
     else:
-        module, args = _KeywordCall(loaded.module, list(inputs)), tuple(inputs.values())
+        module, args = _KeywordCall(loaded.module, list(inputs), spy), tuple(inputs.values())
     buffer = io.BytesIO()
-    torch.onnx.export(
-        module, args, buffer, dynamo=False, input_names=list(inputs), output_names=output_names,
-        dynamic_axes=_axes(dynamic, inputs) or None, opset_version=min(opset, 20), do_constant_folding=True,
-    )
+    with spy:
+        torch.onnx.export(
+            module, args, buffer, dynamo=False, input_names=list(inputs), output_names=output_names,
+            dynamic_axes=_axes(dynamic, inputs) or None, opset_version=min(opset, 20), do_constant_folding=True,
+        )
     return onnx.load_from_string(buffer.getvalue())
 
 
@@ -103,15 +114,18 @@ def to_onnx(
     """
     attempts: list[ExportAttempt] = []
     for exporter in exporters:
-        run = _dynamo if exporter == "dynamo" else _torchscript
+        spy = DataDependenceSpy()
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                model = run(loaded, inputs, dynamic, output_names, opset)
+                if exporter == "dynamo":
+                    model = _dynamo(loaded, inputs, dynamic, output_names, opset)
+                else:
+                    model = _torchscript(loaded, inputs, dynamic, output_names, opset, spy)
         except Exception as exc:  # exporters raise anything from torch internals
-            attempts.append(ExportAttempt(exporter, _first_line(exc)))
+            attempts.append(ExportAttempt(exporter, dynamo_data_dependence(exc) or _first_line(exc)))
             continue
-        attempts.append(ExportAttempt(exporter))
+        attempts.append(ExportAttempt(exporter, data_dependent=list(spy.found)))
         return model, attempts
     detail = "; ".join(f"{a.exporter}: {a.error}" for a in attempts)
     raise DeployfuseError(f"no exporter could export the model ({detail})")
