@@ -1,11 +1,16 @@
 """Building and finding the native deployfuse libraries (plugins/, CMake underneath).
 
+The sources are plugins/ in a source checkout, or the copy an installed wheel carries in
+deployfuse/_plugins (setup.py puts it there). Libraries are built in build/ beside the sources,
+or, when that folder is not writable (a system-wide install), in the user's cache
+($XDG_CACHE_HOME or ~/.cache)/deployfuse/<version>/plugins.
+
 ONNX Runtime's wheels ship no C++ headers: they come from ONNXRUNTIME_INCLUDE_DIR, a system
 install, or Debian's libonnxruntime-dev (API 21, fetched with apt-get options that leave the
-system's apt configuration alone) cached in plugins/build/ort-include. TensorRT's headers come
+system's apt configuration alone) cached in <build>/ort-include. TensorRT's headers come
 from TENSORRT_INCLUDE_DIR, a system install, or the `kernel-lens` wheel on PyPI (it carries the
 Apache-2.0 TensorRT 10 headers; fetched with pip, never installed) cached in
-plugins/build/trt-include. The TensorRT plugin library needs the CUDA build (nvcc).
+<build>/trt-include. The TensorRT plugin library needs the CUDA build (nvcc).
 """
 
 from __future__ import annotations
@@ -21,8 +26,29 @@ from pathlib import Path
 
 from deployfuse.errors import UsageError
 
-PLUGINS = Path(__file__).resolve().parents[2] / "plugins"
-BUILD = PLUGINS / "build"
+
+
+def plugin_sources() -> Path:
+    """The folder holding the plugins' CMakeLists.txt: the checkout's plugins/, else the copy
+    installed in the package (returned even when missing; `build_plugins` says so)."""
+    package = Path(__file__).resolve().parents[1]
+    checkout = package.parent / "plugins"
+    return checkout if (checkout / "CMakeLists.txt").is_file() else package / "_plugins"
+
+
+def build_root(sources: Path) -> Path:
+    """Where libraries and fetched headers go: beside the sources when that folder is writable,
+    else a per-version folder in the user's cache."""
+    if os.access(sources, os.W_OK):
+        return sources / "build"
+    from deployfuse import __version__
+
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return cache / "deployfuse" / __version__ / "plugins"
+
+
+PLUGINS = plugin_sources()
+BUILD = build_root(PLUGINS)
 _HEADER = "onnxruntime_cxx_api.h"
 _DEBIAN = "deb http://deb.debian.org/debian trixie main\n"
 _TRT_HEADER = "NvInferRuntime.h"
@@ -84,6 +110,8 @@ def build_plugins(cuda: bool | None = None, tensorrt: bool | None = None) -> Pat
     """Configure and build plugins/ (CPU ORT library; CUDA too when nvcc exists and cuda is not
     False; with CUDA, the TensorRT plugins too unless tensorrt is False — True makes missing
     TensorRT headers an error instead of a skip). Returns the build directory."""
+    if not (PLUGINS / "CMakeLists.txt").is_file():
+        raise UsageError(f"the deployfuse plugin sources are missing ({PLUGINS}): reinstall deployfuse")
     for tool in ("cmake", "c++"):
         if shutil.which(tool) is None:
             raise UsageError(f"building the deployfuse plugins needs `{tool}` on PATH")
