@@ -193,6 +193,7 @@ def export(
     out_path = check_writable_target(output)
     report_file = check_writable_target(report_path) if report_path is not None else None
     report = ExportReport(str(model) if not isinstance(model, torch.nn.Module) else type(model).__name__, str(out_path), target, precision, opset or DEFAULT_OPSET)
+    report.provenance["seed"] = seed
     steps = _Steps(report, progress)
     try:
         request = _Request(model, inputs, example_inputs, dynamic, exporter, fold, fuse, verify, cuda_graph, tf32, autotune, debug, trust_pickle, rtol, task, static)

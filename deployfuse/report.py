@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from deployfuse import provenance
+
 
 @dataclass
 class Step:
@@ -37,6 +39,7 @@ class ExportReport:
     verify: list[dict[str, Any]] = field(default_factory=list)
     verification: dict[str, Any] | None = None  # draws per shape, the shapes, seeds, reference, rtol
     error: str | None = None
+    provenance: dict[str, Any] = field(default_factory=provenance.collect)  # versions, device, threads, seed, command, UTC time
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -43,6 +43,7 @@ Each command's --help has the details. Exit codes: 0 ok, 1 accuracy failure, 2 b
 def build_parser() -> argparse.ArgumentParser:
     """The top-level parser with every registered command."""
     parser = argparse.ArgumentParser(prog="deployfuse", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=_version(), help="show deployfuse's version and those of the packages it uses")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for _, module in COMMANDS:
@@ -50,11 +51,24 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _version() -> str:
+    from deployfuse import provenance
+
+    found = provenance.versions()
+    return f"deployfuse {found.pop('deployfuse', '?')} ({', '.join(f'{k} {v}' for k, v in found.items())})"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point: parse, run, and turn every outcome into one line and an exit code."""
     from deployfuse.cli import _outcome
 
+    if list(sys.argv[1:] if argv is None else argv) == ["--version"]:  # without importing every command (torch)
+        print(_version())
+        return 0
     command = "deployfuse"
+    from deployfuse import provenance
+
+    provenance.record_command(["deployfuse", *(sys.argv[1:] if argv is None else argv)])  # for the reports
     with _outcome.signals_as_exceptions():
         try:
             args = build_parser().parse_args(argv)  # imports torch: a Ctrl-C there is caught below too

@@ -197,6 +197,7 @@ def compare(
     feeds = feed_lib.make_feeds(loaded, onnx_model, inputs, example_inputs, dynamic, seed)
     dtypes = _output_dtypes(onnx_model)
     result = CompareResult(str(model) if not isinstance(model, torch.nn.Module) else type(model).__name__, str(onnx_file), chosen)
+    result.provenance["seed"] = seed
 
     from polygraphy.comparator import Comparator
 

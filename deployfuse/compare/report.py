@@ -12,6 +12,7 @@ import io
 
 import numpy as np
 
+from deployfuse import provenance
 from deployfuse.compare.result import CompareResult
 
 
@@ -69,12 +70,18 @@ def _table(headers: list[str], rows: list[list[str]], failed: list[bool] | None 
     return f"<table><tr>{head}</tr>{body}</table>"
 
 
+def _environment(block: dict) -> str:
+    """The provenance block as a two-column table (left-aligned: command lines are long)."""
+    rows = "".join(f"<tr><th>{html.escape(label)}</th><td class=text>{html.escape(text)}</td></tr>" for label, text in provenance.summary(block))
+    return f"<table>{rows}</table>"
+
+
 def html_report(result: CompareResult) -> str:
     """The whole page."""
     parts = [
         "<!doctype html><meta charset=utf-8><title>deployfuse compare</title>",
         "<style>body{font-family:sans-serif;margin:2em}table{border-collapse:collapse;margin:1em 0}"
-        "td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}.fail{background:#fdd}.verdict{font-size:1.3em}</style>",
+        "td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}.fail{background:#fdd}.verdict{font-size:1.3em}.text{text-align:left;font-family:monospace}</style>",
         f"<h1>deployfuse compare</h1><p>model <code>{html.escape(result.model)}</code>, ONNX <code>{html.escape(result.onnx)}</code>, "
         f"reference backend <b>{html.escape(result.reference)}</b></p>",
         f"<p class=verdict>{'PASSED' if result.passed else 'FAILED: ' + html.escape(', '.join(result.failures()))}</p>",
@@ -103,4 +110,5 @@ def html_report(result: CompareResult) -> str:
                  f"{lat.samples_per_s:.1f}", f"{lat.timing}, {lat.iterations} runs after {lat.warmup} warm-up"] for lat in result.latency]
         parts.append("<h2>Latency</h2>" + _table(["backend", "median ms", "p90 ms", "mean ms", "min ms", "inferences/s", "samples/s", "timing"], rows))
         parts.append(f"<img alt='latency per backend' src='data:image/png;base64,{latency_png(result)}'>")
+    parts.append("<h2>Environment</h2>" + _environment(result.provenance))
     return "\n".join(parts) + "\n"

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from deployfuse import provenance
 from deployfuse.compare.accuracy import OutputStats
 from deployfuse.compare.latency import LatencyStats
 from deployfuse.compare.localize import Localization
@@ -42,6 +43,7 @@ class CompareResult:
     localization: Localization | None = None
     files: dict[str, str] = field(default_factory=dict)
     run_results: Any = field(default=None, repr=False)  # Polygraphy RunResults, for plots and --save-results
+    provenance: dict[str, Any] = field(default_factory=provenance.collect)  # versions, device, threads, seed, command, UTC time
 
     @property
     def passed(self) -> bool:
@@ -74,6 +76,7 @@ class CompareResult:
             "first_divergence": self.first_divergence,
             "localization": self.localization.to_dict() if self.localization is not None else None,
             "files": self.files,
+            "provenance": self.provenance,
         }
 
     def table(self) -> str:

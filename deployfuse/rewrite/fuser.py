@@ -160,12 +160,26 @@ def _rewrite(ir_model: ir.Model, rules: list[pattern.RewriteRule], result: Famil
         tracer = pattern.MatchingTracer()
         pattern.RewriteRuleSet(rules).apply_to_model(ir_model, tracer=tracer)
         for rule, infos in tracer.best_matches_map.items():
-            reasons = sorted({i.match_result.reason for i in infos if i.status == pattern.MatchStatus.CONDITION_FAILED and i.match_result.reason})
+            reasons = sorted({r for r in (_near_miss(rule, i) for i in infos) if r})
             if reasons:
                 known = result.near_misses.setdefault(rule.name, [])
                 known.extend(r for r in reasons if r not in known)
     onnxscript.optimizer.remove_unused_nodes(ir_model)
     return ir.serde.serialize_model(ir_model)
+
+
+def _near_miss(rule: pattern.RewriteRule, info: pattern.MatchInfo) -> str | None:
+    """Why a candidate of `rule` did not fuse: its check's reason, or, when the structure itself
+    stopped matching after at least two and half of the pattern's nodes, where it stopped."""
+    reason = info.match_result.reason
+    if not reason or info.status not in (pattern.MatchStatus.CONDITION_FAILED, pattern.MatchStatus.NO_MATCH):
+        return None
+    if info.status == pattern.MatchStatus.CONDITION_FAILED:
+        return reason
+    matched, total = len(info.match_result.nodes), len(getattr(rule, "_target_pattern")._nodes)
+    if matched < 2 or 2 * matched < total:
+        return None
+    return f"the structure stops matching after {matched} of {total} pattern nodes: {reason}"
 
 
 def _check_profile(node: ir.Node, prof: Profile, opset: int) -> None:

@@ -45,6 +45,20 @@ class FeatureEncoder(torch.nn.Module):
         return F.gelu(self.norm(h))
 
 
+class TransposedNormGelu(torch.nn.Module):
+    """wav2vec2's layer-norm conv layer: Conv1d -> LayerNorm over channels in a transposed view
+    -> transpose back -> GELU (the activation after the transpose)."""
+
+    def __init__(self, channels: int = 16) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv1d(4, channels, 3)
+        self.norm = torch.nn.LayerNorm(channels)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.norm(self.conv(x).transpose(-2, -1)).transpose(-2, -1)
+        return F.gelu(h)
+
+
 class UNetBlock(torch.nn.Module):
     """Diffusion-style ResNet block: GroupNorm -> SiLU -> Conv, twice, plus the residual."""
 
@@ -65,6 +79,7 @@ class UNetBlock(torch.nn.Module):
 BLOCKS = {
     "hand_norms": lambda: (HandNorms().eval(), {"x": torch.randn(2, 8, 32)}),
     "feature_encoder": lambda: (FeatureEncoder().eval(), {"x": torch.randn(2, 4, 20)}),
+    "transposed_norm_gelu": lambda: (TransposedNormGelu().eval(), {"x": torch.randn(2, 4, 20)}),
     "unet_block": lambda: (UNetBlock().eval(), {"x": torch.randn(2, 16, 8, 8)}),
 }
 
@@ -132,3 +147,27 @@ class GroupedEncoder(torch.nn.Module):
 
 
 BLOCKS["grouped_encoder"] = lambda: (GroupedEncoder().eval(), {"x": torch.randn(2, 8, 32)})
+
+
+class VarargsBert(torch.nn.Module):
+    """A user's `forward(self, *args)` wrapper around a tiny BERT, returning one tensor."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        from zoo import bert
+
+        self.m = bert()[0]
+
+    def forward(self, *a: torch.Tensor) -> torch.Tensor:
+        return self.m(input_ids=a[0], attention_mask=a[1]).last_hidden_state
+
+
+def varargs_bert() -> VarargsBert:
+    """Factory form of `VarargsBert`, inputs left to `--input`."""
+    return VarargsBert().eval()
+
+
+def varargs_bert_with_inputs() -> tuple[VarargsBert, tuple[torch.Tensor, torch.Tensor]]:
+    """Factory form with positional example inputs (named input_0, input_1)."""
+    ids = torch.randint(0, 512, (2, 8))
+    return VarargsBert().eval(), (ids, torch.ones_like(ids))

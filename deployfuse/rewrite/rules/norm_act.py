@@ -1,6 +1,9 @@
 """Normalisation + activation -> deployfuse.LayerNormGelu / deployfuse.GroupNormAct.
 
     LayerNormGelu:  y = GELU(LayerNorm(x) · γ + β)                 (wav2vec2 feature encoder, ConvNeXt heads)
+                    GELU(Transpose(LN(x))) = Transpose(GELU(LN(x)))   (GELU is elementwise: it commutes
+                    with any transpose, so convolutional feature extractors that normalise over
+                    channels in a transposed view and activate after transposing back fuse too)
     GroupNormAct:   y = act(GroupNorm_G(x) · γ[c] + β[c]), act ∈ SiLU, GELU   (diffusion UNets)
 
 GroupNorm arrives as the exporters write it: Reshape(x, [N, G, -1]) -> InstanceNormalization
@@ -26,8 +29,8 @@ _TARGETS = ("ort-cuda", "tensorrt")
 class LayerNormGelu(FusionRule):
     """LayerNormalization(x, γ, β) -> GELU (any spelling) -> LayerNormGelu."""
 
-    def __init__(self, target: str, activation: str, build) -> None:
-        super().__init__("layernorm_gelu", target)
+    def __init__(self, target: str, activation: str, build, name: str = "layernorm_gelu") -> None:
+        super().__init__(name, target)
         self.activation, self.build = activation, build
 
     def pattern(self, op, x, scale, bias):
@@ -50,6 +53,22 @@ class LayerNormGelu(FusionRule):
 
     def rewrite(self, op, x, scale, bias, **_):
         return self.emit(op, x, scale, bias, **self.attrs)
+
+
+class LayerNormTransposeGelu(LayerNormGelu):
+    """LayerNormalization(x, γ, β) -> Transpose -> GELU -> Transpose(LayerNormGelu)."""
+
+    def __init__(self, target: str, activation: str, build) -> None:
+        super().__init__(target, activation, build, "layernorm_transpose_gelu")
+
+    def pattern(self, op, x, scale, bias):
+        y = op.LayerNormalization(x, scale, bias, _allow_other_attributes=True, _outputs=["norm"])
+        return self.build(op, op.Transpose(y, _allow_other_attributes=True, _outputs=["transposed"]))
+
+    def rewrite(self, op, x, scale, bias, transposed, **_):
+        perm = transposed.producer().attributes.get_ints("perm")
+        fused = self.emit(op, x, scale, bias, **self.attrs)
+        return op.Transpose(fused, perm=list(perm)) if perm is not None else op.Transpose(fused)
 
 
 def _channel_vector(value: ir.Value, channels: int) -> np.ndarray | None:
@@ -111,6 +130,6 @@ def rules(target: str) -> list[pattern.RewriteRule]:
     """Norm + activation rules; ort-cuda and tensorrt only."""
     if target not in _TARGETS:
         return []
-    out = [LayerNormGelu.rule(target, name, build) for name, build in activations(("gelu", "gelu_tanh"))]
+    out = [rule.rule(target, name, build) for rule in (LayerNormGelu, LayerNormTransposeGelu) for name, build in activations(("gelu", "gelu_tanh"))]
     out += [GroupNormAct.rule(target, name, build) for name, build in activations(("silu", "gelu"))]
     return out
