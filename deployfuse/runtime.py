@@ -196,6 +196,9 @@ def input_shapes(model: onnx.ModelProto, given: Mapping[str, Sequence[int]] | No
     recorded = metadata.read(model, metadata.INPUT_SHAPES) or {}
     initializers = {t.name for t in model.graph.initializer}
     inputs = [v for v in model.graph.input if v.name not in initializers]
+    unknown = set(given) - {v.name for v in inputs}
+    if unknown:
+        raise UsageError(f"the model has no input named {sorted(unknown)[0]!r}; its inputs: {', '.join(v.name for v in inputs)}")
     labels: dict[str, int] = {}  # an axis label's size in the given shapes: attention_mask follows input_ids
     for value in inputs:
         for dim, size in zip(value.type.tensor_type.shape.dim, given.get(value.name, ())):
@@ -206,17 +209,14 @@ def input_shapes(model: onnx.ModelProto, given: Mapping[str, Sequence[int]] | No
         dims = [d.dim_value if d.HasField("dim_value") else None for d in value.type.tensor_type.shape.dim]
         shape = given.get(value.name) or recorded.get(value.name)  # type: ignore[union-attr]
         if shape is None:
-            if None in dims:
+            shape = [s if s is not None else labels.get(d.dim_param) for d, s in zip(value.type.tensor_type.shape.dim, dims)]
+            if None in shape:
                 raise UsageError(f"input {value.name!r} has dynamic axes and no recorded shape: give --input {value.name}:SHAPE")
-            shape = dims
-        if value.name not in given:
+        elif value.name not in given:
             shape = [labels.get(d.dim_param, s) if d.dim_param else s for d, s in zip(value.type.tensor_type.shape.dim, shape)]
         if len(shape) != len(dims) or any(d is not None and d != s for d, s in zip(dims, shape)):
             raise UsageError(f"input {value.name!r}: shape {'x'.join(map(str, shape))} does not fit the model's dims {[d if d is not None else '?' for d in dims]}")
         shapes[value.name] = tuple(int(s) for s in shape)
-    unknown = set(given) - set(shapes)
-    if unknown:
-        raise UsageError(f"the model has no input named {sorted(unknown)[0]!r}; its inputs: {', '.join(shapes)}")
     return shapes
 
 

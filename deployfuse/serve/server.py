@@ -120,6 +120,11 @@ class LocalServer:
         """host:port for `tritonclient.grpc`."""
         return f"{self.host}:{self.ports.grpc}"
 
+    @property
+    def access_token(self) -> str | None:
+        """The token PyTriton requires for its restricted endpoints (statistics, repository)."""
+        return self._triton.get_access_token() if self._triton is not None else None
+
     def start(self) -> LocalServer:
         """Open the session, start tritonserver, load the model; returns when it is ready."""
         from deployfuse.runtime import InferenceSession
