@@ -95,7 +95,8 @@ def main(argv: list[str] | None = None) -> int:
         "max_batch_size": args.max_batch_size,
         "runs": runs,
         "environment": {
-            "cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(), "python": platform.python_version(),
+            "cpu": _cpu_model(), "cores": os.cpu_count(), "load_average_1min_after": round(os.getloadavg()[0], 2),
+            "python": platform.python_version(),
             "onnxruntime": onnxruntime.__version__, "nvidia-pytriton": getattr(pytriton, "__version__", _version("nvidia-pytriton")),
             "tritonclient": getattr(tritonclient, "__version__", _version("tritonclient")),
         },
@@ -107,6 +108,17 @@ def main(argv: list[str] | None = None) -> int:
     print(f"wrote {args.out}")
     bad = any(r["lost"] or r["wrong"] or r["seconds"] > args.time_limit for r in runs)
     return 1 if bad else 0
+
+
+def _cpu_model() -> str:
+    """The CPU's model name (machine-wide: other work on it shows in the load average)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.machine()
 
 
 def _version(dist: str) -> str:
