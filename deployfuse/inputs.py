@@ -8,6 +8,8 @@ table, so a random input never indexes out of range.
 
 from __future__ import annotations
 
+import math
+import os
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -120,8 +122,35 @@ def random_tensor(name: str, shape: Sequence[int], dtype: torch.dtype, int_bound
     return torch.randint(0, max(int_bound, 1), tuple(shape), generator=generator, dtype=dtype)
 
 
+def available_memory() -> int:
+    """Bytes of memory available to a new allocation (MemAvailable on Linux, else free pages)."""
+    try:
+        with open("/proc/meminfo") as info:
+            for line in info:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def check_memory(specs: Sequence[InputSpec]) -> None:
+    """UsageError when the tensors of `specs` alone would not fit in the memory available.
+
+    A run holds several sets of them at once (the example, verification draws, ONNX Runtime's
+    copies) and the model's activations on top, so this refuses only what cannot work.
+    """
+    needed = sum(math.prod(s.shape) * s.dtype.itemsize for s in specs)
+    available = available_memory()
+    if needed > available:
+        shapes = ", ".join(f"{s.name}:{'x'.join(map(str, s.shape))}:{str(s.dtype).removeprefix('torch.')}" for s in specs)
+        raise UsageError(f"inputs {shapes} need {needed / 1e9:.1f} GB, more than the {available / 1e9:.1f} GB of memory available: choose smaller shapes")
+
+
 def make_inputs(specs: Sequence[InputSpec], module: object, seed: int | None = None, pad_masks: bool = False) -> Inputs:
-    """Random inputs for `specs`, valid for `module` (see `random_tensor`)."""
+    """Random inputs for `specs`, valid for `module` (see `random_tensor`); refused before any
+    allocation when they would not fit in memory."""
+    check_memory(specs)
     generator = torch.Generator()
     generator.manual_seed(seed if seed is not None else torch.seed())
     bound = integer_bound(module)
@@ -131,6 +160,37 @@ def make_inputs(specs: Sequence[InputSpec], module: object, seed: int | None = N
 def specs_of(inputs: Mapping[str, torch.Tensor]) -> list[InputSpec]:
     """The shapes and dtypes of concrete inputs, as specs."""
     return [InputSpec(name, tuple(t.shape), t.dtype) for name, t in inputs.items()]
+
+
+def checked_dynamic(dynamic: Sequence[DynamicAxis], inputs: Mapping[str, torch.Tensor], share: bool = True) -> tuple[list[DynamicAxis], list[DynamicAxis]]:
+    """`dynamic` checked against the inputs, and (with `share`) extended to the inputs that share each axis.
+
+    An input of the same rank whose size at a dynamic axis equals the marked input's (an
+    `attention_mask` beside `input_ids`) gets that axis and label too: left static, it would
+    pin the dimension the other input varies. Axes come back non-negative.
+
+    Returns:
+        (every dynamic axis, the ones added by sharing).
+
+    Raises:
+        UsageError: an axis names no input, or an axis the input does not have.
+    """
+    checked: dict[tuple[str, int], DynamicAxis] = {}
+    for d in dynamic:
+        if d.name not in inputs:
+            raise UsageError(f"--dynamic names input {d.name!r}, which is not among the inputs: {', '.join(inputs)}")
+        rank = inputs[d.name].dim()
+        if not -rank <= d.axis < rank:
+            raise UsageError(f"--dynamic {d.name}:{d.axis}:{d.label}: input {d.name} has rank {rank}")
+        checked.setdefault((d.name, d.axis % rank), DynamicAxis(d.name, d.axis % rank, d.label))
+    added: list[DynamicAxis] = []
+    for d in list(checked.values()) if share else ():
+        size, rank = inputs[d.name].shape[d.axis], inputs[d.name].dim()
+        for name, tensor in inputs.items():
+            if (name, d.axis) not in checked and tensor.dim() == rank and tensor.shape[d.axis] == size:
+                checked[(name, d.axis)] = DynamicAxis(name, d.axis, d.label)
+                added.append(checked[(name, d.axis)])
+    return list(checked.values()), added
 
 
 def resized(specs: Sequence[InputSpec], dynamic: Sequence[DynamicAxis], grow: int = 1) -> list[InputSpec]:

@@ -185,10 +185,25 @@ def _load_exported_program(path: Path) -> LoadedModel:
         named = loaded.name_inputs(args)
         named.update({k: _as_tensor(k, v) for k, v in kwargs.items()})
         loaded.example_inputs = named
+    loaded.dynamic = _program_dynamic_axes(program, names)
     return loaded
 
 
+def _program_dynamic_axes(program: torch.export.ExportedProgram, names: Sequence[str]) -> list[DynamicAxis]:
+    """The user inputs' axes that the program keeps symbolic (its range constraints), labelled
+    by their symbol, so axes that share a symbol share a label."""
+    symbols = {str(s) for s in program.range_constraints}
+    axes = []
+    for node in program.graph.nodes:
+        value = node.meta.get("val") if node.op == "placeholder" and node.name in names else None
+        for axis, dim in enumerate(getattr(value, "shape", ())):
+            if isinstance(dim, torch.SymInt) and str(dim.node.expr) in symbols:
+                axes.append(DynamicAxis(node.name, axis, str(dim.node.expr)))
+    return axes
+
+
 def _load_pickle(path: Path, trust_pickle: bool) -> LoadedModel:
+    _import_from_cwd()  # the module's class is often defined beside it, as for package.module:callable
     try:
         content = torch.load(str(path), map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
@@ -208,25 +223,42 @@ def _load_pickle(path: Path, trust_pickle: bool) -> LoadedModel:
 
 def _load_factory(spec: str) -> LoadedModel:
     module_name, attr = spec.split(":")
-    if os.getcwd() not in sys.path and "" not in sys.path:
-        sys.path.insert(0, os.getcwd())
+    _import_from_cwd()
     try:
         target: Any = importlib.import_module(module_name)
     except ImportError as exc:
         raise UsageError(f"cannot import {module_name!r} for {spec}: {exc}") from exc
+    except Exception as exc:  # the user's module fails to compile or raises when imported
+        raise UsageError(f"importing {module_name!r} for {spec} failed: {_first_line(exc)}") from exc
     for part in attr.split("."):
         if not hasattr(target, part):
             raise UsageError(f"{module_name} has no attribute {attr!r}")
         target = getattr(target, part)
     if not callable(target):
         raise UsageError(f"{spec} is not callable")
-    made = target() if not isinstance(target, torch.nn.Module) else target
+    try:
+        made = target() if not isinstance(target, torch.nn.Module) else target
+    except Exception as exc:
+        raise UsageError(f"{spec} raised {_first_line(exc)}") from exc
     example = None
     if isinstance(made, tuple) and len(made) == 2 and isinstance(made[0], torch.nn.Module):
         made, example = made
     if not isinstance(made, torch.nn.Module):
         raise UsageError(f"{spec} returned a {type(made).__name__}, not a torch.nn.Module or (module, example_inputs)")
     return _finish(made, "factory", example)
+
+
+def _import_from_cwd() -> None:
+    """Let user modules in the current folder be imported, as `python -m` does."""
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
+
+
+def _first_line(exc: BaseException) -> str:
+    """`Type: first line of the message`; a SyntaxError also says where."""
+    where = f" ({Path(exc.filename).name}, line {exc.lineno})" if isinstance(exc, SyntaxError) and exc.filename else ""
+    text = exc.msg if isinstance(exc, SyntaxError) else str(exc)
+    return f"{type(exc).__name__}: {(text.strip().splitlines() or [''])[0]}{where}"
 
 
 def _finish(module: torch.nn.Module, form: str, example: object) -> LoadedModel:

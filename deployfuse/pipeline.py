@@ -27,8 +27,8 @@ from deployfuse import metadata
 from deployfuse.backends import ort as ort_backend
 from deployfuse.errors import AccuracyError, DeployfuseError, UsageError
 from deployfuse.export import EXPORTERS, clean, flatten_outputs, to_onnx
-from deployfuse.inputs import DynamicAxis, InputSpec, Inputs, make_inputs, resized, specs_of
-from deployfuse.io import check_writable_target, write_text_atomic
+from deployfuse.inputs import DynamicAxis, InputSpec, Inputs, checked_dynamic, make_inputs, resized, specs_of
+from deployfuse.io import check_outputs, check_writable_target, write_text_atomic
 from deployfuse.loading import LoadedModel, given_inputs, load_model
 from deployfuse.report import ExportReport, Step
 from deployfuse.rewrite import TARGETS, FusionReport
@@ -37,6 +37,10 @@ from deployfuse.verify import DEFAULT_RTOL, compare_outputs, to_numpy
 
 PRECISIONS = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 DEFAULT_OPSET = 20
+# Opsets an export honours (checked with torch 2.14, onnx 1.23, ONNX Runtime 1.32): the dynamo
+# exporter writes 18 to 25 (asked for less, it writes 18, or a 17 whose ReduceMean ONNX Runtime
+# rejects), the TorchScript exporter 14 to 20, which the ONNX version converter takes up to 25.
+MIN_OPSET, MAX_OPSET, MIN_DYNAMO_OPSET = 14, 25, 18
 EXTERNAL_DATA_THRESHOLD = 2 * 1024**3  # protobuf cannot serialise a model above 2 GiB
 
 Progress = Callable[[str, Step | None], None]  # (step name, None when it starts / the Step when it ends)
@@ -190,16 +194,24 @@ def export(
         raise UsageError(f"unknown exporter {exporter!r}; choose auto or one of {', '.join(EXPORTERS)}")
     if precision not in PRECISIONS:
         raise UsageError(f"unknown precision {precision!r}; choose one of {', '.join(PRECISIONS)}")
-    out_path = check_writable_target(output)
-    report_file = check_writable_target(report_path) if report_path is not None else None
+    if rtol is not None and not rtol > 0:  # also NaN
+        raise UsageError(f"--rtol must be a positive number, got {rtol}")
+    if opset is not None and not MIN_OPSET <= opset <= MAX_OPSET:
+        raise UsageError(f"--opset {opset} is not supported: choose {MIN_OPSET} to {MAX_OPSET} (default {DEFAULT_OPSET})")
+    if opset is not None and opset < MIN_DYNAMO_OPSET and exporter == "dynamo":
+        raise UsageError(f"--opset {opset}: the dynamo exporter writes opset {MIN_DYNAMO_OPSET} and newer; use --exporter torchscript (or auto) for {opset}")
+    model_file = None if isinstance(model, torch.nn.Module) else model
+    example_file = example_inputs if isinstance(example_inputs, (str, os.PathLike)) else None
+    paths = check_outputs({"-o": output, "--report": report_path}, {"MODEL": model_file, "--example-inputs": example_file})
+    out_path, report_file = paths["-o"], paths.get("--report")
     report = ExportReport(str(model) if not isinstance(model, torch.nn.Module) else type(model).__name__, str(out_path), target, precision, opset or DEFAULT_OPSET)
     report.provenance["seed"] = seed
     steps = _Steps(report, progress)
     try:
         request = _Request(model, inputs, example_inputs, dynamic, exporter, fold, fuse, verify, cuda_graph, tf32, autotune, debug, trust_pickle, rtol, task, static)
         fusion = _run(request, out_path, report, steps, checking)
-    except DeployfuseError as exc:
-        report.error = str(exc)
+    except Exception as exc:  # the report says which step failed, for a deployfuse bug too
+        report.error = str(exc) if isinstance(exc, DeployfuseError) else f"internal error: {type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"
         if report_file is not None and not isinstance(exc, UsageError):
             write_text_atomic(report_file, json.dumps(report.to_dict(), indent=2))
         raise
@@ -238,6 +250,7 @@ def _run(request: _Request, out_path: Path, report: ExportReport, steps: _Steps,
         if loaded.dynamic and not (request.dynamic or request.static or request.cuda_graph):
             # A Hugging Face task's batch and sequence axes, on the inputs the export runs with.
             request = dataclasses.replace(request, dynamic=[d for d in loaded.dynamic if d.name in example])
+        request = dataclasses.replace(request, dynamic=_dynamic_axes(loaded, request.dynamic, example, step))
         report.dynamic = [f"{d.name}:{d.axis}:{d.label}" for d in request.dynamic]
         weights = metadata.weights_digest(loaded.module)  # as loaded: what compare recomputes from MODEL
         dtype = PRECISIONS[report.precision]
@@ -266,6 +279,8 @@ def _run(request: _Request, out_path: Path, report: ExportReport, steps: _Steps,
     with steps.step("export") as step:
         # torch.export cannot trace TorchScript, so archives go straight to the TorchScript exporter.
         exporters = ("torchscript",) if loaded.form == "torchscript" else EXPORTERS if request.exporter == "auto" else (request.exporter,)
+        if report.opset < MIN_DYNAMO_OPSET and request.exporter == "auto":
+            exporters = ("torchscript",)  # the dynamo exporter cannot write opsets below 18
         onnx_model, attempts = to_onnx(loaded, _traceable(example, request.dynamic), request.dynamic, output_names, report.opset, exporters)
         report.export_attempts = [a.to_dict() for a in attempts]
         baked = attempts[-1].data_dependent
@@ -279,10 +294,13 @@ def _run(request: _Request, out_path: Path, report: ExportReport, steps: _Steps,
         step.detail = report.exporter + (" (the dynamo exporter failed: see the report)" if len(attempts) > 1 else "")
         if baked:
             step.detail += f"; {len(baked)} branch(es) on tensor values baked in, accepted (--allow-traced-control-flow)"
+        onnx_model = _at_opset(onnx_model, report.opset, report.exporter)
 
     with steps.step("clean") as step:
         onnx_model = clean(onnx_model)
         step.detail = f"{len(onnx_model.graph.node)} nodes"
+        if report.precision == "bf16":
+            _check_runnable(onnx_model, report.target, request.fuse, request.verify)
 
     if request.fuse:
         with steps.step("fuse") as step:
@@ -321,6 +339,8 @@ def _run(request: _Request, out_path: Path, report: ExportReport, steps: _Steps,
         steps.skip("verify", "--no-verify")
 
     with steps.step("save") as step:
+        if default_opset(onnx_model) != report.opset:  # a step changed it: a deployfuse bug, never a mislabelled file
+            raise RuntimeError(f"the model is at opset {default_opset(onnx_model)}, not the {report.opset} the report records")
         size = save_model(onnx_model, out_path)
         step.detail = f"{out_path.name}, {size / 1e6:.1f} MB"
     return fusion
@@ -358,6 +378,42 @@ def _example_inputs(loaded: LoadedModel, specs: Sequence[InputSpec], example_inp
         names = ", ".join(loaded.input_names) or "the model's inputs"
         raise UsageError(f"no inputs to export with: give --input NAME:SHAPE[:DTYPE] for {names}, or --example-inputs FILE.pt")
     return inputs
+
+
+def _check_runnable(model: onnx.ModelProto, target: str, fuse: bool, verify: bool) -> None:
+    """UsageError when ONNX Runtime cannot load `model` where the fuse guard (the target's
+    providers) or verification (CPU) would run it: its CPU provider has no bfloat16 kernels
+    for most ops (Conv, Add, MatMul), so a bf16 export cannot be fused or verified there."""
+    from deployfuse.rewrite.guard import providers_for
+
+    wanted = ([tuple(providers_for(target))] if fuse else []) + ([("CPUExecutionProvider",)] if verify else [])
+    for providers in dict.fromkeys(wanted):
+        try:
+            ort_backend.session(model, providers=providers, optimize=False)
+        except Exception as exc:
+            reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0].split(" : ")[-1]
+            raise UsageError(f"--precision bf16: ONNX Runtime ({', '.join(p.removesuffix('ExecutionProvider') for p in providers)}) cannot run this bfloat16 model ({reason}), "
+                             "so it can be neither fused nor verified here; export in fp32 and build a TensorRT engine with --bf16, "
+                             "use --precision fp16, or skip both steps with --no-fuse --no-verify") from exc
+
+
+def _dynamic_axes(loaded: LoadedModel, dynamic: Sequence[DynamicAxis], example: Inputs, step: Step) -> list[DynamicAxis]:
+    """The axes to export dynamic: those asked for, checked against the inputs, plus a `.pt2`
+    program's own symbolic axes; otherwise extended to inputs that share them (see
+    `checked_dynamic`), which the load step's detail names."""
+    if loaded.form != "exported-program":
+        axes, shared = checked_dynamic(dynamic, example)
+        if shared:
+            step.detail += "; also dynamic, sharing the size: " + ", ".join(f"{d.name}:{d.axis}:{d.label}" for d in shared)
+        return axes
+    axes, _ = checked_dynamic(dynamic, example, share=False)
+    program = {(d.name, d.axis): d for d in loaded.dynamic}
+    for d in axes:
+        if (d.name, d.axis) not in program:
+            raise UsageError(f"--dynamic {d.name}:{d.axis}:{d.label}: the .pt2 program fixes axis {d.axis} of {d.name} to {example[d.name].shape[d.axis]}; "
+                             "export the program again with dynamic_shapes for that axis (torch.export.Dim), or drop --dynamic")
+    given = {(d.name, d.axis) for d in axes}
+    return axes + [d for key, d in program.items() if key not in given and d.name in example]
 
 
 def _reference_run(loaded: LoadedModel, inputs: Inputs) -> dict[str, torch.Tensor]:
@@ -399,6 +455,27 @@ def _shape_text(inputs: Inputs) -> str:
     return ", ".join(f"{k}={'x'.join(map(str, v.shape))}" for k, v in inputs.items())
 
 
+def default_opset(model: onnx.ModelProto) -> int | None:
+    """The model's opset of the default ONNX domain."""
+    return next((i.version for i in model.opset_import if i.domain in ("", "ai.onnx")), None)
+
+
+def _at_opset(model: onnx.ModelProto, opset: int, exporter: str) -> onnx.ModelProto:
+    """`model` at `opset`: the dynamo exporter writes 18 when asked for less than 17, and the
+    TorchScript exporter at most 20, so their graphs go through the ONNX version converter."""
+    written = default_opset(model)
+    if written == opset:
+        return model
+    from onnx import version_converter
+
+    try:
+        converted = version_converter.convert_version(model, opset)
+    except Exception as exc:  # the converter raises RuntimeError / ValueError per missing adapter
+        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[-1]
+        raise UsageError(f"--opset {opset}: the {exporter} exporter wrote opset {written}, and the ONNX version converter cannot convert this model to {opset} ({reason})") from exc
+    return converted
+
+
 def _traceable(example: Inputs, dynamic: Sequence[DynamicAxis]) -> Inputs:
     """The example with dynamic axes of size 1 doubled (by repetition, so values stay valid).
 
@@ -434,8 +511,10 @@ def save_model(model: onnx.ModelProto, path: Path, external_data_threshold: int 
     """Write `model` atomically; weights go to `<name>.data` beside it above the threshold.
 
     Returns the bytes written. Both files are written in a temporary folder beside the
-    target and renamed into place only when complete.
+    target and renamed into place only when complete; the folder is removed on any exception,
+    KeyboardInterrupt and the CLI's SIGTERM included. `path` must not be a FIFO or device.
     """
+    path = check_writable_target(path)
     weights = sum(len(t.raw_data) for t in model.graph.initializer)
     external = weights > external_data_threshold
     data_name = path.name + ".data"

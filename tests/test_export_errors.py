@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import sys
+
+import onnx
 import pytest
 import torch
 import zoo
+
+import deployfuse
+from deployfuse.inputs import InputSpec
 
 
 @pytest.fixture(scope="module")
@@ -59,3 +65,82 @@ def test_bad_output_location(cli, tmp_path, models, output, message):
     target = output if output.startswith("/") else str(tmp_path / output)
     code, _, stderr = cli("export", models / "resnet.ts", "--input", "x:1x3x64x64", "-o", target)
     assert code == 2 and message in stderr
+
+
+# --- findings of issue 18: each test failed before its fix -----------------------------------
+
+
+def _dims(path):
+    model = onnx.load(str(path))
+    return {i.name: [d.dim_param or d.dim_value for d in i.type.tensor_type.shape.dim] for i in model.graph.input}
+
+
+def test_a_dynamic_axis_spreads_to_inputs_that_share_it(tmp_path):
+    """The README's Python example marks only input_ids:1 dynamic; attention_mask has the same
+    size on that axis, so it becomes dynamic too (it used to stay static and break the export)."""
+    from conftest import assert_onnx_matches_torch
+
+    from examples.tiny_bert import build
+
+    result = deployfuse.export("examples.tiny_bert:build", tmp_path / "bert.onnx", dynamic=[deployfuse.DynamicAxis("input_ids", 1, "seq")], fuse=False)
+    assert _dims(result.onnx_path) == {"input_ids": [2, "seq"], "attention_mask": [2, "seq"]}
+    assert "attention_mask:1:seq" in result.report.dynamic
+    assert "also dynamic, sharing the size: attention_mask:1:seq" in result.report.steps[0].detail
+    module, _ = build()
+    ids = torch.randint(0, 1000, (2, 45))
+    assert_onnx_matches_torch(result.onnx_path, module, {"input_ids": ids, "attention_mask": torch.ones_like(ids)})
+
+
+@pytest.mark.parametrize(("source", "opset"), [("module", 17), ("torchscript", 23)])
+def test_the_file_has_the_opset_the_report_records(tmp_path, models, source, opset):
+    """--opset is honoured by every exporter (TorchScript writes at most 20 by itself; dynamo
+    writes 18 when asked for less), or refused with the supported range (see test_bad_inputs)."""
+    model = models / "resnet.ts" if source == "torchscript" else zoo.resnet18()[0]
+    result = deployfuse.export(model, tmp_path / "m.onnx", inputs=[InputSpec("x", (1, 3, 32, 32))], opset=opset)
+    written = next(i.version for i in onnx.load(str(result.onnx_path)).opset_import if i.domain in ("", "ai.onnx"))
+    assert written == result.report.opset == opset
+
+
+def test_bf16_exports_unfused_and_unverified_or_says_why_not(tmp_path, models):
+    """ONNX Runtime's CPU provider has no bfloat16 Conv: the export says so in one line instead
+    of a traceback inside fuse, and without fuse and verify it writes the bf16 model."""
+    with pytest.raises(deployfuse.UsageError, match="cannot run this bfloat16 model"):
+        deployfuse.export(models / "resnet.ts", tmp_path / "m.onnx", inputs=[InputSpec("x", (1, 3, 32, 32))], precision="bf16")
+    assert not any(tmp_path.iterdir())
+    result = deployfuse.export(models / "resnet.ts", tmp_path / "m.onnx", inputs=[InputSpec("x", (1, 3, 32, 32))], precision="bf16", fuse=False, verify=False)
+    weights = onnx.load(str(result.onnx_path)).graph.initializer
+    assert {w.data_type for w in weights if w.data_type in (onnx.TensorProto.FLOAT, onnx.TensorProto.BFLOAT16)} == {onnx.TensorProto.BFLOAT16}
+
+
+class _TwoInputs(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 3)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return self.linear(x).relu() + y.sum(dim=1, keepdim=True)
+
+
+def test_a_pt2_program_keeps_its_dynamic_axes(tmp_path):
+    """The program's symbolic batch (shared by both inputs) stays dynamic without --dynamic."""
+    batch = torch.export.Dim("batch")
+    program = torch.export.export(_TwoInputs().eval(), (torch.randn(3, 4), torch.randn(3, 2)), dynamic_shapes=({0: batch}, {0: batch}))
+    torch.export.save(program, tmp_path / "dyn.pt2")
+    result = deployfuse.export(tmp_path / "dyn.pt2", tmp_path / "m.onnx")
+    dims = _dims(result.onnx_path)
+    assert isinstance(dims["x"][0], str) and dims["x"][0] == dims["y"][0] and dims["x"][1] == 4
+    assert len({tuple(v["shapes"]["x"]) for v in result.report.verify}) == 2  # verified at a second batch
+
+
+def test_a_pickled_module_whose_class_is_in_the_current_folder_loads(cli, tmp_path, monkeypatch):
+    (tmp_path / "my_models.py").write_text("import torch\n\nclass Mine(torch.nn.Module):\n    def forward(self, x):\n        return x * 2 + 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import my_models
+
+    torch.save(my_models.Mine(), tmp_path / "mine.pt")
+    monkeypatch.delitem(sys.modules, "my_models")
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in (str(tmp_path), "", ".")])
+    monkeypatch.chdir(tmp_path)
+    code, _, stderr = cli("export", "mine.pt", "--trust-pickle", "-o", "mine.onnx", "--input", "x:2x3", "-q")
+    assert code == 0, stderr
+    assert (tmp_path / "mine.onnx").is_file()
