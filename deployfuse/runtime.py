@@ -168,6 +168,8 @@ class InferenceSession:
         return self.custom_ops_library is not None and self.uses_deployfuse_ops
 
     def __getattr__(self, name: str) -> Any:
+        if name == "session":  # not set yet: __init__ failed before opening it
+            raise AttributeError(name)
         return getattr(self.session, name)
 
     def __repr__(self) -> str:

@@ -13,7 +13,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "(--port), gRPC (--port + 1) and metrics (--port + 2), the model run by deployfuse.InferenceSession, with dynamic "
         "batching when the model has a batch axis. Listens on 127.0.0.1 unless --host says otherwise. For a production "
         "server, write a model repository with `deployfuse package --triton`.",
-        epilog="example: deployfuse serve bert.onnx --port 8000 --max-batch-size 16   then   curl localhost:8000/v2/models/bert/ready",
+        epilog="example: deployfuse serve bert.onnx --port 8000 --max-batch-size 16; then: curl localhost:8000/v2/models/bert/ready",
     )
     parser.add_argument("artefact", metavar="ARTEFACT", help="the ONNX model to serve")
     parser.add_argument("--port", type=int, default=8000, help="HTTP port; gRPC and metrics take the next two (default 8000)")

@@ -54,6 +54,12 @@ class Ports:
             return cls(free_port(host), free_port(host), free_port(host))
         if not 0 < http < 65534:
             raise UsageError(f"--port {http}: need 1-65533 (gRPC and metrics take the next two)")
+        for port, what in ((http, "HTTP"), (http + 1, "gRPC"), (http + 2, "metrics")):
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+                try:
+                    sock.bind((host, port))
+                except OSError as exc:
+                    raise UsageError(f"--port {http}: {host}:{port} ({what}) is not free ({exc.strerror}); choose another --port") from exc
         return cls(http, http + 1, http + 2)
 
 

@@ -130,3 +130,12 @@ def test_serve_refuses_batching_without_a_batch_axis(cli, tmp_path):
 
     code, _, err = cli("serve", matmul_model(tmp_path / "static.onnx", {}, batch=2), "--max-batch-size", "4")
     assert code == 2 and "--max-batch-size needs a batch axis" in err and err.count("\n") == 1
+
+
+def test_serve_refuses_a_port_in_use(cli, mlp_onnx):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        code, _, err = cli("serve", mlp_onnx, "--port", port)
+    assert code == 2 and f"127.0.0.1:{port} (HTTP) is not free" in err and err.count("\n") == 1
