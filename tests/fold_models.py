@@ -136,3 +136,25 @@ def example_inputs(batch: int = 2) -> dict[str, torch.Tensor]:
 def untraceable_by_fx() -> tuple[nn.Module, dict[str, torch.Tensor]]:
     """`UntraceableByFx`, randomised, eval mode, with an example input."""
     return randomise_batchnorms(UntraceableByFx()).eval(), {"x": torch.randn(2, 3, 8, 8)}
+
+
+class TransposedAndLinear(nn.Module):
+    """The pairs `torch.jit.freeze` does not fold: ConvTranspose + BN, Linear + BN1d, and a
+    Linear whose features a Reshape splits into BN1d channels ([N, C·L] -> [N, C, L]). Tuple output."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.convt = nn.ConvTranspose2d(4, 6, 3, stride=2, groups=2)
+        self.bn_convt = nn.BatchNorm2d(6)
+        self.linear = nn.Linear(8, 6)
+        self.bn_linear = nn.BatchNorm1d(6)
+        self.split = nn.Linear(8, 12)
+        self.bn_split = nn.BatchNorm1d(6)
+
+    def forward(self, image: torch.Tensor, features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        split = self.split(features).reshape(features.shape[0], 6, 2)
+        return self.bn_convt(self.convt(image)), self.bn_linear(self.linear(features)), self.bn_split(split)
+
+
+def transposed_and_linear() -> tuple[nn.Module, dict[str, torch.Tensor]]:
+    return randomise_batchnorms(TransposedAndLinear()).eval(), {"image": torch.randn(2, 4, 5, 5), "features": torch.randn(2, 8)}

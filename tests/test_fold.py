@@ -136,3 +136,96 @@ def test_every_model_form_folds_in_place(form: str, tmp_path) -> None:
     if form != "torchscript":
         assert skipped_names(report) == set(fold_models.KEPT)
     assert_same_outputs(reference.module, loaded.module, fold_models.example_inputs())  # fresh values; a .pt2 fixes the batch
+
+
+# ---- the ONNX-level fold (rewrite family `batchnorm_fold`), for what any exporter left ----
+
+ONNX_FOLDED = ["conv1d", "conv2d", "conv3d", "convt1d", "convt2d", "convt3d", "linear", "shared"]
+ONNX_KEPT = ["residual", "linear3d", "linear4d", "after_relu"]
+
+
+def _bn_on_path(model, output: str) -> bool:
+    """True when a BatchNormalization computes `output`, directly or through the nodes before it."""
+    producer = {o: n for n in model.graph.node for o in n.output}
+    frontier, seen = [output], set()
+    while frontier:
+        node = producer.get(frontier.pop())
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        if node.op_type == "BatchNormalization":
+            return True
+        frontier.extend(node.input)
+    return False
+
+
+def _unfolded_export(module: nn.Module, example: dict[str, torch.Tensor], exporter: str, names: list[str]):
+    from deployfuse.export import clean, to_onnx
+
+    loaded = load_model(module)
+    model, _ = to_onnx(loaded, example, (), names, 20, (exporter,))
+    return loaded, clean(model)
+
+
+def _fuse_fold_only(model, loaded, inputs: dict[str, torch.Tensor], names: list[str]):
+    from deployfuse.export import flatten_outputs
+    from deployfuse.rewrite import fuse
+    from deployfuse.verify import compare_outputs
+
+    fused, report = fuse(model, "ort-cpu", [{k: v.numpy() for k, v in inputs.items()}], families=["batchnorm_fold"])
+    from deployfuse.backends.ort import run, session
+
+    got = run(session(fused, optimize=False), {k: v.numpy() for k, v in inputs.items()})
+    with torch.no_grad():
+        want = dict(zip(names, flatten_outputs(loaded(inputs)).values()))
+    bad = [c for c in compare_outputs(want, got, RTOL) if not c.passed]
+    assert not bad, bad
+    return fused, report
+
+
+@pytest.mark.parametrize("exporter", ["dynamo", "torchscript"])
+def test_onnx_fold_after_either_exporter(exporter: str) -> None:
+    """Exported without the PyTorch fold: every safe Conv / ConvTranspose / Gemm + BN pair is
+    folded in the graph (each call of the shared conv too: it is a node of its own there), the
+    unsafe ones stay, and the outputs equal PyTorch's on fresh inputs."""
+    model, example = fold_models.all_fold_cases()
+    model.bn_train.eval()
+    names = [f"out_{case}" for case in model(**example)]  # unique: the dynamo exporter also names values after modules
+    loaded, onnx_model = _unfolded_export(model, example, exporter, names)
+    fused, report = _fuse_fold_only(onnx_model, loaded, fold_models.example_inputs(), names)
+    assert not [f.reason for f in report.families if f.rolled_back]
+    assert [n for n in ONNX_FOLDED if _bn_on_path(fused, f"out_{n}")] == []
+    assert [n for n in ONNX_KEPT if not _bn_on_path(fused, f"out_{n}")] == []
+
+
+def test_torchscript_archive_folds_convtranspose_and_linear(tmp_path) -> None:
+    """`torch.jit.freeze` folds only Conv + BN; the exported graph is folded by the rewrite, also
+    through the Reshape that splits a Linear's features into BN1d channels."""
+    import deployfuse
+
+    model, example = fold_models.transposed_and_linear()
+    torch.jit.save(torch.jit.script(model), tmp_path / "model.pt")
+    torch.save(example, tmp_path / "inputs.pt")
+    result = deployfuse.export(tmp_path / "model.pt", tmp_path / "model.onnx", example_inputs=tmp_path / "inputs.pt")
+    assert "BatchNormalization" not in result.report.op_histogram
+    fold = next(f for f in result.report.to_dict()["fusion"]["families"] if f["family"] == "batchnorm_fold")
+    assert fold["fused"] == 3
+
+
+def test_onnx_fold_declines_a_flatten_that_mixes_channels() -> None:
+    """Conv [N, 2, 2, 2] -> Flatten [N, 8] -> BN1d(8): eight scales, not one per Conv channel, so
+    the BN stays (the structure matches; the math does not allow it)."""
+
+    class Mixed(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv, self.bn = nn.Conv2d(3, 2, 1), nn.BatchNorm1d(8)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.bn(self.conv(x).flatten(1))
+
+    model = fold_models.randomise_batchnorms(Mixed()).eval()
+    example = {"x": torch.randn(2, 3, 2, 2)}
+    loaded, onnx_model = _unfolded_export(model, example, "dynamo", ["y"])
+    fused, report = _fuse_fold_only(onnx_model, loaded, {"x": torch.randn(2, 3, 2, 2)}, ["y"])
+    assert _bn_on_path(fused, "y") and report.counts() == {"batchnorm_fold": 0}

@@ -2,7 +2,7 @@
 
 Families run in this order; each module exposes `FAMILY: str` and
 `rules(target) -> list[RewriteRule]` (empty when it has nothing for that target). The order
-matters: norms and GELU are recognised first so that attention, skip-norm, bias+activation and
+matters: BatchNorm folds first (Conv + activation rules then see the folded Conv), norms and GELU are recognised first so that attention, skip-norm, bias+activation and
 norm+activation rules can match the fused forms; bias_gelu runs before bias_act so ONNX Runtime
 gets its own BiasGelu kernel and bias_act keeps the remaining epilogues.
 """
@@ -13,6 +13,7 @@ import importlib
 from types import ModuleType
 
 FAMILY_MODULES: tuple[str, ...] = (
+    "batchnorm_fold",
     "layernorm",
     "gelu",
     "rmsnorm",
