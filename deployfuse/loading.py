@@ -42,6 +42,8 @@ class LoadedModel:
         dynamic: axes that are dynamic unless the user pins them (a Hugging Face task's batch
             and sequence axes).
         task: the Hugging Face task it was loaded for.
+        variadic: the forward takes `*args`: inputs go positionally in the order given, named by
+            the caller (`--input` names become the ONNX input names).
     """
 
     module: torch.nn.Module
@@ -50,6 +52,7 @@ class LoadedModel:
     example_inputs: Inputs | None = None
     dynamic: list[DynamicAxis] = field(default_factory=list)
     task: str | None = None
+    variadic: bool = False
 
     def __call__(self, inputs: Mapping[str, torch.Tensor]) -> Any:
         """Run the model on named inputs (positionally where the names are a prefix)."""
@@ -60,12 +63,17 @@ class LoadedModel:
     def call_arguments(self, inputs: Mapping[str, torch.Tensor]) -> tuple[tuple[torch.Tensor, ...], dict[str, torch.Tensor]]:
         """Split named inputs into positional args (the leading ones in signature order) and kwargs."""
         names = list(inputs)
+        if self.variadic:
+            return tuple(inputs.values()), {}
         if self.form in ("torchscript", "exported-program") or names == self.input_names[: len(names)]:
             return tuple(inputs[n] for n in self.input_names if n in inputs), {}
         return (), dict(inputs)
 
     def name_inputs(self, values: Sequence[torch.Tensor] | Mapping[str, torch.Tensor]) -> Inputs:
         """Name positional example inputs by the forward's signature."""
+        if self.variadic:
+            values = values if isinstance(values, Mapping) else dict(zip(self.input_names or [f"input_{i}" for i in range(len(values))], (values,) if isinstance(values, torch.Tensor) else values))
+            self.rename_inputs(list(values))
         if isinstance(values, Mapping):
             unknown = [k for k in values if self.input_names and k not in self.input_names]
             if unknown:
@@ -76,6 +84,16 @@ class LoadedModel:
         if len(values) > len(self.input_names):
             raise UsageError(f"{len(values)} example inputs given, but the model takes {len(self.input_names)}: {', '.join(self.input_names)}")
         return {name: _as_tensor(name, v) for name, v in zip(self.input_names, values)}
+
+    def rename_inputs(self, names: Sequence[str]) -> None:
+        """Name a variadic forward's inputs, in order (a `.pt2` keeps its number of inputs)."""
+        if self.form == "exported-program" and len(names) != len(self.input_names):
+            raise UsageError(f"{len(names)} inputs named, but the program takes {len(self.input_names)} positional inputs ({', '.join(self.input_names)})")
+        renamed = dict(zip(self.input_names, names))
+        self.dynamic = [DynamicAxis(renamed.get(d.name, d.name), d.axis, d.label) for d in self.dynamic]
+        if self.example_inputs is not None:
+            self.example_inputs = {renamed.get(k, k): v for k, v in self.example_inputs.items()}
+        self.input_names = list(names)
 
 
 def given_inputs(
@@ -88,6 +106,8 @@ def given_inputs(
     `--example-inputs` (a `torch.save`d file, or tensors), the model's own example inputs.
     None when there are none."""
     if specs:
+        if loaded.variadic:
+            loaded.rename_inputs([s.name for s in specs])
         unknown = [s.name for s in specs if loaded.input_names and s.name not in loaded.input_names]
         if unknown:
             raise UsageError(f"--input {', '.join(unknown)}: the model's inputs are {', '.join(loaded.input_names)}")
@@ -117,6 +137,14 @@ def forward_parameter_names(module: torch.nn.Module) -> list[str]:
         return [a.name for a in module.forward.schema.arguments[1:]]
     params = inspect.signature(module.forward).parameters.values()
     return [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+
+
+def _takes_varargs(module: torch.nn.Module) -> bool:
+    """True when the forward has a `*args` parameter and no other positional one."""
+    if isinstance(module, torch.jit.ScriptModule):
+        return False
+    kinds = [p.kind for p in inspect.signature(module.forward).parameters.values()]
+    return inspect.Parameter.VAR_POSITIONAL in kinds and not any(k in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD) for k in kinds)
 
 
 def load_model(model: str | os.PathLike[str] | torch.nn.Module, trust_pickle: bool = False, task: str | None = None) -> LoadedModel:
@@ -178,7 +206,7 @@ def _load_exported_program(path: Path) -> LoadedModel:
     finally:
         logger.removeHandler(handler)
     names = [s.arg.name for s in program.graph_signature.input_specs if s.kind == torch.export.graph_signature.InputKind.USER_INPUT]
-    loaded = LoadedModel(program.module(), "exported-program", names)
+    loaded = LoadedModel(program.module(), "exported-program", names, variadic=_from_varargs(names))
     example = getattr(program, "example_inputs", None)
     if example is not None:
         args, kwargs = example
@@ -187,6 +215,12 @@ def _load_exported_program(path: Path) -> LoadedModel:
         loaded.example_inputs = named
     loaded.dynamic = _program_dynamic_axes(program, names)
     return loaded
+
+
+def _from_varargs(names: Sequence[str]) -> bool:
+    """True when a program's input names are those torch.export gives a `*args` forward: `a_0, a_1, ...`."""
+    found = [re.fullmatch(r"(\w+)_(\d+)", n) for n in names]
+    return bool(names) and all(found) and len({m.group(1) for m in found}) == 1 and [int(m.group(2)) for m in found] == list(range(len(names)))  # type: ignore[union-attr]
 
 
 def _program_dynamic_axes(program: torch.export.ExportedProgram, names: Sequence[str]) -> list[DynamicAxis]:
@@ -263,7 +297,7 @@ def _first_line(exc: BaseException) -> str:
 
 def _finish(module: torch.nn.Module, form: str, example: object) -> LoadedModel:
     module.eval()
-    loaded = LoadedModel(module, form, forward_parameter_names(module))
+    loaded = LoadedModel(module, form, forward_parameter_names(module), variadic=_takes_varargs(module))
     if example is not None:
         loaded.example_inputs = loaded.name_inputs(example)  # type: ignore[arg-type]
     return loaded

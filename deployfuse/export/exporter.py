@@ -56,9 +56,12 @@ def _dynamo(loaded: LoadedModel, inputs: Inputs, dynamic: Sequence[DynamicAxis],
             shapes = {name: axes.get(name) for name in kwargs}
         else:
             shapes = tuple(axes.get(name) for name in loaded.input_names if name in inputs)
+            if loaded.variadic and loaded.form != "exported-program":
+                shapes = (shapes,)  # torch.export sees one `*args` parameter holding them all
     program = torch.onnx.export(
         loaded.module, args, kwargs=kwargs or None, dynamo=True, dynamic_shapes=shapes,
         output_names=output_names, opset_version=opset, optimize=True, verbose=False,
+        input_names=list(inputs) if loaded.variadic else None,  # `*args` inputs take the caller's names
         custom_translation_table=translation_table(),  # torch.ops.deployfuse.* calls become one node each
     )
     model = program.model_proto
@@ -77,12 +80,13 @@ class _KeywordCall(torch.nn.Module):
     def __init__(self, module: torch.nn.Module, names: Sequence[str], spy: DataDependenceSpy):
         super().__init__()
         self.module, self.names, self.spy = module, list(names), spy
+        self.positional = False  # a `forward(self, *args)` takes its inputs in order, not by name
         # The exporter restores the wrapper's mode afterwards, recursively: it must match the model's.
         self.train(module.training)
 
     def forward(self, *tensors: torch.Tensor) -> object:
         self.spy.mark_inputs(tensors)
-        return self.module(**dict(zip(self.names, tensors)))
+        return self.module(*tensors) if self.positional else self.module(**dict(zip(self.names, tensors)))
 
 
 def _torchscript(loaded: LoadedModel, inputs: Inputs, dynamic: Sequence[DynamicAxis], output_names: list[str], opset: int,
@@ -91,6 +95,7 @@ def _torchscript(loaded: LoadedModel, inputs: Inputs, dynamic: Sequence[DynamicA
         module, args = loaded.module, loaded.call_arguments(inputs)[0]
     else:
         module, args = _KeywordCall(loaded.module, list(inputs), spy), tuple(inputs.values())
+        module.positional = loaded.variadic
     buffer = io.BytesIO()
     with spy:
         torch.onnx.export(
