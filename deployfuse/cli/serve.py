@@ -21,6 +21,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--name", help="the model's name on the server (default: the file stem)")
     parser.add_argument("--max-batch-size", type=int, metavar="N", help="largest batch the dynamic batcher forms (default 16 with a batch axis, else 0)")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="execution provider (default: CUDA when onnxruntime has it)")
+    parser.add_argument("--log-file", metavar="FILE", help="where tritonserver's own log goes (default: a file in the temp folder, printed at start)")
     parser.set_defaults(run=run)
 
 
@@ -30,7 +31,8 @@ def run(args: argparse.Namespace) -> int:
     from deployfuse.serve.server import LocalServer
 
     providers = {"auto": None, "cpu": [CPU], "cuda": [CUDA, CPU]}[args.device]
-    server = LocalServer(args.artefact, name=args.name, max_batch_size=args.max_batch_size, host=args.host, port=args.port, providers=providers)
+    server = LocalServer(args.artefact, name=args.name, max_batch_size=args.max_batch_size, host=args.host, port=args.port, providers=providers,
+                         log_file=args.log_file)
     try:
         server.start()
         print(f"serving {args.artefact} as {server.name!r} (max batch {server.max_batch_size}, {', '.join(server.session.get_providers())})")

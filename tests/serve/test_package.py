@@ -152,3 +152,23 @@ def test_existing_repository_needs_force(cli, tmp_path):
 def test_schema_check_rejects_unknown_fields():
     with pytest.raises(UsageError, match="no field named \"max_batch\""):
         triton_config.validate('name: "m"\nmax_batch: 4\n')
+
+
+def test_token_inputs_warm_up_with_valid_ids(cli, tmp_path):
+    """int64 ids and mask on shared batch/seq axes: dims -1, warm-up at the recorded shape with
+    zeros (a valid token id), not random integers that could index past the vocabulary."""
+    graph = helper.make_graph(
+        [helper.make_node("Mul", ["input_ids", "attention_mask"], ["y"])], "tok",
+        [helper.make_tensor_value_info(n, TensorProto.INT64, ["batch", "seq"]) for n in ("input_ids", "attention_mask")],
+        [helper.make_tensor_value_info("y", TensorProto.INT64, ["batch", "seq"])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
+    metadata.write(model, metadata.INPUT_SHAPES, {"input_ids": [2, 32], "attention_mask": [2, 32]})
+    onnx.save(model, str(tmp_path / "tok.onnx"))
+    code, _, err = cli("package", tmp_path / "tok.onnx", "--triton", tmp_path / "models", "--max-batch-size", "16")
+    assert code == 0, err
+    config = parse(tmp_path / "models", "tok")
+    assert [(model_config_pb2.DataType.Name(i.data_type), list(i.dims)) for i in config.input] == [("TYPE_INT64", [-1])] * 2
+    for name in ("input_ids", "attention_mask"):
+        warm = config.model_warmup[0].inputs[name]
+        assert list(warm.dims) == [32] and warm.zero_data and not warm.random_data

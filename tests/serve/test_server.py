@@ -23,9 +23,10 @@ from deployfuse.serve.server import LocalServer, free_port
 
 
 @pytest.fixture(scope="module")
-def server(mlp_onnx):
+def server(mlp_onnx, tmp_path_factory):
     """The artefact served on loopback with dynamic batching; always stopped."""
-    local = LocalServer(mlp_onnx, name="mlp", max_batch_size=8, providers=[CPU])
+    log = tmp_path_factory.mktemp("triton") / "tritonserver.log"
+    local = LocalServer(mlp_onnx, name="mlp", max_batch_size=8, providers=[CPU], log_file=log)
     try:
         yield local.start()
     finally:
@@ -93,10 +94,11 @@ def _free_triplet() -> int:
     raise RuntimeError("no three consecutive free ports")
 
 
-def test_serve_command_answers_and_stops_on_ctrl_c(mlp_onnx):
+def test_serve_command_answers_and_stops_on_ctrl_c(mlp_onnx, tmp_path):
     port = _free_triplet()
+    log = tmp_path / "tritonserver.log"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "deployfuse", "serve", str(mlp_onnx), "--port", str(port), "--device", "cpu", "--name", "mlp"],
+        [sys.executable, "-m", "deployfuse", "serve", str(mlp_onnx), "--port", str(port), "--device", "cpu", "--name", "mlp", "--log-file", str(log)],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
     )
     try:
@@ -117,6 +119,7 @@ def test_serve_command_answers_and_stops_on_ctrl_c(mlp_onnx):
             client.close()
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=60) == 0, proc.stdout.read()
+        assert f"Started HTTPService at 127.0.0.1:{port}" in log.read_text(), "loopback only"
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
