@@ -24,7 +24,7 @@ examples:
   deployfuse export bert-folder/ -o bert.onnx --task fill-mask
   deployfuse export resnet.ts -o resnet.onnx --input x:1x3x224x224 --dynamic x:0:batch
   deployfuse export bert.pt2 -o bert.onnx --dynamic input_ids:0:batch --dynamic input_ids:1:seq
-  deployfuse export examples.tiny_bert:build -o bert.onnx --target ort-cuda --report bert.json
+  deployfuse export deployfuse.examples.tiny_bert:build -o bert.onnx --target ort-cuda --report bert.json
 
 exit codes: 0 exported and verified, 1 the export does not match PyTorch, 2 bad input.
 """
