@@ -154,7 +154,13 @@ class InferenceSession:
         if sess_options is None:
             options.log_severity_level = 3
         if library is not None:
-            options.register_custom_ops_library(str(library))
+            try:
+                options.register_custom_ops_library(str(library))
+            except Exception as exc:  # onnxruntime's own error types; dlopen failed (say, no CUDA runtime here)
+                if custom_ops_library is not True:
+                    raise UsageError(f"cannot load the custom-op library {library}: {str(exc).splitlines()[0]}") from exc
+                LOG.warning("deployfuse.* nodes run as their ONNX function bodies: %s does not load here (%s)", library, str(exc).splitlines()[0])
+                library = None
         self.custom_ops_library: Path | None = library
         self.providers = resolve_providers(model, list(providers) if providers is not None else default_providers(), provider_options)
         self.session = ort.InferenceSession(str(self.path), sess_options=options, providers=self.providers)

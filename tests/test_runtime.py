@@ -133,3 +133,11 @@ def test_run_command_bad_input(cli, tmp_path, args, message):
     path, _, _ = bias_act(tmp_path)
     code, _, err = cli("run", path, "--device", "cpu", *args)
     assert code == 2 and message in err and err.count("\n") == 1, err
+
+
+def test_a_library_that_does_not_load_is_a_usage_error(tmp_path):
+    path, _, _ = bias_act(tmp_path)
+    fake = tmp_path / "libfake.so"
+    fake.write_bytes(b"not an ELF file")
+    with pytest.raises(deployfuse.UsageError, match="cannot load the custom-op library"):
+        deployfuse.InferenceSession(path, providers=[CPU], custom_ops_library=fake)
