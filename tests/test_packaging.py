@@ -65,3 +65,15 @@ def test_wheel_installs_builds_its_plugins_and_exports_outside_the_checkout(tmp_
     assert report["task"] == "fill-mask" and report["provenance"]["versions"]["deployfuse"]
     assert {"input_ids:0:batch_size", "input_ids:1:sequence_length"} <= set(report["dynamic"])
     assert all(o["passed"] for check in report["verify"] for o in check["outputs"])
+
+
+def test_plugins_build_in_the_user_cache_when_the_sources_are_read_only(tmp_path, monkeypatch):
+    import deployfuse
+    from deployfuse.ops.native import build_root
+
+    writable = tmp_path / "plugins"
+    writable.mkdir()
+    assert build_root(writable) == writable / "build"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    missing = tmp_path / "not-there"  # os.access says no: the state of a read-only install for any user, root included
+    assert build_root(missing) == tmp_path / "cache" / "deployfuse" / deployfuse.__version__ / "plugins"
