@@ -148,3 +148,23 @@ def test_task_needs_a_folder_and_a_folder_needs_a_config(cli, tmp_path):
     assert code == 2 and "needs a Hugging Face model folder" in stderr
     code, _, stderr = cli("export", tmp_path, "-o", tmp_path / "x.onnx")
     assert code == 2 and "without config.json" in stderr
+
+
+@pytest.mark.parametrize(("task", "head", "shape"), [
+    ("text-classification", T.AutoModelForSequenceClassification, (2, 2)),  # BertConfig's default 2 labels
+    ("token-classification", T.AutoModelForTokenClassification, (2, 16, 2)),
+    ("fill-mask", T.AutoModelForMaskedLM, (2, 16, 99)),
+])
+def test_text_tasks_load_their_head_and_return_only_its_logits(folders, task, head, shape):
+    from deployfuse.hf import load_pretrained
+
+    loaded = load_pretrained(folders / "bert", task)
+    assert loaded.task == task and loaded.input_names == ["input_ids", "attention_mask", "token_type_ids"]
+    with torch.inference_mode():
+        got = loaded.module(**loaded.example_inputs)
+        model = head.from_pretrained(folders / "bert")
+    assert type(loaded.module.model) is type(model)  # transformers' own class for the task
+    assert list(got) == ["logits"] and tuple(got["logits"].shape) == shape
+    if task == "fill-mask":  # the saved head (the others are initialised at random on each load)
+        with torch.inference_mode():
+            torch.testing.assert_close(got["logits"], model(**loaded.example_inputs).logits)
