@@ -1,6 +1,6 @@
 """A bounded load run on a real Triton Inference Server serving a deployfuse artefact.
 
-Exports examples/tiny_bert.py (2-layer BERT, random weights, dynamic batch and sequence) with
+Exports deployfuse/examples/tiny_bert.py (2-layer BERT, random weights, dynamic batch and sequence) with
 `deployfuse export` unless --model is given, serves it with PyTriton on 127.0.0.1 (the model
 run by deployfuse.InferenceSession on CPU, dynamic batching on), sends --requests requests from
 --clients concurrent tritonclient clients per protocol, checks every answer against
@@ -35,7 +35,7 @@ def export_tiny_bert(out: Path) -> Path:
     from deployfuse.inputs import DynamicAxis
 
     dynamic = [DynamicAxis(n, axis, label) for n in ("input_ids", "attention_mask") for axis, label in ((0, "batch"), (1, "seq"))]
-    deployfuse.export("examples.tiny_bert:build", out, dynamic=dynamic)
+    deployfuse.export("deployfuse.examples.tiny_bert:build", out, dynamic=dynamic)
     return out
 
 
@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
         "what": "bounded load run on Triton Inference Server (PyTriton's tritonserver, python backend) serving a deployfuse "
                 "artefact through deployfuse.InferenceSession on CPU, dynamic batching on; every answer checked against "
                 "the same InferenceSession run directly (rtol 1e-4, atol 1e-5)",
-        "model": "examples/tiny_bert.py (2-layer BERT, hidden 128), requests of batch 1-4 x seq 32" if args.model is None else str(args.model),
+        "model": "deployfuse/examples/tiny_bert.py (2-layer BERT, hidden 128), requests of batch 1-4 x seq 32" if args.model is None else str(args.model),
         "max_batch_size": args.max_batch_size,
         "runs": runs,
         "environment": {
