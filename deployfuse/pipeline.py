@@ -314,7 +314,12 @@ def _run(request: _Request, out_path: Path, report: ExportReport, steps: _Steps,
     metadata.write(onnx_model, metadata.INPUT_SHAPES, {k: list(v.shape) for k, v in example.items()})
     metadata.write(onnx_model, metadata.WEIGHTS_SHA256, weights)
     if report.target == "ort-cuda":
-        metadata.write(onnx_model, metadata.CUDA_PROVIDER_OPTIONS, cuda_provider_options(onnx_model, request.cuda_graph, request.tf32, report.precision))
+        timer = None
+        if request.autotune:
+            from deployfuse.rewrite.autotune import cuda_option_timer
+
+            timer = cuda_option_timer(onnx_model, {k: to_numpy(v) for k, v in checks[0].items()})
+        metadata.write(onnx_model, metadata.CUDA_PROVIDER_OPTIONS, cuda_provider_options(onnx_model, request.cuda_graph, request.tf32, report.precision, timer))
     report.op_histogram = dict(Counter(f"{n.domain + '.' if n.domain else ''}{n.op_type}" for n in onnx_model.graph.node).most_common())
 
     if request.verify:
@@ -346,30 +351,32 @@ def _run(request: _Request, out_path: Path, report: ExportReport, steps: _Steps,
     return fusion
 
 
-NHWC_MIN_CONVS = 4  # a convolutional network, not a stem or patch embedding in front of a transformer
-
-
-def cuda_provider_options(model: onnx.ModelProto, cuda_graph: bool, tf32: bool = True, precision: str = "fp32") -> dict[str, str]:
+def cuda_provider_options(model: onnx.ModelProto, cuda_graph: bool, tf32: bool = True, precision: str = "fp32", timer: Any = None) -> dict[str, str]:
     """The ORT CUDA EP options an ort-cuda artefact carries, chosen from H200 measurements.
 
-    prefer_nhwc for convolutional networks (ResNet-50, batch 32: fp16 2.78 -> 1.92 ms, fp32
-    4.07 -> 3.17 ms), not for a transformer with one patch convolution, where the layout
-    transposes cost more than they win (ViT-B/16 fp16: 2.32 -> 2.56 ms); enable_cuda_graph when
+    prefer_nhwc: with `timer` (`--autotune` on a CUDA build of ORT, `autotune.cuda_option_timer`)
+    set only when measured faster on this model (`autotune.measured_option`); without, only
+    where 2-D convolutions dominate as in ResNet-50 (`autotune.nhwc_without_measurement`: at
+    least 8 Conv2d of 64+ channels, 3/4 of all convolutions; batch 32: fp16 2.78 -> 1.92 ms,
+    fp32 4.07 -> 3.17 ms). Not for a transformer with one patch convolution (ViT-B/16 fp16:
+    2.32 -> 2.56 ms) nor a small Conv/ConvTranspose/Conv1d net (0.074 -> 0.118 ms), both of
+    which the former rule (>= 4 convolutions) let through. enable_cuda_graph when
     asked (BERT-base fp16: 2.02 -> 1.00 ms), since it constrains how the caller runs the model; use_tf32=0 when full fp32 is asked for;
     sdpa_kernel=2 for fp32 models with ORT attention, which lifts ORT's 256-token minimum for
     its memory-efficient fp32 attention kernel (ViT-B/16 fp32, 197 tokens: 2.90 -> 2.72 ms with a
     CUDA graph; GPT-2 fp32 1.83 -> 1.73). See bench/results/h200.md.
     """
+    from deployfuse.rewrite.autotune import measured_option, nhwc_without_measurement
+
     options: dict[str, str] = {}
-    if sum(n.op_type in ("Conv", "ConvTranspose") and n.domain in ("", "ai.onnx") for n in model.graph.node) >= NHWC_MIN_CONVS:
-        options["prefer_nhwc"] = "1"
     if cuda_graph:
         options["enable_cuda_graph"] = "1"
     if not tf32:
         options["use_tf32"] = "0"
     if precision == "fp32" and any(n.domain == "com.microsoft" and n.op_type in ("Attention", "MultiHeadAttention") for n in model.graph.node):
         options["sdpa_kernel"] = "2"  # AttentionBackend::EFFICIENT_ATTENTION
-    return options
+    nhwc = measured_option(timer, options, {"prefer_nhwc": "1"}).keep if timer is not None else nhwc_without_measurement(model)
+    return {"prefer_nhwc": "1", **options} if nhwc else options
 
 
 def _example_inputs(loaded: LoadedModel, specs: Sequence[InputSpec], example_inputs: Any) -> Inputs:

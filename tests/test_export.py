@@ -144,8 +144,9 @@ def test_large_models_use_external_data(tmp_path):
 def test_ort_cuda_artefact_carries_its_provider_options(tmp_path):
     from deployfuse.backends.ort import artefact_provider_options
 
-    module = torch.nn.Sequential(*[m for _ in range(4) for m in (torch.nn.Conv2d(8, 8, 3, padding=1), torch.nn.ReLU())])
-    x = torch.randn(1, 8, 16, 16)
+    # ResNet-like (8 Conv2d of 64 channels): NHWC without measurement only there (pipeline.cuda_provider_options)
+    module = torch.nn.Sequential(*[m for _ in range(8) for m in (torch.nn.Conv2d(64, 64, 3, padding=1), torch.nn.ReLU())])
+    x = torch.randn(1, 64, 8, 8)
     out = tmp_path / "conv.onnx"
     deployfuse.export(module, out, example_inputs=(x,), target="ort-cuda", precision="fp16", cuda_graph=True, verify=False)
     assert artefact_provider_options(out) == {"prefer_nhwc": "1", "enable_cuda_graph": "1"}

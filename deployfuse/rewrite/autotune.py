@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -98,6 +98,11 @@ def time_family(
         return Decision(False, f"onnxruntime (optimised): {first_line(exc)}")
     if providers[0] not in sessions[0].get_providers():
         return Decision(True, f"not timed: {providers[0]} did not start")
+    return decide(*_interleaved(sessions, feed, warmup, min_rounds, max_rounds, budget_s), threshold)
+
+
+def _interleaved(sessions: list, feed: Mapping[str, np.ndarray], warmup: int = 2, min_rounds: int = 5, max_rounds: int = 200, budget_s: float = 0.5) -> tuple[float, float]:
+    """Median ms of two sessions on `feed`, timed in alternating interleaved rounds."""
     for sess in sessions:
         for _ in range(warmup):
             ort_backend.run(sess, feed)
@@ -109,7 +114,53 @@ def time_family(
             start = time.perf_counter()
             ort_backend.run(sess, feed)
             spent.append(time.perf_counter() - start)
-    return decide(statistics.median(times[0]) * 1e3, statistics.median(times[1]) * 1e3, threshold)
+    return statistics.median(times[0]) * 1e3, statistics.median(times[1]) * 1e3
+
+
+# prefer_nhwc without measurement: 2-D convolutions must dominate (see `nhwc_without_measurement`).
+NHWC_MIN_WIDE_CONV2D = 8
+NHWC_MIN_CHANNELS = 64
+NHWC_MIN_SHARE = 0.75
+
+
+def nhwc_without_measurement(model: onnx.ModelProto) -> bool:
+    """True when the graph looks like the networks NHWC was measured faster on (ResNet-50).
+
+    H200 measurements: ResNet-50 (53 Conv2d of 64-2048 channels) gained (fp16 2.78 -> 1.92
+    ms); ViT-B/16 (one patch convolution) lost (2.32 -> 2.56 ms), and so did a small net of
+    Conv2d / ConvTranspose / Conv1d layers (0.074 -> 0.118 ms, 1.6x slower), whose four
+    convolutions a plain count let through. So: at least 8 Conv nodes over 2-D images (4-D
+    weights) with at least 64 output channels, making up at least 3/4 of all Conv /
+    ConvTranspose nodes. Conservative: a network that would gain but misses this rule gets NHWC
+    through `--autotune` (measured), never by guess.
+    """
+    weights = {t.name: list(t.dims) for t in model.graph.initializer}
+    convs = [n for n in model.graph.node if n.op_type in ("Conv", "ConvTranspose") and n.domain in ("", "ai.onnx")]
+    wide = [n for n in convs if n.op_type == "Conv" and len(n.input) > 1 and len(weights.get(n.input[1], [])) == 4 and weights[n.input[1]][0] >= NHWC_MIN_CHANNELS]
+    return len(wide) >= NHWC_MIN_WIDE_CONV2D and len(wide) >= NHWC_MIN_SHARE * len(convs)
+
+
+def cuda_option_timer(model: onnx.ModelProto, feed: Mapping[str, np.ndarray]) -> Callable[[Mapping[str, str], Mapping[str, str]], tuple[float, float]] | None:
+    """A function timing `model` on the CUDA EP under two sets of provider options (interleaved,
+    median ms of each), or None when this onnxruntime has no CUDA EP."""
+    if _not_timed("ort-cuda"):
+        return None
+
+    def timer(first: Mapping[str, str], second: Mapping[str, str]) -> tuple[float, float]:
+        sessions = [ort_backend.session(model, providers=ort_backend.PROVIDERS["ort-cuda"], cuda_options=dict(o)) for o in (first, second)]
+        return _interleaved(sessions, feed)
+
+    return timer
+
+
+def measured_option(timer: Callable[[Mapping[str, str], Mapping[str, str]], tuple[float, float]], options: Mapping[str, str], extra: Mapping[str, str], threshold: float = THRESHOLD) -> Decision:
+    """Whether to add `extra` to `options`: only when it makes the model faster by more than
+    `threshold` (an option that only changes speed must earn its place)."""
+    without, with_extra = timer(options, {**options, **extra})
+    change = f"{without:.3g} -> {with_extra:.3g} ms with {', '.join(f'{k}={v}' for k, v in extra.items())}"
+    if with_extra < without * (1 - threshold):
+        return Decision(True, f"faster: {change}", without, with_extra)
+    return Decision(False, f"not faster: {change}", without, with_extra)
 
 
 def _not_timed(target: str) -> str:

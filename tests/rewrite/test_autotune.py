@@ -5,6 +5,7 @@ from types import SimpleNamespace
 
 import onnx
 import pytest
+import torch
 from onnxscript.rewriter import pattern
 
 from _export import assert_same_outputs, exported, feeds, op_counts
@@ -110,3 +111,66 @@ def test_family_onnxruntime_cannot_load_optimised_is_reverted():
     model = exported("bert", "dynamo")
     decision = time_family(model, onnx.ModelProto(), "ort-cpu", feeds("bert", model, count=1)[0])
     assert not decision.keep and decision.reason.startswith("onnxruntime (optimised): ")
+
+
+# ---- prefer_nhwc: by measurement with --autotune, else only where 2-D convolutions dominate ----
+
+
+class _SmallConvNet(torch.nn.Module):
+    """The shape of the net NHWC made 1.6x slower on an H200: Conv2d, ConvTranspose2d and Conv1d layers, narrow."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c1, self.c2 = torch.nn.Conv2d(3, 16, 3, padding=1), torch.nn.Conv2d(16, 16, 3, padding=1)
+        self.up = torch.nn.ConvTranspose2d(16, 8, 2, stride=2)
+        self.line = torch.nn.Conv1d(8, 8, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.up(torch.relu(self.c2(torch.relu(self.c1(x)))))
+        return self.line(h.flatten(2))
+
+
+def _onnx(module: torch.nn.Module, x: torch.Tensor):
+    import warnings
+
+    from deployfuse.export import clean
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return clean(torch.onnx.export(module.eval(), (x,), dynamo=True, optimize=True, verbose=False).model_proto)
+
+
+def test_nhwc_only_where_2d_convolutions_dominate() -> None:
+    from _export import exported
+
+    from deployfuse.pipeline import cuda_provider_options
+
+    assert cuda_provider_options(exported("resnet18", "dynamo"), cuda_graph=False).get("prefer_nhwc") == "1"
+    assert "prefer_nhwc" not in cuda_provider_options(exported("vit", "dynamo"), cuda_graph=False)
+    assert "prefer_nhwc" not in cuda_provider_options(exported("convnext", "dynamo"), cuda_graph=False)  # 16-32 channels
+    assert "prefer_nhwc" not in cuda_provider_options(_onnx(_SmallConvNet(), torch.randn(1, 3, 16, 16)), cuda_graph=False)
+
+
+def test_nhwc_by_measurement_overrides_the_rule() -> None:
+    """With --autotune on a CUDA build of ORT the timer decides (a stand-in timer here: no GPU on
+    this machine, so the real CUDA timing has not run in the tests)."""
+    from _export import exported
+
+    from deployfuse.pipeline import cuda_provider_options
+    from deployfuse.rewrite.autotune import cuda_option_timer
+
+    calls = []
+
+    def timer(ms_without: float, ms_with: float):
+        def measure(first, second):
+            calls.append((dict(first), dict(second)))
+            return ms_without, ms_with
+
+        return measure
+
+    resnet, small = exported("resnet18", "dynamo"), _onnx(_SmallConvNet(), torch.randn(1, 3, 16, 16))
+    assert "prefer_nhwc" not in cuda_provider_options(resnet, cuda_graph=True, timer=timer(1.0, 0.99))  # within 2 %: not worth it
+    assert cuda_provider_options(small, cuda_graph=True, timer=timer(1.0, 0.5))["prefer_nhwc"] == "1"
+    assert calls[-1] == ({"enable_cuda_graph": "1"}, {"enable_cuda_graph": "1", "prefer_nhwc": "1"})  # timed with the artefact's other options
+    if "CUDAExecutionProvider" not in __import__("onnxruntime").get_available_providers():
+        assert cuda_option_timer(resnet, {}) is None
