@@ -13,6 +13,7 @@ import io
 import numpy as np
 
 from deployfuse import provenance
+from deployfuse.compare.accuracy import OutputStats
 from deployfuse.compare.result import CompareResult
 
 
@@ -25,8 +26,12 @@ def _png(figure) -> str:
     return base64.b64encode(buffer.getvalue()).decode("ascii")
 
 
+NOISY_P90_OVER_MEDIAN = 1.5  # a p90 this far above the median: the timing is not to be trusted
+
+
 def latency_png(result: CompareResult) -> str:
-    """Median latency per backend, with the p90 as a whisker (base64 PNG)."""
+    """Median latency per backend, with the p90 as a whisker, on a log axis so that a backend
+    100x faster than another still shows (base64 PNG)."""
     from matplotlib.figure import Figure
 
     figure = Figure(figsize=(6, 0.6 + 0.5 * len(result.latency)))
@@ -35,30 +40,61 @@ def latency_png(result: CompareResult) -> str:
     medians = [lat.median_ms for lat in result.latency]
     whiskers = [[0.0] * len(medians), [lat.p90_ms - lat.median_ms for lat in result.latency]]
     axes.barh(names, medians, xerr=whiskers, color="#4c72b0", capsize=4)
+    axes.set_xscale("log")
     axes.invert_yaxis()
-    axes.set_xlabel("latency, ms (bar: median, whisker: p90)")
+    axes.set_xlabel("latency, ms, log scale (bar: median, whisker: p90)")
     return _png(figure)
 
 
-def error_png(result: CompareResult, output: str) -> str:
-    """Histogram of log10 |actual - reference| of one output for every backend (first feed)."""
+def noisy_timings(result: CompareResult) -> list[str]:
+    """One sentence per backend whose p90 exceeds NOISY_P90_OVER_MEDIAN x its median."""
+    return [f"{lat.backend}: p90 {lat.p90_ms:.3g} ms is {lat.p90_ms / lat.median_ms:.1f}x the median {lat.median_ms:.3g} ms (min {lat.min_ms:.3g})"
+            for lat in result.latency if lat.median_ms > 0 and lat.p90_ms > NOISY_P90_OVER_MEDIAN * lat.median_ms]
+
+
+def error_png(result: CompareResult, output: str, feed: int = 0) -> str | None:
+    """Histogram of each element's error as a share of its tolerance, log10 of
+    |actual - reference| / (atol + rtol |reference|), for every backend on one feed; the red
+    line at 0 is the tolerance (elements right of it fail). Outputs compared exactly (atol =
+    rtol = 0) show log10 |error| with the line at the smallest float32 step. None when no
+    backend has that output at the reference's shape."""
     from matplotlib.figure import Figure
 
+    runs = list(result.run_results.items())
+    reference = runs[0][1][feed] if feed < len(runs[0][1]) else {}
+    if output not in reference:
+        return None
+    ref = np.asarray(reference[output], dtype=np.float64)
     figure = Figure(figsize=(6, 3))
     axes = figure.add_subplot()
-    runs = result.run_results
-    reference = runs[0][1][0]
-    for name, iterations in list(runs.items())[1:]:
-        got = iterations[0]
-        if output not in got or output not in reference or np.shape(got[output]) != np.shape(reference[output]):
+    drawn = exact = False
+    for k, (name, iterations) in enumerate(runs[1:], start=1):
+        got = iterations[feed] if feed < len(iterations) else {}
+        stats = _stats(result, result.backends[k] if k < len(result.backends) else name, feed, output)
+        if output not in got or np.shape(got[output]) != ref.shape or stats is None:
             continue
-        diff = np.abs(np.asarray(got[output], dtype=np.float64) - np.asarray(reference[output], dtype=np.float64)).ravel()
-        diff = diff[np.isfinite(diff)]
-        axes.hist(np.log10(np.maximum(diff, 1e-12)), bins=60, alpha=0.6, label=name)
-    axes.set_xlabel(f"log10 |error| of {output} vs {result.reference} (1e-12 = exact)")
+        diff = np.abs(np.asarray(got[output], dtype=np.float64) - ref)
+        tolerance = stats.atol + stats.rtol * np.abs(ref)
+        exact = exact or not np.any(tolerance)
+        share = diff if exact else diff / np.maximum(tolerance, np.finfo(np.float64).tiny)
+        share = share[np.isfinite(share)].ravel()
+        axes.hist(np.log10(np.maximum(share, 1e-12)), bins=60, alpha=0.6, label=name)
+        drawn = True
+    if not drawn:
+        return None
+    axes.axvline(np.log10(np.finfo(np.float32).eps) if exact else 0.0, color="#c0392b", linewidth=1.5, label="tolerance")
+    what = "log10 |error|, compared exactly" if exact else "log10 |error| / (atol + rtol |reference|)"
+    axes.set_xlabel(f"{what} of {output} vs {result.reference} (-12 = exact)")
     axes.set_ylabel("elements")
     axes.legend()
     return _png(figure)
+
+
+def _stats(result: CompareResult, backend: str, feed: int, output: str) -> OutputStats | None:
+    for a in result.accuracy:
+        if a.backend == backend and a.feed == feed:
+            return next((o for o in a.outputs if o.name == output), None)
+    return None
 
 
 def _table(headers: list[str], rows: list[list[str]], failed: list[bool] | None = None) -> str:
@@ -81,10 +117,11 @@ def html_report(result: CompareResult) -> str:
     parts = [
         "<!doctype html><meta charset=utf-8><title>deployfuse compare</title>",
         "<style>body{font-family:sans-serif;margin:2em}table{border-collapse:collapse;margin:1em 0}"
-        "td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}.fail{background:#fdd}.verdict{font-size:1.3em}.text{text-align:left;font-family:monospace}</style>",
+        "td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}.fail{background:#fdd}.verdict{font-size:1.3em;padding:.4em .8em;display:inline-block}.verdict.pass{background:#d4edda;color:#155724}.verdict.fail{background:#f8d7da;color:#721c24}.warn{background:#fff3cd;padding:.3em .6em}.text{text-align:left;font-family:monospace}</style>",
         f"<h1>deployfuse compare</h1><p>model <code>{html.escape(result.model)}</code>, ONNX <code>{html.escape(result.onnx)}</code>, "
         f"reference backend <b>{html.escape(result.reference)}</b></p>",
-        f"<p class=verdict>{'PASSED' if result.passed else 'FAILED: ' + html.escape(', '.join(result.failures()))}</p>",
+        f"<p class='verdict {'pass' if result.passed else 'fail'}'>"
+        f"{'PASSED: every backend matches ' + html.escape(result.reference) if result.passed else 'FAILED: ' + html.escape(', '.join(result.failures()))}</p>",
     ]
     first = result.first_divergence
     if first is not None:
@@ -102,13 +139,18 @@ def html_report(result: CompareResult) -> str:
         parts.append(_table(["output", "max abs", "mean abs", "median abs", "p99 abs", "max rel", "p99 rel", "cosine", "atol", "rtol", "result"],
                             rows, [not o.passed for o in a.outputs]))
     if result.run_results is not None and len(result.backends) > 1:
-        parts.append("<h2>Error distribution</h2>")
-        for output in dict.fromkeys(o.name for a in result.accuracy for o in a.outputs):
-            parts.append(f"<img alt='error histogram of {html.escape(output)}' src='data:image/png;base64,{error_png(result, output)}'>")
+        parts.append("<h2>Error distribution</h2><p>Each element's error as a share of its tolerance; the red line is the tolerance.</p>")
+        for feed, shapes in dict.fromkeys((a.feed, ", ".join(f"{k}={'x'.join(map(str, v))}" for k, v in a.shapes.items())) for a in result.accuracy):
+            parts.append(f"<h3>at {html.escape(shapes)}</h3>")
+            for output in dict.fromkeys(o.name for a in result.accuracy if a.feed == feed for o in a.outputs):
+                png = error_png(result, output, feed)
+                if png is not None:
+                    parts.append(f"<img alt='error histogram of {html.escape(output)} at {html.escape(shapes)}' src='data:image/png;base64,{png}'>")
     if result.latency:
         rows = [[lat.backend, f"{lat.median_ms:.3f}", f"{lat.p90_ms:.3f}", f"{lat.mean_ms:.3f}", f"{lat.min_ms:.3f}", f"{lat.throughput_per_s:.1f}",
                  f"{lat.samples_per_s:.1f}", f"{lat.timing}, {lat.iterations} runs after {lat.warmup} warm-up"] for lat in result.latency]
-        parts.append("<h2>Latency</h2>" + _table(["backend", "median ms", "p90 ms", "mean ms", "min ms", "inferences/s", "samples/s", "timing"], rows))
+        parts.append("<h2>Latency</h2>" + "".join(f"<p class=warn>noisy timing, {html.escape(n)}: rerun on a quieter machine or with more --iterations</p>"
+                                                  for n in noisy_timings(result)) + _table(["backend", "median ms", "p90 ms", "mean ms", "min ms", "inferences/s", "samples/s", "timing"], rows))
         parts.append(f"<img alt='latency per backend' src='data:image/png;base64,{latency_png(result)}'>")
     parts.append("<h2>Environment</h2>" + _environment(result.provenance))
     return "\n".join(parts) + "\n"
