@@ -247,7 +247,8 @@ def test_internal_failure_is_exit_3_with_a_log_and_the_report(cli, folder, monke
 
 
 def _deployfuse(*args: str, cwd: Path) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "deployfuse", *args], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH", "")])}  # this checkout
+    return subprocess.Popen([sys.executable, "-m", "deployfuse", *args], cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def test_sigint_while_importing_is_one_line_and_exit_130(folder):
@@ -280,3 +281,15 @@ def test_sigterm_during_save_removes_the_temporary_folder(tmp_path):
     assert process.returncode == 128 + signal.SIGTERM, stderr
     assert "interrupted" in stderr and "Traceback" not in stderr
     assert list(out.iterdir()) == []
+
+
+def test_compare_takes_the_shapes_the_export_recorded(cli, tmp_path):
+    """A dynamic export records its input shapes; compare uses them when no --input is given
+    (it used to ask for --input again)."""
+    torch.manual_seed(0)
+    torch.jit.save(torch.jit.trace(Small().eval(), torch.randn(2, 64)), tmp_path / "small.ts")
+    deployfuse.export(tmp_path / "small.ts", tmp_path / "dyn.onnx", inputs=[InputSpec("x", (3, 64))], dynamic=[deployfuse.DynamicAxis("x", 0, "batch")], fuse=False, verify=False)
+    code, _, stderr = cli("compare", tmp_path / "small.ts", tmp_path / "dyn.onnx", "--iterations", "0", "-q", "--json", tmp_path / "cmp.json")
+    assert code == 0, stderr
+    shapes = {tuple(a["shapes"]["x"]) for a in json.loads((tmp_path / "cmp.json").read_text())["accuracy"]}
+    assert shapes == {(3, 64)}

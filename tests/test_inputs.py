@@ -51,3 +51,29 @@ def test_resized_changes_every_axis_of_a_label_alike():
 def test_dynamic_axis_of_unknown_input_is_a_usage_error():
     with pytest.raises(UsageError, match="not among the inputs"):
         resized([InputSpec("x", (1, 3))], [DynamicAxis("y", 0, "batch")])
+
+
+def test_checked_dynamic_spreads_an_axis_to_inputs_of_the_same_size():
+    from deployfuse.inputs import checked_dynamic
+
+    inputs = {"input_ids": torch.zeros(2, 16, dtype=torch.long), "attention_mask": torch.ones(2, 16, dtype=torch.long), "pixels": torch.zeros(2, 3, 16)}
+    axes, shared = checked_dynamic([DynamicAxis("input_ids", -1, "seq"), DynamicAxis("input_ids", 0, "batch")], inputs)
+    assert set(axes) == {DynamicAxis("input_ids", 1, "seq"), DynamicAxis("input_ids", 0, "batch"), DynamicAxis("attention_mask", 1, "seq"), DynamicAxis("attention_mask", 0, "batch")}
+    assert set(shared) == {DynamicAxis("attention_mask", 1, "seq"), DynamicAxis("attention_mask", 0, "batch")}  # pixels: another rank
+    assert checked_dynamic([DynamicAxis("input_ids", 1, "seq")], inputs, share=False)[0] == [DynamicAxis("input_ids", 1, "seq")]
+
+
+@pytest.mark.parametrize(("axis", "message"), [(DynamicAxis("y", 0, "b"), "not among the inputs: x"), (DynamicAxis("x", 2, "b"), "has rank 2"), (DynamicAxis("x", -3, "b"), "has rank 2")])
+def test_checked_dynamic_refuses_axes_the_inputs_lack(axis, message):
+    from deployfuse.inputs import checked_dynamic
+
+    with pytest.raises(UsageError, match=message):
+        checked_dynamic([axis], {"x": torch.zeros(2, 3)})
+
+
+def test_inputs_larger_than_free_memory_are_refused_before_allocation():
+    from deployfuse.inputs import available_memory
+
+    rows = available_memory() // 4 // 1000 + 1  # float32 rows of 1000: just over what is free
+    with pytest.raises(UsageError, match="of memory available"):
+        make_inputs([InputSpec("x", (rows, 1000))], torch.nn.Identity())

@@ -15,6 +15,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Build a TensorRT engine (TensorRT >= 10 or TensorRT-RTX) from an ONNX model, "
         "ideally one exported with --target tensorrt. Dynamic inputs get min 1, opt = the export shape, "
         "max = 2x the export shape unless --profile says otherwise.",
+        epilog="exit codes: 0 built, 2 bad input, 3 internal failure (the message names a log file with the traceback), 130 interrupted.",
     )
     parser.add_argument("onnx", help="the ONNX model")
     parser.add_argument("-o", "--output", required=True, metavar="ENGINE.plan", help="where to write the engine")

@@ -19,7 +19,8 @@ The first backend is the reference. On a failure the first fused node whose outp
 from the unfused export (--reference-onnx, or exported again from MODEL) is named.
 ort-cuda and trt need a CUDA GPU (onnxruntime-gpu; TensorRT or TensorRT-RTX).
 
-exit codes: 0 every backend matches the first, 1 an accuracy failure, 2 bad input.
+exit codes: 0 every backend matches the first, 1 an accuracy failure, 2 bad input,
+3 internal failure (the message names a log file with the traceback), 130 interrupted.
 """
 
 

@@ -8,7 +8,7 @@ import sys
 from deployfuse.cli._args import add_model_input_arguments
 from deployfuse.export import EXPORTERS
 from deployfuse.hf import TASKS
-from deployfuse.pipeline import DEFAULT_OPSET, PRECISIONS, TARGETS, export
+from deployfuse.pipeline import DEFAULT_OPSET, MAX_OPSET, MIN_OPSET, PRECISIONS, TARGETS, export
 from deployfuse.report import Step
 
 EPILOG = """\
@@ -26,7 +26,9 @@ examples:
   deployfuse export bert.pt2 -o bert.onnx --dynamic input_ids:0:batch --dynamic input_ids:1:seq
   deployfuse export deployfuse.examples.tiny_bert:build -o bert.onnx --target ort-cuda --report bert.json
 
-exit codes: 0 exported and verified, 1 the export does not match PyTorch, 2 bad input.
+exit codes: 0 exported and verified, 1 the export does not match PyTorch, 2 bad input,
+3 internal failure (the message names a log file with the traceback; --report is still
+written, with the failing step), 130 interrupted (143 on SIGTERM); no file is left half-written.
 """
 
 
@@ -45,7 +47,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--static", action="store_true", help="pin the batch and sequence axes a Hugging Face task makes dynamic by default")
     p.add_argument("--target", choices=TARGETS, default="ort-cpu", help="runtime the fusions lower for (default: ort-cpu)")
     p.add_argument("--precision", choices=list(PRECISIONS), default="fp32", help="dtype to export in (default: fp32)")
-    p.add_argument("--opset", type=int, default=DEFAULT_OPSET, metavar="N", help=f"ONNX opset (default: {DEFAULT_OPSET})")
+    p.add_argument("--opset", type=int, default=DEFAULT_OPSET, metavar="N", help=f"ONNX opset, {MIN_OPSET} to {MAX_OPSET} (default: {DEFAULT_OPSET})")
     p.add_argument("--exporter", choices=("auto", *EXPORTERS), default="auto",
                    help="auto: the dynamo exporter, then the TorchScript exporter if it fails (default: auto)")
     p.add_argument("--rtol", type=float, metavar="R", help="verification tolerance relative to each output's max |value| (default: fp32 1e-4, fp16 1e-2, bf16 5e-2)")
