@@ -305,7 +305,8 @@ def _run(request: _Request, out_path: Path, report: ExportReport, steps: _Steps,
     if request.fuse:
         with steps.step("fuse") as step:
             feeds = [{k: to_numpy(v) for k, v in x.items()} for x in checks]
-            onnx_model, fusion = fuse_graph(onnx_model, report.target, feeds, debug=request.debug, autotune=request.autotune)
+            onnx_model, fusion = fuse_graph(onnx_model, report.target, feeds, debug=request.debug, autotune=request.autotune,
+                                            on_family=getattr(steps.progress, "family", None))
             report.fusion = fusion.to_dict()
             step.detail = f"{len(onnx_model.graph.node)} nodes"
     else:

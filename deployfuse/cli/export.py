@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import sys
+import contextlib
 
 from deployfuse.cli._args import add_model_input_arguments
 from deployfuse.export import EXPORTERS
 from deployfuse.hf import TASKS
-from deployfuse.pipeline import DEFAULT_OPSET, MAX_OPSET, MIN_OPSET, PRECISIONS, TARGETS, export
-from deployfuse.report import Step
+from deployfuse.pipeline import DEFAULT_OPSET, MAX_OPSET, MIN_OPSET, PRECISIONS, TARGETS, Progress, export
 
 EPILOG = """\
 MODEL forms:
@@ -67,25 +66,27 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="accept a TorchScript trace that follows one branch of an `if` on tensor values (refused by default: "
                    "the ONNX model would compute that branch for every input)")
     p.add_argument("--report", metavar="FILE.json", help="write the report (steps, times, folds, exporter, ops, errors) as JSON")
+    p.add_argument("--log-file", metavar="FILE", help="write a log of the run there: each step, each fusion family, and the warnings "
+                   "of torch, transformers and the exporters (which the terminal does not show)")
     p.add_argument("-q", "--quiet", action="store_true", help="print only errors")
     p.add_argument("-v", "--verbose", action="store_true", help="show warnings from torch and the exporters")
     p.set_defaults(run=run)
 
 
-def _progress(name: str, step: Step | None) -> None:
-    if step is None:
-        print(f"{name} ...", file=sys.stderr, flush=True)
-    else:
-        print(f"{name}: {step.status} ({step.seconds:.2f} s){' - ' + step.detail if step.detail else ''}", file=sys.stderr, flush=True)
-
-
 def run(args: argparse.Namespace) -> int:
+    from deployfuse.cli._progress import ExportProgress, log_to_file
+
+    with log_to_file(args.log_file) if args.log_file else contextlib.nullcontext(), ExportProgress(show=not args.quiet) as progress:
+        return _export(args, progress)
+
+
+def _export(args: argparse.Namespace, progress: Progress) -> int:
     result = export(
         args.model, args.output, inputs=args.inputs, example_inputs=args.example_inputs, dynamic=args.dynamic,
         target=args.target, precision=args.precision, opset=args.opset, exporter=args.exporter, fold=not args.no_fold, fuse=not args.no_fuse,
         verify=not args.no_verify, cuda_graph=args.cuda_graph, tf32=not args.no_tf32, autotune=args.autotune, debug=args.debug, trust_pickle=args.trust_pickle, report_path=args.report, rtol=args.rtol, task=args.task, static=args.static,
         verify_draws=args.verify_draws, seed=args.seed, allow_traced_control_flow=args.allow_traced_control_flow,
-        progress=None if args.quiet else _progress,
+        progress=progress,
     )
     if not args.quiet:
         print(result.report.table())

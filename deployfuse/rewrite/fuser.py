@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 import onnx
@@ -30,6 +30,7 @@ def fuse(
     debug: bool = False,
     families: Sequence[str] | None = None,
     autotune: bool = False,
+    on_family: Callable[[str, int, int], None] | None = None,
 ) -> tuple[onnx.ModelProto, FusionReport]:
     """Rewrite `model` into fused nodes for `target`, one guarded rule family at a time.
 
@@ -42,6 +43,7 @@ def fuse(
             registration order; None runs all. For ablations.
         autotune: also time each family the guard accepted on the target, on `feeds[0]`,
             and revert it when it makes the model slower (`autotune.time_family`).
+        on_family: called with (family, index, count) as each family starts, for progress.
 
     Returns:
         The fused model and the report. A family the guard rejects is rolled back and
@@ -62,7 +64,9 @@ def fuse(
     current.CopyFrom(model)
     reference = guard.run_outputs(current, feeds, providers)
     report = FusionReport(target)
-    for module in modules:
+    for index, module in enumerate(modules):
+        if on_family is not None:
+            on_family(module.FAMILY, index, len(modules))
         rules = module.rules(target)
         if not rules:
             continue
