@@ -8,7 +8,8 @@ hold, whichever way the export wrote them:
 
 - **angles**: cos = Cos([θ, θ]), sin = Sin([θ, θ]) for θ [B', S, D/2] computed in the graph
   (dynamic shapes; B' is 1 or B): the caches are Cos(θ), Sin(θ) flattened to [B'·S, D/2], read at
-  b·S + s. Exact for any way the model computes θ (rope scaling, NTK, position ids from input).
+  b·S + s. Exact for any way the model computes θ (rope scaling, NTK, position ids from input);
+  fp16 / bf16 models compute them in float and Cast cos / sin to x's dtype, and so do the caches.
 - **constant tables**: with static shapes the exporter folds cos / sin to constants
   [B'|1, 1, S, D] (any rank ≤ 4 that broadcasts so): the caches are their halves, read the same way.
 - **gathered tables**: cos = Unsqueeze(Gather(C, position_ids), 1) from a constant table C [P, D]
@@ -38,12 +39,26 @@ def _ints(value: ir.Value | None) -> list[int] | None:
     return static_ints(value) if value is not None else None
 
 
-def _angles(value: ir.Value, function: str) -> tuple[ir.Value, float] | None:
-    """`(θ, f)` when `value` is Unsqueeze(f·function(Concat(θ, θ, axis=-1)), axis 1)."""
+def _uncast(value: ir.Value) -> tuple[ir.Value, bool]:
+    """`(v, True)` when `value` is Cast(v), else `(value, False)`."""
+    node = value.producer()
+    if node is not None and node.op_type == "Cast" and node.domain in ("", "ai.onnx"):
+        return node.inputs[0], True
+    return value, False
+
+
+def _angles(value: ir.Value, function: str) -> tuple[ir.Value, float, bool] | None:
+    """`(θ, f, cast)` when `value` is Unsqueeze(f·function(Concat(θ, θ, axis=-1)), axis 1),
+    with a Cast (to the activations' dtype: fp16 / bf16 models compute the angles in float)
+    before or after the Unsqueeze when `cast`."""
+    value, cast_after = _uncast(value)
     node = value.producer()
     if node is None or node.op_type != "Unsqueeze" or _ints(node.inputs[1] if len(node.inputs) > 1 else None) != [1]:
         return None
-    value, factor = node.inputs[0], 1.0
+    value, cast_before = _uncast(node.inputs[0])
+    if cast_before and cast_after:
+        return None
+    factor = 1.0
     node = value.producer()
     if node is not None and node.op_type == "Mul":
         for side in (0, 1):
@@ -60,7 +75,7 @@ def _angles(value: ir.Value, function: str) -> tuple[ir.Value, float] | None:
     axis = concat.attributes["axis"].as_int()
     if rank(angles) != 3 or axis not in (-1, 2):
         return None
-    return angles, factor
+    return angles, factor, cast_before or cast_after
 
 
 def _table_halves(array: np.ndarray, half: int) -> np.ndarray | None:
@@ -160,12 +175,14 @@ class _RotateHalf(pattern.RewriteRuleClassBase):
         self._split = (source[1], source[0]) if source else (0, None)
         cos_angles, sin_angles = _angles(cos, "Cos"), _angles(sin, "Sin")
         if cos_angles is not None and sin_angles is not None:
-            if cos_angles[0] is not sin_angles[0] or cos_angles[1] != sin_angles[1]:
+            if cos_angles[0] is not sin_angles[0] or cos_angles[1:] != sin_angles[1:]:
                 return result.fail("cos / sin are not Cos / Sin of one repeated angle tensor", cos)
-            angles, factor = cos_angles
+            angles, factor, cast = cos_angles
+            if (angles.dtype != x.dtype) != cast or x.dtype is None:
+                return result.fail("cos / sin reach x's dtype through other than one Cast", cos)
             if static_dim(angles, 2) != half:
                 return result.fail("the angles are not [B', S, D/2]", angles)
-            self._caches = ("angles", (angles, factor, half))
+            self._caches = ("angles", (angles, factor, half, x.dtype if cast else None))
             self._expand_angles = not same_dim(DimOf(angles, 1), DimOf(x, 2))
             return result
         gathered = _gathered_tables(cos, sin, x, half)
@@ -198,8 +215,8 @@ class _RotateHalf(pattern.RewriteRuleClassBase):
             positions = op.Expand(op.Constant(value=ir.tensor(rows)), op.Concat(op.Shape(x, start=0, end=1), _i64(op, seq), axis=0))
         return self._emit(op, x, caches, positions)
 
-    def _angle_caches(self, op, x, angles, factor, half):
-        """Cos(θ), Sin(θ) flattened to [B'·S, D/2] and positions b·S + s."""
+    def _angle_caches(self, op, x, angles, factor, half, cast_to):
+        """Cos(θ), Sin(θ) flattened to [B'·S, D/2] (cast to x's dtype as the model did) and positions b·S + s."""
         if self._expand_angles:  # broadcast over x's sequence as the model's Mul did
             target = op.Concat(op.Shape(angles, start=0, end=1), op.Shape(x, start=2, end=3), _i64(op, half), axis=0)
             angles = op.Expand(angles, target)
@@ -208,6 +225,8 @@ class _RotateHalf(pattern.RewriteRuleClassBase):
             rows = function(angles)
             if factor != 1.0:
                 rows = op.Mul(rows, op.Constant(value=ir.tensor(np.array(factor, dtype=angles.dtype.numpy()))))
+            if cast_to is not None:
+                rows = op.Cast(rows, to=cast_to)
             caches.append(op.Reshape(rows, _i64(op, -1, half)))
         rows = op.Div(op.Size(angles), _i64(op, half, scalar=True))  # B'·S
         seq = op.Shape(angles, start=1, end=2)
