@@ -28,10 +28,8 @@ from deployfuse.errors import UsageError
 
 def deployfuse_plugin_library() -> Path | None:
     """deployfuse's own TensorRT plugin library, when it is built (None otherwise)."""
-    try:
-        from deployfuse.ops import trt_plugins_library  # type: ignore[attr-defined]
-    except ImportError:
-        return None
+    from deployfuse.ops.native import trt_plugins_library
+
     try:
         path = trt_plugins_library(build=False)  # never compile CUDA behind a build's back
     except Exception:  # not built: the ops run from their ONNX function bodies instead

@@ -48,23 +48,15 @@ def example_inputs(op: str, shape: Sequence[int], dtype: Any = np.float32, rng: 
     """Random inputs for `op` given the main input's shape.
 
     shape: X's shape for the norms and BiasAct; for FusedMHA (batch, q_seq, k_seq, hidden),
-    plus a mask when attrs has ``mask=True`` (popped; not an op attribute).
+    plus a mask when attrs has ``mask=True`` (not an op attribute). Each op's `example_fn`
+    (in `deployfuse/ops/defs/<op>.py`) says what it makes.
     """
+    spec = SPECS.get(op)
+    if spec is None:
+        raise ValueError(f"unknown deployfuse op {op!r}")
     rng = rng or np.random.default_rng()
-    want_mask = attrs.pop("mask", False)
 
     def rand(*dims: int, scale: float = 1.0, shift: float = 0.0) -> np.ndarray:
         return (rng.standard_normal(dims, dtype=np.float32) * scale + shift).astype(dtype)
 
-    if op == "LayerNormGelu":
-        norm_shape = tuple(shape[attrs.get("axis", -1) % len(shape):])
-        return [rand(*shape, scale=2.0, shift=0.5), rand(*norm_shape, shift=1.0), rand(*norm_shape)]
-    if op == "GroupNormAct":
-        return [rand(*shape, scale=2.0, shift=0.5), rand(shape[1], shift=1.0), rand(shape[1])]
-    if op == "BiasAct":
-        return [rand(*shape), rand(shape[-1])]
-    if op == "FusedMHA":
-        batch, q_seq, k_seq, hidden = shape
-        mask = rand(batch, 1, 1, k_seq) if want_mask else None
-        return [rand(batch, q_seq, hidden), rand(batch, k_seq, hidden), rand(batch, k_seq, hidden), mask]
-    raise ValueError(f"unknown deployfuse op {op!r}")
+    return spec.example_fn(shape, rand, attrs)

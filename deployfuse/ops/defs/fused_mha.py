@@ -1,0 +1,104 @@
+"""FusedMHA: Y = softmax(Q Kᵀ · s + Mask [+ causal]) V per head; Q/K/V are [B, S, H·D]."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any, Optional
+
+import onnxscript
+import torch
+
+from deployfuse.ops.body import Body
+from deployfuse.ops.defs._onnxscript import DF, TFloat
+from deployfuse.ops.schema import Attr, OpSpec, RandFn
+
+
+def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None, *, num_heads: int, scale: float, causal: int) -> torch.Tensor:
+    """Y = softmax(Q Kᵀ · s + Mask [+ causal]) V per head; Q/K/V are [B, S, H·D].
+
+    s = scale, or 1/sqrt(D) when scale is 0. causal masks key j > query i (top-left aligned,
+    as `torch.nn.functional.scaled_dot_product_attention(is_causal=True)`).
+    """
+    b, sq, _ = q.shape
+    sk = k.shape[1]
+    qh, kh, vh = (t.reshape(b, t.shape[1], num_heads, -1).transpose(1, 2) for t in (q, k, v))
+    s = scale if scale != 0 else 1.0 / math.sqrt(qh.shape[-1])
+    scores = (qh * s) @ kh.transpose(-1, -2)
+    if mask is not None:
+        scores = scores + mask
+    if causal:
+        allowed = torch.ones(sq, sk, dtype=torch.bool, device=q.device).tril()
+        scores = scores.masked_fill(~allowed, float("-inf"))
+    y = torch.softmax(scores, dim=-1) @ vh
+    return y.transpose(1, 2).reshape(b, sq, -1)
+
+
+def body(b: Body, variant: dict[str, Any]) -> str:
+    heads = b.op("Unsqueeze", b.int_attr("num_heads"), b.ints(0))
+    split = b.op("Concat", b.ints(0), b.ints(0), heads, b.ints(-1), axis=0)
+    q = b.op("Transpose", b.op("Reshape", "Q", split), perm=[0, 2, 1, 3])  # [B, H, Sq, D]
+    kt = b.op("Transpose", b.op("Reshape", "K", split), perm=[0, 2, 3, 1])  # [B, H, D, Sk]
+    v = b.op("Transpose", b.op("Reshape", "V", split), perm=[0, 2, 1, 3])  # [B, H, Sk, D]
+    q_shape = b.op("Shape", q)
+    head_dim = b.to_float(b.op("Slice", q_shape, b.ints(3), b.ints(4)))
+    scale = b.float_attr("scale")
+    is_default = b.op("Equal", scale, b.op("Constant", value_float=0.0))
+    scale = b.op("Where", is_default, b.op("Reciprocal", b.op("Sqrt", head_dim)), scale)
+    scores = b.op("MatMul", b.op("Mul", q, b.op("CastLike", scale, "Q")), kt)
+    if variant["Mask"]:
+        scores = b.op("Add", scores, "Mask")
+    if variant["causal"]:
+        kt_shape = b.op("Shape", kt)
+        zero, one = b.op("Constant", value_int=0), b.op("Constant", value_int=1)
+        q_pos = b.op("Range", zero, b.op("Squeeze", b.op("Slice", q_shape, b.ints(2), b.ints(3)), b.ints(0)), one)
+        k_pos = b.op("Range", zero, b.op("Squeeze", b.op("Slice", kt_shape, b.ints(3), b.ints(4)), b.ints(0)), one)
+        allowed = b.op("LessOrEqual", k_pos, b.op("Unsqueeze", q_pos, b.ints(1)))  # [Sq, Sk]
+        scores = b.op("Where", allowed, scores, b.scalar_like(float("-inf"), "Q"))
+    y = b.op("MatMul", b.op("Softmax", scores, axis=-1), v)
+    return b.op("Reshape", b.op("Transpose", y, perm=[0, 2, 1, 3]), b.op("Concat", b.ints(0), b.ints(0), b.ints(-1), axis=0))
+
+
+def example_inputs(shape: Sequence[int], rand: RandFn, attrs: dict[str, Any]) -> list[Any]:
+    """shape = (batch, q_seq, k_seq, hidden); a [batch, 1, 1, k_seq] mask when attrs["mask"]."""
+    batch, q_seq, k_seq, hidden = shape
+    mask = rand(batch, 1, 1, k_seq) if attrs.get("mask") else None
+    return [rand(batch, q_seq, hidden), rand(batch, k_seq, hidden), rand(batch, k_seq, hidden), mask]
+
+
+SPEC = OpSpec(
+    name="FusedMHA",
+    inputs=("Q", "K", "V", "Mask"),
+    optional=("Mask",),
+    outputs=("Y",),
+    attrs={
+        "num_heads": Attr("int"),
+        "scale": Attr("float", 0.0),
+        "causal": Attr("int", 0, (0, 1), variant=True),
+    },
+    doc="Y = softmax(Q Kᵀ·s + Mask [+ causal -inf above the diagonal]) V per head; "
+    "Q, K, V are [batch, seq, heads·head_dim]; s = scale or 1/sqrt(head_dim) when 0; "
+    "Mask is additive, broadcastable to [batch, heads, q_seq, k_seq].",
+    reference_fn=reference,
+    body_fn=body,
+    example_fn=example_inputs,
+)
+
+
+@torch.library.custom_op("deployfuse::fused_mha", mutates_args=())
+def torch_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None, num_heads: int = 1, scale: float = 0.0, causal: int = 0) -> torch.Tensor:
+    """softmax(q kᵀ·s + mask [+ causal]) v per head on [batch, seq, heads·head_dim]."""
+    return SPEC.reference(q, k, v, mask, num_heads=num_heads, scale=scale, causal=causal)
+
+
+@torch_op.register_fake
+def _(q, k, v, mask=None, num_heads=1, scale=0.0, causal=0):  # type: ignore[no-untyped-def]
+    return q.new_empty(q.shape[0], q.shape[1], v.shape[2])
+
+
+@onnxscript.script(opset=DF)
+def fused_mha_onnx(q: TFloat, k: TFloat, v: TFloat, mask: Optional[TFloat] = None, num_heads: int = 1, scale: float = 0.0, causal: int = 0) -> TFloat:  # noqa: UP045 (onnxscript reads the annotation)
+    return DF.FusedMHA(q, k, v, mask, num_heads=num_heads, scale=scale, causal=causal)
+
+
+to_onnx = fused_mha_onnx  # the exporter inlines it by name: one name per op

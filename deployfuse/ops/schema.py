@@ -1,0 +1,138 @@
+"""What describes a deployfuse op (`OpSpec`, `Attr`) and the reference math the ops share.
+
+One `OpSpec` per op, defined in its own module under `deployfuse/ops/defs/`: the schema
+(inputs, outputs, attributes with defaults), the math as a PyTorch reference, the builder of
+its ONNX function body and of example inputs. `deployfuse.ops.specs` collects them.
+
+Attributes that change the *shape of the math* (an activation name, `causal`, whether the
+optional mask is present) are "variants": each combination gets its own function body,
+selected through the ONNX node's `overload` field. Numeric attributes (`epsilon`, `axis`,
+`num_groups`, `num_heads`, `scale`) reach the body as attribute references.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.nn.functional as F
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from deployfuse.ops.body import Body
+
+DOMAIN = "deployfuse"
+VERSION = 1
+
+BodyFn = Callable[["Body", dict[str, Any]], str]
+"""Writes one variant of an op's function body: (body, variant values) -> the output's name."""
+RandFn = Callable[..., "np.ndarray"]
+"""`rand(*dims, scale=1.0, shift=0.0)`: a random array of the requested dtype."""
+ExampleFn = Callable[[Sequence[int], RandFn, dict[str, Any]], "list[np.ndarray | None]"]
+"""Example inputs: (main shape, rand, attributes) -> one array (or None) per spec input."""
+
+
+@dataclass(frozen=True)
+class Attr:
+    """One node attribute.
+
+    Attributes:
+        kind: "int", "float" or "string".
+        default: the value when the node omits it; None means the attribute is required.
+        choices: the allowed values (strings, or ints such as a 0/1 flag).
+        variant: True when the value selects a different function body (an overload).
+    """
+
+    kind: str
+    default: Any = None
+    choices: tuple[Any, ...] = ()
+    variant: bool = False
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    """One custom op: schema, reference math, function body and example inputs.
+
+    Attributes:
+        name: the ONNX op type (also the TensorRT plugin name).
+        inputs: input names in order; those in `optional` may be omitted (only at the end).
+        outputs: output names.
+        attrs: attribute name -> `Attr`.
+        doc: the math, one paragraph.
+        reference_fn: PyTorch reference `(tensors..., **attrs) -> Tensor`.
+        body_fn: writes the ONNX function body of one variant (see `deployfuse.ops.body`).
+        example_fn: random inputs for a main shape (see `deployfuse.ops.models.example_inputs`).
+        users_only: True when no rewrite rule emits the op (only users, through its torch op).
+    """
+
+    name: str
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    attrs: dict[str, Attr]
+    doc: str
+    reference_fn: Callable[..., torch.Tensor]
+    body_fn: BodyFn
+    example_fn: ExampleFn
+    optional: tuple[str, ...] = field(default=())
+    users_only: bool = False
+    domain: str = DOMAIN
+    version: int = VERSION
+
+    def resolve(self, **attrs: Any) -> dict[str, Any]:
+        """All attributes with defaults filled in; raises ValueError naming a bad one."""
+        unknown = set(attrs) - set(self.attrs)
+        if unknown:
+            raise ValueError(f"{self.name}: unknown attribute(s) {sorted(unknown)}; known: {sorted(self.attrs)}")
+        out: dict[str, Any] = {}
+        for key, spec in self.attrs.items():
+            value = attrs.get(key, spec.default)
+            if value is None:
+                raise ValueError(f"{self.name}: attribute {key!r} is required")
+            if isinstance(value, bytes):
+                value = value.decode()
+            if spec.choices and value not in spec.choices:
+                raise ValueError(f"{self.name}: {key}={value!r} is not one of {list(spec.choices)}")
+            out[key] = value
+        return out
+
+    def reference(self, *tensors: torch.Tensor | None, **attrs: Any) -> torch.Tensor:
+        """The PyTorch reference, computed in float32 (or float64 input) and returned in the
+        dtype of the first input."""
+        resolved = self.resolve(**attrs)
+        first = tensors[0]
+        if first is None:
+            raise ValueError(f"{self.name}: input {self.inputs[0]} is required")
+        wide = [None if t is None else (t if t.dtype == torch.float64 else t.float()) for t in tensors]
+        return self.reference_fn(*wide, **resolved).to(first.dtype)
+
+    def variant_key(self, attrs: dict[str, Any], present_inputs: int) -> str:
+        """The overload name of the function body for these (resolved) attributes, e.g.
+        ``activation=gelu``; "" when the op has a single body."""
+        parts = [f"{k}={attrs[k]}" for k, a in self.attrs.items() if a.variant]
+        parts += [f"{name}={int(i < present_inputs)}" for i, name in enumerate(self.inputs) if name in self.optional]
+        return ",".join(parts)
+
+
+ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "sigmoid")
+"""The activation attribute values the ops share (plus "none" where an op allows it); the
+native `Act` enum (plugins/common/activation.h) uses the same names."""
+
+
+def apply_activation(x: torch.Tensor, name: str) -> torch.Tensor:
+    """The activations the ops accept, by the names used in their attributes."""
+    if name == "relu":
+        return torch.relu(x)
+    if name == "gelu":
+        return F.gelu(x)
+    if name == "gelu_tanh":
+        return F.gelu(x, approximate="tanh")
+    if name == "silu":
+        return F.silu(x)
+    if name == "sigmoid":
+        return torch.sigmoid(x)
+    if name == "none":
+        return x
+    raise ValueError(f"unknown activation {name!r}")
