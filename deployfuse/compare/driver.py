@@ -107,9 +107,13 @@ def _engine_for(onnx_path: Path, engine: str | os.PathLike[str] | None, plugins:
 
 def _derive_reference(model: Any, onnx_model: onnx.ModelProto, feed: Mapping[str, np.ndarray], dynamic: Sequence[DynamicAxis],
                       trust_pickle: bool, workdir: Path) -> Path:
-    """Export MODEL again without fusions, as `deployfuse export --no-fuse --no-verify` would."""
+    """Export MODEL again without fusions, as `deployfuse export --no-fuse --no-verify` would,
+    with the ONNX file's symbolic axes when no --dynamic is given: the same export then names
+    its tensors the same, which localisation pairs them by."""
     from deployfuse.pipeline import export
 
+    dynamic = dynamic or [DynamicAxis(name, axis, label) for name, (_, dims) in feed_lib.graph_inputs(onnx_model).items() if name in feed
+                          for axis, label in enumerate(dims) if isinstance(label, str) and label != "?"]
     opset = next((i.version for i in onnx_model.opset_import if i.domain in ("", "ai.onnx")), None)
     floats = [v.dtype for v in feed.values() if np.issubdtype(v.dtype, np.floating)]
     precision = "fp16" if floats and floats[0] == np.float16 else "fp32"
@@ -222,7 +226,10 @@ def compare(
             for runner in runners:
                 say(f"timing {runner.name}: {warmup} warm-up + {iterations} runs")
                 result.latency.append(measure(runner, feeds[0], warmup, iterations))
-        if not result.passed and localize_failures and fused_nodes(onnx_model):
+        foreign = _other_weights(onnx_model, loaded) if not result.passed and localize_failures else None
+        if foreign is not None:
+            result.localization = Localization(str(reference_onnx or ""), len(fused_nodes(onnx_model)), 0).rule_out(foreign)
+        elif not result.passed and localize_failures and fused_nodes(onnx_model):
             failing = next(a.feed for a in result.accuracy if not a.passed)
             if reference_onnx is not None:
                 reference_file = Path(reference_onnx)
@@ -230,12 +237,26 @@ def compare(
                 say("exporting the unfused reference graph for localisation")
                 reference_file = _derive_reference(model, onnx_model, feeds[failing], dynamic, trust_pickle, workdir)
             say("localising: fused-node outputs against the unfused graph")
+            expected = run_results[chosen.index("torch")][1][failing] if "torch" in chosen else None
             result.localization = localize(onnx_model, _load_onnx(reference_file), feeds[failing], tolerances,
-                                           str(reference_file) if reference_onnx is not None else "(derived: unfused export of MODEL)", custom_ops)
+                                           str(reference_file) if reference_onnx is not None else "(derived: unfused export of MODEL)", custom_ops,
+                                           expected=expected, weight_names=loaded.module.state_dict().keys())
         elif not result.passed and localize_failures:
             result.localization = Localization(str(reference_onnx or ""), 0, 0, note="the ONNX model has no fused nodes (none carries deployfuse.rule metadata)")
         _write_outputs(result, feeds, targets)
     return result
+
+
+def _other_weights(onnx_model: onnx.ModelProto, loaded: LoadedModel) -> str | None:
+    """Why the ONNX file cannot be an export of MODEL, when the weights hash it carries says so."""
+    recorded = metadata.read(onnx_model, metadata.WEIGHTS_SHA256)
+    if not isinstance(recorded, str):
+        return None  # exported before deployfuse recorded it, or by another tool
+    ours = metadata.weights_digest(loaded.module)
+    if recorded == ours:
+        return None
+    return (f"the ONNX file was exported from other weights than MODEL (weights SHA-256 {recorded[:12]} in the file, "
+            f"{ours[:12]} for MODEL): it is not an export of this model, so no fusion is to blame")
 
 
 def _inputs_beside(results: Path) -> Path:

@@ -6,17 +6,24 @@ keeps the names of a region's outputs). Marking every tensor would stop ORT and 
 from fusing anything, and a fused region's inside has no counterpart anyway. Both graphs run
 with ORT graph optimisations off on the same inputs; the first fused node, in topological
 order, whose output is outside tolerance is where the difference starts.
+
+A fusion is blamed only when the rest of the two graphs agree. When the ONNX file did not
+come from this model (other weights, another architecture) everything differs, and the first
+fused node is merely the first place that is looked at. So before naming a rule: the unfused
+graph's outputs must match PyTorch's, the weights the unfused nodes of both graphs read under
+the same name must be equal, and the diverging node's inputs must still agree.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
 import onnx
+from onnx import numpy_helper
 
 from deployfuse.backends import ort as ort_backend
 from deployfuse.compare.accuracy import OutputStats, output_stats
@@ -49,14 +56,20 @@ class Localization:
     compared: int  # fused-node outputs found in both graphs
     divergences: list[Divergence] = field(default_factory=list)
     note: str = ""
+    not_this_model: bool = False  # the difference is not a fusion's: the ONNX file does not come from MODEL
 
     @property
     def first(self) -> Divergence | None:
-        return self.divergences[0] if self.divergences else None
+        return self.divergences[0] if self.divergences and not self.not_this_model else None
 
     def to_dict(self) -> dict[str, Any]:
         return {"reference": self.reference, "fused_nodes": self.fused_nodes, "compared": self.compared,
-                "divergences": [d.to_dict() for d in self.divergences], "note": self.note}
+                "divergences": [d.to_dict() for d in self.divergences], "note": self.note, "not_this_model": self.not_this_model}
+
+    def rule_out(self, why: str) -> Localization:
+        """Blame no fusion: the ONNX file differs from the model before any fused node."""
+        self.not_this_model, self.note, self.divergences = True, why, []
+        return self
 
 
 def fused_nodes(model: onnx.ModelProto) -> list[tuple[onnx.NodeProto, str]]:
@@ -67,6 +80,11 @@ def fused_nodes(model: onnx.ModelProto) -> list[tuple[onnx.NodeProto, str]]:
         if rule is not None:
             found.append((node, rule))
     return found
+
+
+def _producers(model: onnx.ModelProto) -> dict[str, str]:
+    """Tensor name -> the op type that makes it: two graphs' tensors pair only when both agree."""
+    return {out: f"{node.domain}::{node.op_type}" for node in model.graph.node for out in node.output if out}
 
 
 def _produced(model: onnx.ModelProto) -> set[str]:
@@ -84,6 +102,30 @@ def _with_outputs(model: onnx.ModelProto, names: list[str]) -> onnx.ModelProto:
     return marked
 
 
+NOT_FROM_MODEL = "the ONNX file was not exported from this model / these weights"
+
+
+def different_weights(fused: onnx.ModelProto, reference: onnx.ModelProto, names: Collection[str]) -> list[str]:
+    """The model weights among `names` (state-dict names, which the exporters give parameters)
+    that unfused nodes of `fused` read and that `reference` holds with another shape or other
+    values. Fusions leave those nodes and their weights alone, so in an export of the same
+    model this is empty. Other initializers (`val_12`) are constants whose names are not stable
+    across exports."""
+    read = {name for node in fused.graph.node if not any(p.key == RULE_KEY for p in node.metadata_props) for name in node.input}
+    ours = {t.name: t for t in fused.graph.initializer if t.name in read and t.name in names}
+    differ = []
+    for theirs in reference.graph.initializer:
+        if theirs.name in ours:
+            a, b = numpy_helper.to_array(ours[theirs.name]), numpy_helper.to_array(theirs)
+            if a.shape != b.shape or a.dtype != b.dtype or not np.array_equal(a, b, equal_nan=True):
+                differ.append(theirs.name)
+    return differ
+
+
+def _check(name: str, want: np.ndarray, got: np.ndarray | None, tolerances: Tolerances) -> OutputStats:
+    return output_stats(name, want, got, *tolerances.for_output(name, str(want.dtype)))
+
+
 def localize(
     fused: onnx.ModelProto,
     reference: onnx.ModelProto,
@@ -91,8 +133,15 @@ def localize(
     tolerances: Tolerances,
     reference_name: str = "",
     custom_ops: str | os.PathLike[str] | None = None,
+    expected: Mapping[str, np.ndarray] | None = None,
+    weight_names: Collection[str] = (),
 ) -> Localization:
-    """Compare fused-node outputs of `fused` with the same tensors of `reference` on `feed`."""
+    """Compare fused-node outputs of `fused` with the same tensors of `reference` on `feed`.
+
+    `expected` (PyTorch's outputs on `feed`) lets it first check that `reference` itself
+    matches the model, and `weight_names` (the model's state-dict names) that the weights
+    outside the fused nodes are the same; each check is skipped without them.
+    """
     nodes = fused_nodes(fused)
     common = _produced(reference)
     boundary = [(node, rule, out) for node, rule in nodes for out in node.output if out and out in common]
@@ -100,18 +149,34 @@ def localize(
     if not nodes:
         result.note = "the ONNX model has no fused nodes (none carries deployfuse.rule metadata)"
         return result
+    differ = different_weights(fused, reference, set(weight_names))
+    if differ:
+        return result.rule_out(f"weights of unfused nodes differ from the reference graph's ({len(differ)}, e.g. {differ[0]}): {NOT_FROM_MODEL}")
     if not boundary:
-        result.note = "no fused-node output has a tensor of the same name in the reference graph: was it exported from the same model?"
-        return result
-    names = list(dict.fromkeys(out for _, _, out in boundary))
+        return result.rule_out(f"no fused-node output has a tensor of the same name in the reference graph: {NOT_FROM_MODEL}")
+    graph_inputs = {i.name for i in fused.graph.input} | {t.name for t in fused.graph.initializer}
+    upstream = [i for node, _, _ in boundary for i in node.input if i and i in common and i not in graph_inputs]
+    names = list(dict.fromkeys([out for _, _, out in boundary] + upstream))
     got = ort_backend.run(ort_backend.session(_with_outputs(fused, names), optimize=False, custom_ops_library=custom_ops), feed)
     want = ort_backend.run(ort_backend.session(_with_outputs(reference, names), optimize=False), feed)
+    off = [o for o, value in (expected or {}).items() if o in want and not _check(o, np.asarray(value), want[o], tolerances).passed]
+    if off:
+        return result.rule_out(f"the unfused export already differs from MODEL ({', '.join(off)}): {NOT_FROM_MODEL}")
     for node, rule, out in boundary:
-        ref = want[out]
-        atol, rtol = tolerances.for_output(out, str(ref.dtype))
-        stats = output_stats(out, ref, got.get(out), atol, rtol)
+        stats = _check(out, want[out], got.get(out), tolerances)
         if not stats.passed:
             result.divergences.append(Divergence(node.name, node.op_type, node.domain, rule, out, stats))
+    first = result.first
+    if first is not None and first.stats.reason.startswith("shape"):  # a fusion keeps the shapes of what it replaces
+        return result.rule_out(f"tensor {first.tensor} has another shape than in the reference graph ({first.stats.reason}): {NOT_FROM_MODEL}")
+    if first is not None:
+        node = next(n for n, _, _ in boundary if n.name == first.node)
+        producers = _producers(fused), _producers(reference)
+        paired = [i for i in node.input if i in names and i in want and producers[0].get(i) == producers[1].get(i)]
+        before = [i for i in paired if not _check(i, want[i], got.get(i), tolerances).passed]
+        if before:
+            return result.rule_out(f"the inputs of {first.node}, the first fused node that differs, already differ ({', '.join(before)}): "
+                                   f"the graphs part before any fusion, so {NOT_FROM_MODEL}")
     if not result.divergences:
         outputs_differ = any(not output_stats(o.name, want[o.name], got.get(o.name), *tolerances.for_output(o.name, str(want[o.name].dtype))).passed
                              for o in reference.graph.output if o.name in want)
