@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import html
 import io
+from collections import Counter
 
 import numpy as np
 
@@ -106,6 +107,21 @@ def _table(headers: list[str], rows: list[list[str]], failed: list[bool] | None 
     return f"<table><tr>{head}</tr>{body}</table>"
 
 
+def fusion_summary(onnx_path: str) -> list[tuple[str, str, int]]:
+    """(rule, fused op, nodes) for every fusion the artefact's nodes record, most used first;
+    empty when the file has none or cannot be read."""
+    import onnx
+
+    from deployfuse.compare.localize import fused_nodes
+
+    try:
+        model = onnx.load(onnx_path, load_external_data=False)
+    except Exception:  # the report must not fail over the summary
+        return []
+    counts = Counter((rule, f"{node.domain + '.' if node.domain else ''}{node.op_type}") for node, rule in fused_nodes(model))
+    return [(rule, op, n) for (rule, op), n in counts.most_common()]
+
+
 def _environment(block: dict) -> str:
     """The provenance block as a two-column table (left-aligned: command lines are long)."""
     rows = "".join(f"<tr><th>{html.escape(label)}</th><td class=text>{html.escape(text)}</td></tr>" for label, text in provenance.summary(block))
@@ -152,5 +168,8 @@ def html_report(result: CompareResult) -> str:
         parts.append("<h2>Latency</h2>" + "".join(f"<p class=warn>noisy timing, {html.escape(n)}: rerun on a quieter machine or with more --iterations</p>"
                                                   for n in noisy_timings(result)) + _table(["backend", "median ms", "p90 ms", "mean ms", "min ms", "inferences/s", "samples/s", "timing"], rows))
         parts.append(f"<img alt='latency per backend' src='data:image/png;base64,{latency_png(result)}'>")
+    fusions = fusion_summary(result.onnx)
+    parts.append("<h2>Fusions in the ONNX file</h2>" + (_table(["rule", "fused op", "nodes"], [[r, op, str(n)] for r, op, n in fusions])
+                                                         if fusions else "<p>none (an unfused graph, or not written by deployfuse export)</p>"))
     parts.append("<h2>Environment</h2>" + _environment(result.provenance))
     return "\n".join(parts) + "\n"
