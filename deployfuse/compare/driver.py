@@ -182,7 +182,7 @@ def compare(
     tolerances = atol if isinstance(atol, Tolerances) else Tolerances.of(atol, rtol)
     results_inputs = _inputs_beside(Path(save_results)) if save_results is not None else None
     checked = check_outputs(
-        {"--json": json_path, "--report": report_path, "--save-results": save_results, "--save-results' inputs": results_inputs},
+        {"--json": json_path, "--report": report_path, "--save-results": save_results, "--save-results (its inputs file)": results_inputs},
         {"MODEL": None if isinstance(model, torch.nn.Module) else model, "ONNX": onnx_path, "--reference-onnx": reference_onnx, "--engine": engine,
          "--example-inputs": example_inputs if isinstance(example_inputs, (str, os.PathLike)) else None, "--custom-ops": custom_ops,
          **{f"--plugins {p}": p for p in plugins}},
