@@ -163,3 +163,10 @@ def test_text_tasks_load_their_head_and_return_only_its_logits(folders, task, he
     if task == "fill-mask":  # the saved head (the others are initialised at random on each load)
         with torch.inference_mode():
             torch.testing.assert_close(got["logits"], model(**loaded.example_inputs).logits)
+
+
+def test_optimum_older_task_names_are_accepted(folders):
+    from deployfuse.hf import load_pretrained
+
+    loaded = load_pretrained(folders / "gpt2", "causal-lm")
+    assert loaded.task == "text-generation" and not loaded.module.model.config.use_cache

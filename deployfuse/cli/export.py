@@ -7,7 +7,7 @@ import contextlib
 
 from deployfuse.cli._args import add_model_input_arguments
 from deployfuse.export import EXPORTERS
-from deployfuse.hf import TASKS
+from deployfuse.hf import SYNONYMS, TASKS
 from deployfuse.pipeline import DEFAULT_OPSET, MAX_OPSET, MIN_OPSET, PRECISIONS, TARGETS, Progress, export
 
 EPILOG = """\
@@ -41,8 +41,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("model", metavar="MODEL", help="model file or package.module:callable (see forms below)")
     p.add_argument("-o", "--output", required=True, metavar="OUT.onnx", help="the ONNX file to write")
     add_model_input_arguments(p)
-    p.add_argument("--task", choices=[*TASKS], metavar="TASK",
-                   help=f"Hugging Face folder: the task to export, Optimum's names ({', '.join(TASKS)}); default: the saved architecture's")
+    p.add_argument("--task", choices=[*TASKS, *SYNONYMS], metavar="TASK",
+                   help=f"Hugging Face folder: the task to export, Optimum's names ({', '.join(TASKS)}; also its older "
+                   f"{', '.join(SYNONYMS)}); default: the saved architecture's")
     p.add_argument("--static", action="store_true", help="pin the batch and sequence axes a Hugging Face task makes dynamic by default")
     p.add_argument("--target", choices=TARGETS, default="ort-cpu", help="runtime the fusions lower for (default: ort-cpu)")
     p.add_argument("--precision", choices=list(PRECISIONS), default="fp32", help="dtype to export in (default: fp32)")
