@@ -32,3 +32,26 @@ def test_export_commands_run_from_any_folder(tmp_path):
     report = json.loads((tmp_path / "tiny_bert.json").read_text())
     assert (tmp_path / "tiny_bert.onnx").is_file() and report["task"] == "fill-mask"
     assert "input_ids:1:sequence_length" in report["dynamic"] and len({json.dumps(v["shapes"]) for v in report["verify"]}) == 2
+
+
+def _python_block(after_heading: str) -> str:
+    section = (ROOT / "README.md").read_text().split(after_heading, 1)[1]
+    return re.search(r"```python\n(.*?)```", section, re.S).group(1)
+
+
+def test_python_api_example_runs_from_any_folder(tmp_path):
+    """The README's Python API example, verbatim, in an empty folder outside the checkout (after
+    the quick start's command that saves the `tiny-bert` folder it reads)."""
+    save = shlex.split(_bash_blocks()[2].strip().splitlines()[0])
+    assert save[:2] == ["python3", "-m"]
+    subprocess.run([sys.executable, *save[1:]], cwd=tmp_path, check=True, capture_output=True, timeout=600)
+    checks = """
+report = result.report
+assert result.onnx_path.is_file() and report.verification["draws_per_shape"] == 3
+assert len(report.verification["shapes"]) == 2, "the dynamic seq axis is verified at a second length"
+assert all(o["passed"] for v in report.to_dict()["verify"] for o in v["outputs"])
+"""
+    done = subprocess.run([sys.executable, "-c", _python_block("## Python API") + checks], cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "bert.onnx" in done.stdout and (tmp_path / "bert.onnx").is_file()
+    assert not str(tmp_path).startswith(str(ROOT))
