@@ -82,6 +82,8 @@ def folder(tmp_path_factory):
     (root / "bad_factories.py").write_text(FACTORIES)
     (root / "broken_syntax.py").write_text("def build(:\n    return None\n")
     os.mkfifo(root / "fifo.onnx")
+    os.symlink("small.ts", root / "link.ts")
+    os.link(root / "small.onnx", root / "hardlink.onnx")
     (root / "out").mkdir()
     (root / "adir").mkdir()
     return root
@@ -144,6 +146,7 @@ ROWS = [
     (E, ["conv.ts", "-o", "out/m.onnx", "-q", "--input", "x:1x3x8x8", "--precision", "bf16"], 2, "cannot run this bfloat16 model", ()),
     # export: outputs
     (E, ["small.ts", "-o", "small.ts", "--input", "x:2x64"], 2, "-o small.ts is the MODEL of this run", ()),
+    (E, ["small.ts", "-o", "link.ts", "--input", "x:2x64"], 2, "-o link.ts is the MODEL of this run", ()),
     (E, [*EXPORT, "--example-inputs", "example.pt", "--report", "example.pt"], 2, "--report example.pt is the --example-inputs of this run", ()),
     (E, [*EXPORT, "--input", "x:2x64", "--report", "out/m.onnx"], 2, "--report and -o both name out/m.onnx", ()),
     (E, ["small.ts", "-o", "fifo.onnx", "--input", "x:2x64"], 2, "-o fifo.onnx: exists and is a FIFO", ()),
@@ -171,6 +174,7 @@ ROWS = [
     (B, ["missing.onnx", "-o", "out/e.plan", "-q"], 2, "no such ONNX file", ()),
     (B, ["notes.txt", "-o", "out/e.plan", "-q"], 2, "is not a readable ONNX model", ()),
     (B, ["small.onnx", "-o", "small.onnx", "-q"], 2, "-o small.onnx is the ONNX of this run", ()),
+    (B, ["small.onnx", "-o", "hardlink.onnx", "-q"], 2, "-o hardlink.onnx is the ONNX of this run", ()),
     (B, [*BUILD, "--timing-cache", "small.onnx"], 2, "--timing-cache small.onnx is the ONNX of this run", ()),
     (B, [*BUILD, "--timing-cache", "out/e.plan"], 2, "--timing-cache and -o both name out/e.plan", ()),
     (B, ["small.onnx", "-o", "fifo.onnx", "-q"], 2, "-o fifo.onnx: exists and is a FIFO", ()),
