@@ -132,6 +132,11 @@ def test_report_says_how_many_draws_at_which_shapes_and_seeds_repeat(tmp_path):
         deployfuse.export(module, tmp_path / "c.onnx", example_inputs=(torch.randn(2, 6),), verify_draws=0)
 
 
+def test_verify_draws_flag_is_checked_before_any_work(cli, tmp_path):
+    code, _, err = cli("export", "no_such_module:build", "-o", tmp_path / "x.onnx", "--verify-draws", "0")
+    assert code == 2 and "--verify-draws 0" in err and not (tmp_path / "x.onnx").exists()
+
+
 class Cancels(torch.nn.Module):
     """(x + 1024) - 1024: exact in fp32; in fp16 the sum keeps no fraction (ulp 1 at 1024)."""
 
