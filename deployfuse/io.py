@@ -58,7 +58,7 @@ def _same_file(a: Path, b: Path) -> bool:
         return a.resolve() == b.resolve()
 
 
-def check_outputs(outputs: Mapping[str, PathLike | None], inputs: Mapping[str, PathLike | None] = {}) -> dict[str, Path]:
+def check_outputs(outputs: Mapping[str, PathLike | None], inputs: Mapping[str, PathLike | None] | None = None) -> dict[str, Path]:
     """Check every output path of one run before any work; return them as Paths by flag.
 
     Args:
@@ -67,16 +67,21 @@ def check_outputs(outputs: Mapping[str, PathLike | None], inputs: Mapping[str, P
 
     Raises:
         UsageError: an output is not writable (see `check_writable_target`), names one of the
-            inputs, or names the same file as another output.
+            inputs or an existing file inside an input folder (a Hugging Face model), or names
+            the same file as another output.
     """
     checked: dict[str, Path] = {}
     for flag, path in outputs.items():
         if path is None:
             continue
         target = check_writable_target(path, flag)
-        for in_flag, source in inputs.items():
-            if source is not None and Path(source).exists() and _same_file(target, Path(source)):
+        for in_flag, source in (inputs or {}).items():
+            if source is None or not Path(source).exists():
+                continue
+            if _same_file(target, Path(source)):
                 raise UsageError(f"{flag} {target} is the {in_flag} of this run: it would be overwritten; choose another path")
+            if Path(source).is_dir() and target.exists() and target.resolve().is_relative_to(Path(source).resolve()):
+                raise UsageError(f"{flag} {target} is a file of the {in_flag} folder of this run: it would be overwritten; choose another path")
         for other_flag, other in checked.items():
             if _same_file(target, other):
                 raise UsageError(f"{flag} and {other_flag} both name {target}: give each output its own path")

@@ -86,6 +86,7 @@ def folder(tmp_path_factory):
     os.link(root / "small.onnx", root / "hardlink.onnx")
     (root / "out").mkdir()
     (root / "adir").mkdir()
+    (root / "adir" / "kept.txt").write_text("a file of a model folder\n")
     return root
 
 
@@ -147,6 +148,7 @@ ROWS = [
     # export: outputs
     (E, ["small.ts", "-o", "small.ts", "--input", "x:2x64"], 2, "-o small.ts is the MODEL of this run", ()),
     (E, ["small.ts", "-o", "link.ts", "--input", "x:2x64"], 2, "-o link.ts is the MODEL of this run", ()),
+    (E, ["adir", "-o", "adir/kept.txt"], 2, "-o adir/kept.txt is a file of the MODEL folder of this run", ()),
     (E, [*EXPORT, "--example-inputs", "example.pt", "--report", "example.pt"], 2, "--report example.pt is the --example-inputs of this run", ()),
     (E, [*EXPORT, "--input", "x:2x64", "--report", "out/m.onnx"], 2, "--report and -o both name out/m.onnx", ()),
     (E, ["small.ts", "-o", "fifo.onnx", "--input", "x:2x64"], 2, "-o fifo.onnx: exists and is a FIFO", ()),
