@@ -102,12 +102,18 @@ class DataDependenceSpy(TorchFunctionMode):
         if torch._C._get_tracing_state() is not None:
             self.inputs |= {torch._C._get_value_trace(t).unique() for t in tensors if isinstance(t, torch.Tensor)}
 
+    def _from_inputs(self, tensor: torch.Tensor) -> bool:
+        try:
+            value = torch._C._get_value_trace(tensor)
+        except RuntimeError:  # a tensor the trace never saw: not computed from the inputs
+            return False
+        return _depends_on_values(value, self.inputs)
+
     def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         conversion = _CONVERSIONS.get(func)
         if conversion is None or not self.inputs or torch._C._get_tracing_state() is None:
             return func(*args, **(kwargs or {}))
-        tensors = [a for a in args if isinstance(a, torch.Tensor)]
-        if not any(_depends_on_values(torch._C._get_value_trace(t), self.inputs) for t in tensors):
+        if not any(self._from_inputs(a) for a in args if isinstance(a, torch.Tensor)):
             return func(*args, **(kwargs or {}))
         with warnings.catch_warnings(record=True) as caught:  # the tracer's own warning, for the report
             warnings.simplefilter("always")
