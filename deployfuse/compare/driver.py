@@ -198,6 +198,7 @@ def compare(
     loaded = load_model(model, trust_pickle=trust_pickle)
     if not inputs and example_inputs is None and loaded.example_inputs is None:
         inputs = _recorded_inputs(onnx_model)
+    dynamic = _with_shared_axes(dynamic, onnx_model)
     feeds = feed_lib.make_feeds(loaded, onnx_model, inputs, example_inputs, dynamic, seed)
     dtypes = _output_dtypes(onnx_model)
     result = CompareResult(str(model) if not isinstance(model, torch.nn.Module) else type(model).__name__, str(onnx_file), chosen)
@@ -257,6 +258,21 @@ def _other_weights(onnx_model: onnx.ModelProto, loaded: LoadedModel) -> str | No
         return None
     return (f"the ONNX file was exported from other weights than MODEL (weights SHA-256 {recorded[:12]} in the file, "
             f"{ours[:12]} for MODEL): it is not an export of this model, so no fusion is to blame")
+
+
+def _with_shared_axes(dynamic: Sequence[DynamicAxis], model: onnx.ModelProto) -> list[DynamicAxis]:
+    """`dynamic` plus the graph-input axes that carry the same symbolic dimension as one of them
+    (attention_mask's `seq` beside input_ids'), so the second feed resizes them together."""
+    dims = {name: shape for name, (_, shape) in feed_lib.graph_inputs(model).items()}
+    symbols = {}
+    for d in dynamic:
+        shape = dims.get(d.name, ())
+        if -len(shape) <= d.axis < len(shape) and isinstance(shape[d.axis], str) and shape[d.axis] != "?":
+            symbols.setdefault(shape[d.axis], d.label)
+    given = {(d.name, d.axis % len(dims[d.name]) if dims.get(d.name) else d.axis) for d in dynamic}
+    shared = [DynamicAxis(name, axis, symbols[symbol]) for name, shape in dims.items() for axis, symbol in enumerate(shape)
+              if symbol in symbols and (name, axis) not in given]
+    return [*dynamic, *shared]
 
 
 def _inputs_beside(results: Path) -> Path:
