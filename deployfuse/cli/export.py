@@ -38,7 +38,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "verify against PyTorch on fresh random inputs, and write the ONNX file atomically.",
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("model", metavar="MODEL", help="model file or package.module:callable (see forms below)")
+    p.add_argument("model", metavar="MODEL", help="model file, package.module:callable, or Hugging Face folder (see forms below)")
     p.add_argument("-o", "--output", required=True, metavar="OUT.onnx", help="the ONNX file to write")
     add_model_input_arguments(p)
     p.add_argument("--task", choices=[*TASKS, *SYNONYMS], metavar="TASK",
