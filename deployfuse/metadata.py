@@ -48,7 +48,12 @@ def weights_digest(module: torch.nn.Module) -> str:
         if not isinstance(value, torch.Tensor):
             digest.update(repr(value).encode())  # extra state, e.g. a quantisation config
             continue
-        tensor = value.detach().to("cpu").contiguous()
+        tensor = value.detach().to("cpu")
+        if tensor.is_quantized:
+            tensor = tensor.dequantize()
+        if tensor.layout != torch.strided:  # sparse weights: their values, densely
+            tensor = tensor.to_dense()
+        tensor = tensor.contiguous()
         digest.update(f"{tensor.dtype}{tuple(tensor.shape)}".encode())
         if tensor.numel():
             digest.update(tensor.reshape(-1).view(torch.uint8).numpy())
