@@ -1,4 +1,4 @@
-#include "common/cpu_kernels.h"
+#include "bias_act/bias_act_cpu.h"
 
 namespace deployfuse {
 

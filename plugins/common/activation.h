@@ -2,6 +2,8 @@
 #pragma once
 #include <cmath>
 #include <cstring>
+#include <stdexcept>
+#include <string>
 #include <type_traits>
 
 #if defined(__CUDACC__)
@@ -16,13 +18,25 @@ enum class Act : int { kNone = 0, kRelu, kGelu, kGeluTanh, kSilu, kSigmoid };
 
 // Parses an activation attribute; returns false for an unknown name.
 inline bool parse_act(const char* name, Act* out) {
-  static const struct { const char* name; Act act; } kTable[] = {
-      {"none", Act::kNone}, {"relu", Act::kRelu}, {"gelu", Act::kGelu},
-      {"gelu_tanh", Act::kGeluTanh}, {"silu", Act::kSilu}, {"sigmoid", Act::kSigmoid}};
+  static const struct {
+    const char* name;
+    Act act;
+  } kTable[] = {{"none", Act::kNone},          {"relu", Act::kRelu}, {"gelu", Act::kGelu},
+                {"gelu_tanh", Act::kGeluTanh}, {"silu", Act::kSilu}, {"sigmoid", Act::kSigmoid}};
   for (const auto& e : kTable) {
-    if (std::strcmp(name, e.name) == 0) { *out = e.act; return true; }
+    if (std::strcmp(name, e.name) == 0) {
+      *out = e.act;
+      return true;
+    }
   }
   return false;
+}
+
+// The Act of an attribute value (the op's spec has already checked it is one of its choices).
+inline Act act_named(const std::string& name) {
+  Act act;
+  if (!parse_act(name.c_str(), &act)) throw std::invalid_argument("unknown activation '" + name + "'");
+  return act;
 }
 
 // gelu(x) = 0.5 x (1 + erf(x / sqrt 2)); tanh form 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).

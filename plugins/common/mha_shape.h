@@ -26,7 +26,4 @@ inline bool set_mask_strides(const int64_t* dims, int rank, MhaShape* s) {
   return true;
 }
 
-// fp32 CPU kernel; mask may be null.
-void fused_mha_cpu(const float* q, const float* k, const float* v, const float* mask, float* y, const MhaShape& s);
-
 }  // namespace deployfuse

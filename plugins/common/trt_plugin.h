@@ -2,11 +2,9 @@
 // ONNX parser hands them over and as an engine stores them), one plugin template implementing
 // IPluginV3OneCore / OneBuild / OneRuntime over an op adapter, and one creator template.
 //
-// An op adapter is a small struct (see trt_plugins.cpp):
-//   static constexpr const char* kName;                    // = the ONNX op type
-//   static constexpr int32_t kMinInputs, kMaxInputs;       // optional inputs come last
-//   static constexpr FieldSpec kFields[];                  // its attributes, with defaults
-//   explicit Op(const Fields&);                            // throws std::invalid_argument on a bad value
+// An op adapter is a small struct (plugins/<op>/<op>_trt.h):
+//   using Spec = spec::<Op>;                               // name, input counts, attributes (generated)
+//   explicit <Op>Op(const AttrValues&);                    // throws std::invalid_argument on a bad value
 //   cudaError_t enqueue(DataType, const PluginTensorDesc* in, int32_t nb_in,
 //                       const void* const* inputs, void* output, cudaStream_t) const;
 // Every op has one output with the shape and element type of its first input, fp32/fp16/bf16,
@@ -22,6 +20,10 @@
 #include <utility>
 #include <vector>
 
+#include "common/attrs.h"
+#include "common/dtype_dispatch.h"
+#include "deployfuse_op_specs.h"
+
 namespace deployfuse {
 namespace trt {
 
@@ -32,56 +34,51 @@ using nvinfer1::PluginFieldType;
 using nvinfer1::PluginTensorDesc;
 
 constexpr const char* kNamespace = "deployfuse";  // = the ONNX domain
-constexpr const char* kVersion = "1";            // = the op set version
+constexpr const char* kVersion = "1";             // = the op set version
 
-// One attribute: kINT32 and kFLOAT32 carry a number, kCHAR a string.
-struct FieldSpec {
-  const char* name;
-  PluginFieldType type;
-  double number;     // default of a number; unused for strings
-  const char* text;  // default of a string; nullptr = the attribute is required
-  bool required;
-};
+inline PluginFieldType field_type(AttrKind kind) {
+  switch (kind) {
+    case AttrKind::kInt: return PluginFieldType::kINT32;
+    case AttrKind::kFloat: return PluginFieldType::kFLOAT32;
+    default: return PluginFieldType::kCHAR;
+  }
+}
 
-// The attribute values of one plugin, in the order of its op's FieldSpecs.
+// The attribute values of one plugin, read from the fields the parser or an engine hands over
+// (checked against the op's generated spec), and written back as the fields an engine stores.
 class Fields {
  public:
   template <size_t N>
-  static Fields parse(const FieldSpec (&specs)[N], const PluginFieldCollection* fc) {
-    Fields f;
-    for (const FieldSpec& spec : specs) {
+  static Fields parse(const AttrSpec (&specs)[N], const PluginFieldCollection* fc) {
+    return Fields(AttrValues::read(specs, [&](const AttrSpec& spec, double* number, std::string* text) {
       const PluginField* given = find(fc, spec.name);
-      if (given == nullptr && spec.required) throw std::invalid_argument(std::string("attribute '") + spec.name + "' is required");
-      f.specs_.push_back(spec);
-      if (spec.type == PluginFieldType::kCHAR) {
-        f.texts_.emplace_back(given ? text_of(*given) : std::string(spec.text ? spec.text : ""));
-        f.numbers_.push_back(0.0);
+      if (given == nullptr) return false;
+      if (spec.kind == AttrKind::kString) {
+        *text = text_of(*given);
       } else {
-        f.numbers_.push_back(given ? number_of(*given) : spec.number);
-        f.texts_.emplace_back();
+        *number = number_of(*given);
       }
-    }
-    return f;
+      return true;
+    }));
   }
 
-  int64_t integer(size_t i) const { return static_cast<int64_t>(numbers_.at(i)); }
-  float real(size_t i) const { return static_cast<float>(numbers_.at(i)); }
-  const std::string& text(size_t i) const { return texts_.at(i); }
+  const AttrValues& values() const { return values_; }
 
   // The fields an engine stores; valid until the next call.
   const PluginFieldCollection* serialize() {
-    ints_.assign(specs_.size(), 0);
-    floats_.assign(specs_.size(), 0.f);
+    const size_t n = values_.size();
+    ints_.assign(n, 0);
+    floats_.assign(n, 0.f);
     out_.clear();
-    for (size_t i = 0; i < specs_.size(); ++i) {
-      const FieldSpec& s = specs_[i];
-      if (s.type == PluginFieldType::kCHAR) {
-        out_.emplace_back(s.name, texts_[i].c_str(), PluginFieldType::kCHAR, static_cast<int32_t>(texts_[i].size() + 1));
-      } else if (s.type == PluginFieldType::kINT32) {
-        ints_[i] = static_cast<int32_t>(numbers_[i]);
+    for (size_t i = 0; i < n; ++i) {
+      const AttrSpec& s = values_.spec(i);
+      if (s.kind == AttrKind::kString) {
+        out_.emplace_back(s.name, values_.text(i).c_str(), PluginFieldType::kCHAR, static_cast<int32_t>(values_.text(i).size() + 1));
+      } else if (s.kind == AttrKind::kInt) {
+        ints_[i] = static_cast<int32_t>(values_.integer(i));
         out_.emplace_back(s.name, &ints_[i], PluginFieldType::kINT32, 1);
       } else {
-        floats_[i] = static_cast<float>(numbers_[i]);
+        floats_[i] = values_.real(i);
         out_.emplace_back(s.name, &floats_[i], PluginFieldType::kFLOAT32, 1);
       }
     }
@@ -91,6 +88,7 @@ class Fields {
   }
 
  private:
+  explicit Fields(AttrValues values) : values_(std::move(values)) {}
   static const PluginField* find(const PluginFieldCollection* fc, const char* name) {
     for (int32_t i = 0; fc != nullptr && i < fc->nbFields; ++i)
       if (fc->fields[i].name != nullptr && std::strcmp(fc->fields[i].name, name) == 0) return &fc->fields[i];
@@ -115,14 +113,21 @@ class Fields {
     }
   }
 
-  std::vector<FieldSpec> specs_;
-  std::vector<double> numbers_;
-  std::vector<std::string> texts_;
+  AttrValues values_;
   std::vector<int32_t> ints_;
   std::vector<float> floats_;
   std::vector<PluginField> out_;
   PluginFieldCollection collection_{};
 };
+
+inline DType dtype_of(DataType type) {
+  switch (type) {
+    case DataType::kFLOAT: return DType::kFloat;
+    case DataType::kHALF: return DType::kHalf;
+    case DataType::kBF16: return DType::kBFloat16;
+    default: return DType::kUnsupported;
+  }
+}
 
 inline int64_t volume(const nvinfer1::Dims& d, int32_t begin, int32_t end) {
   int64_t n = 1;
@@ -151,7 +156,7 @@ class Plugin final : public nvinfer1::IPluginV3,
                      public nvinfer1::IPluginV3OneBuild,
                      public nvinfer1::IPluginV3OneRuntime {
  public:
-  explicit Plugin(Fields fields) : fields_(std::move(fields)), op_(fields_) {}
+  explicit Plugin(Fields fields) : fields_(std::move(fields)), op_(fields_.values()) {}
 
   nvinfer1::IPluginCapability* getCapabilityInterface(nvinfer1::PluginCapabilityType type) noexcept override {
     switch (type) {
@@ -165,13 +170,13 @@ class Plugin final : public nvinfer1::IPluginV3,
     try {
       return new Plugin(*this);
     } catch (const std::exception& e) {
-      report(Op::kName, e.what());
+      report(Op::Spec::kName, e.what());
       return nullptr;
     }
   }
 
   // IPluginV3OneCore
-  const char* getPluginName() const noexcept override { return Op::kName; }
+  const char* getPluginName() const noexcept override { return Op::Spec::kName; }
   const char* getPluginVersion() const noexcept override { return kVersion; }
   const char* getPluginNamespace() const noexcept override { return kNamespace; }
 
@@ -184,8 +189,8 @@ class Plugin final : public nvinfer1::IPluginV3,
   }
   int32_t getOutputShapes(const nvinfer1::DimsExprs* in, int32_t nb_in, const nvinfer1::DimsExprs*, int32_t, nvinfer1::DimsExprs* out,
                           int32_t nb_out, nvinfer1::IExprBuilder&) noexcept override {
-    if (nb_in < Op::kMinInputs || nb_in > Op::kMaxInputs || nb_out != 1) {
-      report(Op::kName, "wrong number of inputs or outputs");
+    if (nb_in < Op::Spec::kRequiredInputs || nb_in > Op::Spec::kInputs || nb_out != 1) {
+      report(Op::Spec::kName, "wrong number of inputs or outputs");
       return -1;
     }
     out[0] = in[0];
@@ -211,7 +216,7 @@ class Plugin final : public nvinfer1::IPluginV3,
   int32_t enqueue(const PluginTensorDesc* in, const PluginTensorDesc*, const void* const* inputs, void* const* outputs, void*,
                   cudaStream_t stream) noexcept override {
     const cudaError_t err = op_.enqueue(in[0].type, in, nb_inputs_, inputs, outputs[0], stream);
-    if (err != cudaSuccess) report(Op::kName, cudaGetErrorString(err));
+    if (err != cudaSuccess) report(Op::Spec::kName, cudaGetErrorString(err));
     return err == cudaSuccess ? 0 : -1;
   }
   nvinfer1::IPluginV3* attachToContext(nvinfer1::IPluginResourceContext*) noexcept override { return clone(); }
@@ -220,27 +225,27 @@ class Plugin final : public nvinfer1::IPluginV3,
  private:
   Fields fields_;
   Op op_;
-  int32_t nb_inputs_ = Op::kMinInputs;
+  int32_t nb_inputs_ = Op::Spec::kRequiredInputs;
 };
 
 template <typename Op>
 class Creator final : public nvinfer1::IPluginCreatorV3One {
  public:
   Creator() {
-    for (const FieldSpec& f : Op::kFields) names_.emplace_back(f.name, nullptr, f.type, 1);
+    for (const AttrSpec& a : Op::Spec::kAttrs) names_.emplace_back(a.name, nullptr, field_type(a.kind), 1);
     collection_.nbFields = static_cast<int32_t>(names_.size());
     collection_.fields = names_.data();
   }
   nvinfer1::IPluginV3* createPlugin(const char*, const PluginFieldCollection* fc, nvinfer1::TensorRTPhase) noexcept override {
     try {
-      return new Plugin<Op>(Fields::parse(Op::kFields, fc));
+      return new Plugin<Op>(Fields::parse(Op::Spec::kAttrs, fc));
     } catch (const std::exception& e) {
-      report(Op::kName, e.what());
+      report(Op::Spec::kName, e.what());
       return nullptr;
     }
   }
   const PluginFieldCollection* getFieldNames() noexcept override { return &collection_; }
-  const char* getPluginName() const noexcept override { return Op::kName; }
+  const char* getPluginName() const noexcept override { return Op::Spec::kName; }
   const char* getPluginVersion() const noexcept override { return kVersion; }
   const char* getPluginNamespace() const noexcept override { return kNamespace; }
 

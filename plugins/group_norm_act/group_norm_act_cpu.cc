@@ -1,11 +1,11 @@
-#include <cmath>
+#include "group_norm_act/group_norm_act_cpu.h"
 
-#include "common/cpu_kernels.h"
+#include <cmath>
 
 namespace deployfuse {
 
-void group_norm_act_cpu(const float* x, const float* scale, const float* bias, float* y, int64_t n, int64_t channels,
-                        int64_t spatial, int64_t groups, float epsilon, Act act) {
+void group_norm_act_cpu(const float* x, const float* scale, const float* bias, float* y, int64_t n, int64_t channels, int64_t spatial,
+                        int64_t groups, float epsilon, Act act) {
   const int64_t group_channels = channels / groups, span = group_channels * spatial;
   for (int64_t g = 0; g < n * groups; ++g) {
     const float* in = x + g * span;

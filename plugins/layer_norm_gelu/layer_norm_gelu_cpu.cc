@@ -1,11 +1,13 @@
+#include "layer_norm_gelu/layer_norm_gelu_cpu.h"
+
 #include <cmath>
 
-#include "common/cpu_kernels.h"
+#include "common/activation.h"
 
 namespace deployfuse {
 
-void layer_norm_gelu_cpu(const float* x, const float* scale, const float* bias, float* y, int64_t rows, int64_t cols,
-                         float epsilon, bool tanh_approx) {
+void layer_norm_gelu_cpu(const float* x, const float* scale, const float* bias, float* y, int64_t rows, int64_t cols, float epsilon,
+                         bool tanh_approx) {
   const Act act = tanh_approx ? Act::kGeluTanh : Act::kGelu;
   for (int64_t r = 0; r < rows; ++r) {
     const float* in = x + r * cols;

@@ -1,0 +1,91 @@
+// What every ONNX Runtime op adapter (plugins/<op>/<op>_ort.h) uses: the call it runs with, the
+// op's attributes read from the kernel info through its generated spec, shape helpers, errors,
+// and (with DEPLOYFUSE_WITH_CUDA) the launch of a CUDA launcher in the tensor's element type.
+//
+// An adapter is a small struct:
+//   using Spec = spec::<Op>;                        // name, input counts, attributes (generated)
+//   explicit <Op>(const AttrValues&);               // throws on a bad value
+//   void Run(Call&, bool on_cuda) const;            // throws std::runtime_error on a bad input
+// ort_ops.cc registers it for the CPU EP (fp32) and the CUDA EP (fp32/fp16/bf16).
+#pragma once
+#include <cstring>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#define ORT_API_MANUAL_INIT  // the library initialises the API from the one RegisterCustomOps hands over
+#include "onnxruntime_cxx_api.h"
+#undef ORT_API_MANUAL_INIT
+
+#include "common/attrs.h"
+#include "deployfuse_op_specs.h"
+
+#ifdef DEPLOYFUSE_WITH_CUDA
+#include <cuda_runtime.h>
+
+#include "common/dtype_dispatch.h"
+#endif
+
+namespace deployfuse {
+namespace ort {
+
+using ElemType = ONNXTensorElementDataType;
+
+// What every adapter gets: the context, its element type and the CUDA stream (null on the CPU EP).
+struct Call {
+  Ort::KernelContext ctx;
+  ElemType type;
+  void* stream;
+};
+
+[[noreturn]] inline void fail(const std::string& op, const std::string& why) { throw std::runtime_error(op + ": " + why); }
+
+// The node's attributes, checked against the op's spec; an attribute of the wrong type counts as absent.
+template <typename Spec>
+AttrValues read_attrs(const Ort::ConstKernelInfo& info) {
+  try {
+    return AttrValues::read(Spec::kAttrs, [&](const AttrSpec& spec, double* number, std::string* text) {
+      try {
+        switch (spec.kind) {
+          case AttrKind::kInt: *number = static_cast<double>(info.GetAttribute<int64_t>(spec.name)); break;
+          case AttrKind::kFloat: *number = info.GetAttribute<float>(spec.name); break;
+          case AttrKind::kString: *text = info.GetAttribute<std::string>(spec.name); break;
+        }
+        return true;
+      } catch (const Ort::Exception&) {
+        return false;
+      }
+    });
+  } catch (const std::invalid_argument& e) {
+    fail(Spec::kName, e.what());
+  }
+}
+
+inline int64_t product(const std::vector<int64_t>& dims, size_t begin, size_t end) {
+  int64_t n = 1;
+  for (size_t i = begin; i < end; ++i) n *= dims[i];
+  return n;
+}
+
+#ifdef DEPLOYFUSE_WITH_CUDA
+inline DType dtype_of(ElemType type) {
+  switch (type) {
+    case ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT: return DType::kFloat;
+    case ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16: return DType::kHalf;
+    case ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16: return DType::kBFloat16;
+    default: return DType::kUnsupported;
+  }
+}
+
+// Runs launch(T* tag) -> cudaError_t in the call's element type; throws naming op on failure.
+template <typename Fn>
+void launch_cuda(const char* op, const Call& c, Fn&& launch) {
+  const DType type = dtype_of(c.type);
+  if (type == DType::kUnsupported) fail(op, "unsupported element type");
+  const cudaError_t err = with_dtype(type, launch);
+  if (err != cudaSuccess) fail(op, std::string("CUDA error: ") + cudaGetErrorString(err));
+}
+#endif
+
+}  // namespace ort
+}  // namespace deployfuse

@@ -1,0 +1,108 @@
+"""Writes deployfuse_op_specs.h, the C++ view of the Python op specs, for the plugins' build.
+
+CMake runs it at configure time (and again whenever a spec module changes):
+
+    python3 gen_op_specs.py OUT_DIR
+
+It writes OUT_DIR/deployfuse_op_specs.h (only when its text changes: no needless rebuild) and
+prints two lines for CMake: the ops' folder names (= their defs module names) and the Python
+files the specs came from. The header holds, per op, `spec::<Op>`: its name, input counts,
+attribute indices and the `AttrSpec` table (defaults, required, allowed values) that both
+runtime adapters read attributes with, and the list of ops the registration lists check
+themselves against.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+# A checkout has plugins/ beside deployfuse/; an installed wheel carries it as deployfuse/_plugins.
+ROOT = HERE.parent if (HERE.parent / "deployfuse" / "ops").is_dir() else HERE.parent.parent
+sys.path.insert(0, str(ROOT))
+
+from deployfuse.ops.schema import Attr, OpSpec  # noqa: E402
+from deployfuse.ops.specs import OP_MODULES  # noqa: E402
+
+_EACH_ONCE = """// True when Specs are every op of kOps, each once: a registration list checks itself with it.
+template <typename... Specs>
+constexpr bool each_op_once() {
+  const char* names[] = {Specs::kName...};
+  if (sizeof...(Specs) != kOpCount) return false;
+  for (size_t i = 0; i < sizeof...(Specs); ++i)
+    for (size_t j = i + 1; j < sizeof...(Specs); ++j) {
+      size_t n = 0;
+      while (names[i][n] != '\\0' && names[i][n] == names[j][n]) ++n;
+      if (names[i][n] == names[j][n]) return false;
+    }
+  return true;
+}
+"""
+_KINDS = {"int": "AttrKind::kInt", "float": "AttrKind::kFloat", "string": "AttrKind::kString"}
+
+
+def _cpp_string(value: object) -> str:
+    return '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _attr_row(name: str, attr: Attr) -> str:
+    number = repr(float(attr.default)) if attr.kind != "string" and attr.default is not None else "0.0"
+    text = _cpp_string(attr.default) if attr.kind == "string" and attr.default is not None else "nullptr"
+    choices = _cpp_string("|".join(str(c) for c in attr.choices)) if attr.choices else "nullptr"
+    required = "true" if attr.default is None else "false"
+    return f"{{{_cpp_string(name)}, {_KINDS[attr.kind]}, {number}, {text}, {required}, {choices}}}"
+
+
+def _enum_name(attr: str) -> str:
+    return "k" + "".join(part.capitalize() for part in attr.split("_"))
+
+
+def op_block(spec: OpSpec) -> str:
+    """`struct <Op>` of one spec."""
+    rows = ",\n      ".join(_attr_row(name, attr) for name, attr in spec.attrs.items())
+    enum = ", ".join(_enum_name(name) for name in spec.attrs)
+    return (
+        f"// {spec.doc}\n"
+        f"struct {spec.name} {{\n"
+        f"  static constexpr const char* kName = {_cpp_string(spec.name)};\n"
+        f"  static constexpr int kInputs = {len(spec.inputs)}, kRequiredInputs = {len(spec.inputs) - len(spec.optional)};\n"
+        f"  enum : int {{ {enum} }};  // attribute indices into kAttrs\n"
+        f"  static constexpr AttrSpec kAttrs[] = {{\n      {rows}}};\n"
+        f"}};\n"
+    )
+
+
+def header() -> str:
+    specs = [m.SPEC for m in OP_MODULES]
+    names = ", ".join(_cpp_string(s.name) for s in specs)
+    return (
+        "// Generated from the Python op specs (deployfuse/ops/defs/*.py) by plugins/gen_op_specs.py\n"
+        "// when the plugins build. Do not edit: change the spec.\n"
+        "#pragma once\n#include \"common/attrs.h\"\n\nnamespace deployfuse {\nnamespace spec {\n\n"
+        + "\n".join(op_block(s) for s in specs)
+        + f"\n// Every registered op, in the registry's order.\nconstexpr const char* kOps[] = {{{names}}};\n"
+        f"constexpr int kOpCount = {len(specs)};\n\n{_EACH_ONCE}\n}}  // namespace spec\n}}  // namespace deployfuse\n"
+    )
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1:
+        print(__doc__.strip().splitlines()[0], "\nusage: python3 gen_op_specs.py OUT_DIR", file=sys.stderr)
+        return 2
+    out = Path(argv[0]) / "deployfuse_op_specs.h"
+    text = header()
+    if not out.is_file() or out.read_text() != text:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text)
+    import deployfuse.ops.schema as schema
+    import deployfuse.ops.specs as registry
+
+    sources = [Path(m.__file__) for m in (*OP_MODULES, schema, registry)]
+    print(",".join(m.__name__.rsplit(".", 1)[-1] for m in OP_MODULES))
+    print(",".join(p.as_posix() for p in sources))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

@@ -1,0 +1,188 @@
+"""Every registered op is complete: from the registry (deployfuse/ops/specs.py) alone, the test
+derives what each op needs and finds it, so an op added to the registry with a piece missing
+fails here, naming the piece:
+
+- Python (deployfuse/ops/defs/<op>.py): a torch op whose arguments and defaults are the spec's,
+  an ONNX translation writing the spec's node with the spec's attributes, a function body for
+  every variant, example inputs for every input;
+- native (plugins/<op>/): CPU kernel, CUDA launcher, an ONNX Runtime adapter registered for the
+  CPU and CUDA EPs, a TensorRT adapter registered as a creator whose fields are the spec's
+  attributes (from the header generated from the spec), a C-ABI entry for the GPU checks;
+- a rewrite rule that emits it, or the spec says `users_only`;
+- test cases covering every variant (tests/ops/cases.py), a GPU check case (bench/ops_gpu.py)
+  and a row in plugins/README.md.
+
+`test_a_new_op_without_its_pieces_is_reported` shows the check is not vacuous: an op that is
+only a spec is reported missing every piece.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import itertools
+import re
+import types
+from pathlib import Path
+
+import pytest
+import torch
+from onnx import helper
+
+from deployfuse.ops.body import MIN_OPSET
+from deployfuse.ops.defs import bias_act
+from deployfuse.ops.functions import function_body
+from deployfuse.ops.models import example_inputs
+from deployfuse.ops.schema import OpSpec
+from deployfuse.ops.specs import OP_MODULES, SPECS
+from tests.ops.cases import CASES
+
+ROOT = Path(__file__).resolve().parents[2]
+PLUGINS = ROOT / "plugins"
+RULES = ROOT / "deployfuse" / "rewrite" / "rules"
+
+
+def _generated_header() -> str:
+    spec = importlib.util.spec_from_file_location("gen_op_specs", PLUGINS / "gen_op_specs.py")
+    assert spec and spec.loader
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    return gen.header()
+
+
+HEADER = _generated_header()
+
+
+def _read(path: Path) -> str:
+    return path.read_text() if path.is_file() else ""
+
+
+def _variants(spec: OpSpec) -> list[dict]:
+    """Every variant of the op: each choice of each variant attribute, each optional input present or not."""
+    axes = {k: a.choices for k, a in spec.attrs.items() if a.variant}
+    axes.update({name: (False, True) for name in spec.optional})
+    return [dict(zip(axes, values)) for values in itertools.product(*axes.values())]
+
+
+def _case_variant(spec: OpSpec, attrs: dict) -> str:
+    attrs = dict(attrs)
+    present = len(spec.inputs) - (0 if attrs.pop("mask", False) else len(spec.optional))
+    return spec.variant_key(spec.resolve(**attrs), present)
+
+
+def _python_pieces(module: types.ModuleType, folder: str) -> list[str]:
+    spec: OpSpec = module.SPEC
+    missing = []
+    packet = getattr(torch.ops.deployfuse, folder, None) if hasattr(torch.ops.deployfuse, folder) else None
+    if packet is None or getattr(module, "torch_op", None) is None:
+        missing.append(f"torch op deployfuse::{folder} (defs/{folder}.py torch_op)")
+    else:
+        args = packet.default._schema.arguments
+        names = [a.name for a in args[len(spec.inputs):]]
+        defaults = {a.name: a.default_value for a in args if a.has_default_value()}
+        if names != list(spec.attrs) or any(defaults.get(k) != a.default for k, a in spec.attrs.items() if a.default is not None):
+            missing.append(f"torch op arguments = the spec's attributes with its defaults (got {names}, {defaults})")
+    translation = getattr(module, "to_onnx", None)
+    if translation is None:
+        missing.append(f"ONNX translation (defs/{folder}.py to_onnx)")
+    else:
+        proto = translation.to_function_proto()
+        nodes = [(n.domain, n.op_type) for n in proto.node]
+        defaults = {a.name: helper.get_attribute_value(a) for a in proto.attribute_proto}
+        defaults = {k: v.decode() if isinstance(v, bytes) else v for k, v in defaults.items()}
+        if (spec.domain, spec.name) not in nodes or set(proto.attribute) | set(defaults) != set(spec.attrs):
+            missing.append(f"ONNX translation writing {spec.domain}.{spec.name} with the spec's attributes")
+        elif any(defaults.get(k) != pytest.approx(a.default) for k, a in spec.attrs.items() if a.default is not None):
+            missing.append(f"ONNX translation defaults = the spec's (got {defaults})")
+    for variant in _variants(spec):
+        try:
+            function_body(spec, MIN_OPSET, variant)
+        except Exception as exc:  # noqa: BLE001 (the piece is what is reported)
+            missing.append(f"function body for {variant}: {exc}")
+    cases = [c for c in CASES if c[0] == spec.name]
+    if not cases:
+        missing.append("a test case in tests/ops/cases.py")
+    else:
+        covered = {_case_variant(spec, attrs) for _, _, attrs in cases}
+        wanted = {spec.variant_key(v, len(spec.inputs) - sum(not v[n] for n in spec.optional)) for v in _variants(spec)}
+        if wanted - covered:
+            missing.append(f"test cases for the variants {sorted(wanted - covered)}")
+        op, shape, attrs = cases[0]
+        try:
+            if len(example_inputs(op, shape, **dict(attrs))) != len(spec.inputs):
+                missing.append("example inputs: one per spec input")
+        except Exception as exc:  # noqa: BLE001
+            missing.append(f"example inputs: {exc}")
+    return missing
+
+
+def _native_pieces(spec: OpSpec, folder: str) -> list[str]:
+    missing = []
+    for rel, needle in (
+        (f"{folder}/{folder}_cpu.cc", f"void {folder}_cpu("),
+        (f"{folder}/{folder}.cuh", f"launch_{folder}("),
+        (f"{folder}/{folder}.cu", f"launch_{folder}("),
+        (f"{folder}/{folder}_ort.h", f"struct {spec.name} {{\n  using Spec = spec::{spec.name};"),
+        (f"{folder}/{folder}_ort.h", "launch_cuda("),  # its CUDA EP path
+        (f"{folder}/{folder}_trt.h", f"struct {spec.name}Op {{\n  using Spec = spec::{spec.name};"),
+    ):
+        if needle not in _read(PLUGINS / rel):
+            missing.append(f"plugins/{rel} with `{needle.splitlines()[0]}`")
+    ort = _read(PLUGINS / "ort_ops.cc")
+    listed = re.search(r"add_ops<([\w, ]+)>", ort)
+    if f'#include "{folder}/{folder}_ort.h"' not in ort or not listed or spec.name not in re.findall(r"\w+", listed[1]):
+        missing.append("ONNX Runtime registration (plugins/ort_ops.cc: include and add_ops<...>, for the CPU and CUDA EPs)")
+    elif not re.search(r"add_all\(ops, kCpu,", ort) or not re.search(r"add_all\(ops, kCuda, t\)", ort):
+        missing.append("ort_ops.cc registers the list for both the CPU and the CUDA EP")
+    trt = _read(PLUGINS / "trt_plugins.cpp")
+    creators = re.search(r"return creators<([\w, ]+)>", trt)
+    if f'#include "{folder}/{folder}_trt.h"' not in trt or not creators or f"{spec.name}Op" not in re.findall(r"\w+", creators[1]):
+        missing.append("TensorRT creator (plugins/trt_plugins.cpp: include and creators<...>)")
+    block = re.search(rf"struct {spec.name} \{{.*?kAttrs\[\] = \{{(.*?)\}};\n\}};", HEADER, flags=re.S)
+    if not block or re.findall(r'\{"(\w+)", AttrKind', block[1]) != list(spec.attrs):
+        missing.append("generated spec::<Op> whose attributes (the TensorRT fields) are the spec's")
+    if f"df_{folder}(" not in _read(PLUGINS / "ops_capi.cu"):
+        missing.append(f"C ABI entry df_{folder} (plugins/ops_capi.cu) for the GPU checks")
+    return missing
+
+
+def _elsewhere_pieces(spec: OpSpec) -> list[str]:
+    missing = []
+    emits = re.compile(rf"[\"']{spec.name}[\"']|\bop\.{spec.name}\(")
+    if not spec.users_only and not any("DEPLOYFUSE" in s and emits.search(s) for s in (p.read_text() for p in RULES.glob("*.py"))):
+        missing.append("a rewrite rule emitting it (deployfuse/rewrite/rules/) or users_only=True in its spec")
+    if not re.search(rf'^\| `{spec.name}` \|', _read(PLUGINS / "README.md"), flags=re.M):
+        missing.append("a row in plugins/README.md")
+    if f'("{spec.name}",' not in _read(ROOT / "bench" / "ops_gpu.py"):
+        missing.append("a GPU check case in bench/ops_gpu.py")
+    return missing
+
+
+def missing_pieces(module: types.ModuleType) -> list[str]:
+    """What the op of a defs module lacks; [] when it is complete."""
+    folder = module.__name__.rsplit(".", 1)[-1]
+    return _python_pieces(module, folder) + _native_pieces(module.SPEC, folder) + _elsewhere_pieces(module.SPEC)
+
+
+@pytest.mark.parametrize("module", OP_MODULES, ids=[m.SPEC.name for m in OP_MODULES])
+def test_registered_op_is_complete(module):
+    assert missing_pieces(module) == []
+
+
+def test_registry_and_generated_header_name_the_same_ops():
+    assert list(SPECS) == [m.SPEC.name for m in OP_MODULES] and len(set(SPECS)) == len(OP_MODULES)
+    assert re.search(r"kOps\[\] = \{(.*?)\};", HEADER)[1] == ", ".join(f'"{name}"' for name in SPECS)
+    folders = {p.name for p in PLUGINS.iterdir() if p.is_dir() and p.name not in ("common", "build")}
+    assert folders == {m.__name__.rsplit(".", 1)[-1] for m in OP_MODULES}, "one plugins/<op>/ folder per registered op"
+
+
+def test_a_new_op_without_its_pieces_is_reported():
+    spec = dataclasses.replace(bias_act.SPEC, name="RMSNormAct")
+    stub = types.ModuleType("deployfuse.ops.defs.rms_norm_act")
+    stub.SPEC = spec
+    missing = "\n".join(missing_pieces(stub))
+    for piece in ("torch op", "ONNX translation (", "a test case", "rms_norm_act_cpu.cc", "rms_norm_act.cu", "rms_norm_act_ort.h",
+                  "rms_norm_act_trt.h", "ONNX Runtime registration", "TensorRT creator", "generated spec::<Op>", "df_rms_norm_act",
+                  "a rewrite rule", "plugins/README.md", "bench/ops_gpu.py"):
+        assert piece in missing, piece
+    assert "a rewrite rule" not in "\n".join(missing_pieces(types.SimpleNamespace(__name__=stub.__name__, SPEC=dataclasses.replace(spec, users_only=True))))
