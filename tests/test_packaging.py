@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -28,9 +29,24 @@ def _run(cmd: list[str], cwd: Path, env: dict[str, str] | None = None, timeout: 
     return done.stdout
 
 
+def _source_copy(target: Path) -> Path:
+    """What an sdist holds, copied, so pip's in-tree build writes nothing into the checkout
+    (parallel test runs share it)."""
+    target.mkdir()
+    for name in ("pyproject.toml", "setup.py", "MANIFEST.in", "README.md", "LICENSE"):
+        shutil.copy2(ROOT / name, target / name)
+
+    def skip(folder: str, names: list[str]) -> list[str]:  # plugins/build holds built libraries; deployfuse/build is a package
+        return [n for n in names if n == "__pycache__" or (n == "build" and Path(folder) == ROOT / "plugins")]
+
+    for folder in ("deployfuse", "plugins"):
+        shutil.copytree(ROOT / folder, target / folder, ignore=skip)
+    return target
+
+
 def test_wheel_installs_builds_its_plugins_and_exports_outside_the_checkout(tmp_path):
-    wheels = tmp_path / "wheels"
-    _run([sys.executable, "-m", "pip", "wheel", str(ROOT), "--no-deps", "--no-build-isolation", "-q", "-w", str(wheels)], cwd=tmp_path)
+    wheels, source = tmp_path / "wheels", _source_copy(tmp_path / "source")
+    _run([sys.executable, "-m", "pip", "wheel", str(source), "--no-deps", "--no-build-isolation", "-q", "-w", str(wheels)], cwd=tmp_path)
     wheel = next(wheels.glob("deployfuse-*.whl"))
     names = zipfile.ZipFile(wheel).namelist()
     assert "deployfuse/_plugins/CMakeLists.txt" in names and "deployfuse/_plugins/ort_ops.cc" in names
