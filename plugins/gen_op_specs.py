@@ -19,8 +19,11 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 # A checkout has plugins/ beside deployfuse/; an installed wheel carries it as deployfuse/_plugins.
-ROOT = HERE.parent if (HERE.parent / "deployfuse" / "ops").is_dir() else HERE.parent.parent
-sys.path.insert(0, str(ROOT))
+# Elsewhere (plugins/ copied alone) the importable deployfuse is used.
+for root in (HERE.parent, HERE.parent.parent):
+    if (root / "deployfuse" / "ops" / "specs.py").is_file():
+        sys.path.insert(0, str(root))
+        break
 
 from deployfuse.ops.schema import Attr, OpSpec  # noqa: E402
 from deployfuse.ops.specs import OP_MODULES  # noqa: E402
