@@ -4,7 +4,7 @@ A task (Optimum's names) picks the transformers auto class to load with and the 
 export (Optimum's output names). The inputs are those the model's processor produces
 (its tokenizer, image processor or feature extractor, saved beside the model or else the class
 transformers maps the model type to), in the order the forward takes them. Batch and sequence
-axes are dynamic by default, named as Optimum names them.
+axes are dynamic by default, named as Optimum names them (for raw audio, the samples axis).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from deployfuse.errors import UsageError
 from deployfuse.inputs import DynamicAxis, InputSpec, make_inputs
 
 BATCH, SEQUENCE = "batch_size", "sequence_length"  # Optimum's axis names
-DEFAULT_BATCH, DEFAULT_SEQUENCE = 2, 16
+DEFAULT_BATCH, DEFAULT_SEQUENCE, DEFAULT_SAMPLES = 2, 16, 1600  # 1600 samples: 0.1 s of 16 kHz audio
 
 
 @dataclass(frozen=True)
@@ -47,6 +47,8 @@ TASKS: dict[str, Task] = {
     "automatic-speech-recognition": Task("AutoModelForSpeechSeq2Seq", ("last_hidden_state",), "feature_extractor",
                                          "MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES", encoder_only=True),
 }
+# automatic-speech-recognition for CTC models (wav2vec2, HuBERT): the whole model, logits per frame.
+ASR_CTC = Task("AutoModelForCTC", ("logits",), "feature_extractor", "MODEL_FOR_CTC_MAPPING_NAMES")
 # Optimum's older names for the same tasks.
 SYNONYMS = {"default": "feature-extraction", "masked-lm": "fill-mask", "sequence-classification": "text-classification",
             "causal-lm": "text-generation", "speech2seq-lm": "automatic-speech-recognition"}
@@ -113,7 +115,7 @@ def load_pretrained(folder: str | Path, task: str | None = None, seed: int | Non
 def _load(folder: Path, task: str | None, seed: int | None, transformers: Any) -> Pretrained:
     config = _config(folder, transformers)
     name = _resolve_task(task, config)
-    spec = TASKS[name]
+    spec = ASR_CTC if name == "automatic-speech-recognition" and _saved_in(config, ASR_CTC) else TASKS[name]
     auto = getattr(transformers, spec.auto_class)
     options: dict[str, Any] = {"use_cache": False} if name == "text-generation" else {}
     try:
@@ -127,10 +129,10 @@ def _load(folder: Path, task: str | None, seed: int | None, transformers: Any) -
     model.eval()
     names = _input_names(folder, config, spec, model, transformers)
     module = task_model(model, names, spec.outputs)
-    shapes = {n: _shape_and_dtype(n, config) for n in names}
+    shapes = {n: _shape_and_dtype(n, config, names) for n in names}
     known = all(s is not None for s in shapes.values())
     example = make_inputs([InputSpec(n, *s) for n, s in shapes.items() if s is not None], module, seed) if known else None
-    dynamic = [DynamicAxis(n, 0, BATCH) for n in names] + [DynamicAxis(n, 1, SEQUENCE) for n in names if _is_token_input(n)]
+    dynamic = [DynamicAxis(n, 0, BATCH) for n in names] + [DynamicAxis(n, 1, SEQUENCE) for n in names if _has_sequence_axis(n)]
     return Pretrained(module, name, names, example, dynamic)
 
 
@@ -170,16 +172,20 @@ def _resolve_task(task: str | None, config: Any) -> str:
         if name not in TASKS:
             raise UsageError(f"unknown task {task!r}; choose one of {', '.join(TASKS)}")
         return name
+    for name, spec in [*TASKS.items(), ("automatic-speech-recognition", ASR_CTC)]:
+        if _saved_in(config, spec):
+            return name
+    saved = ", ".join(sorted(getattr(config, "architectures", None) or [])) or "no architecture"
+    raise UsageError(f"cannot tell the task of {saved}; give --task ({', '.join(TASKS)})")
+
+
+def _saved_in(config: Any, spec: Task) -> bool:
+    """True when the folder's saved architecture is one transformers lists for `spec`."""
     from transformers.models.auto import modeling_auto
 
-    architectures = set(getattr(config, "architectures", None) or [])
-    for name, spec in TASKS.items():
-        listed = getattr(modeling_auto, spec.mapping)
-        classes = {c for v in listed.values() for c in ((v,) if isinstance(v, str) else v)}
-        if architectures & classes:
-            return name
-    saved = ", ".join(sorted(architectures)) or "no architecture"
-    raise UsageError(f"cannot tell the task of {saved}; give --task ({', '.join(TASKS)})")
+    listed = getattr(modeling_auto, spec.mapping)
+    classes = {c for v in listed.values() for c in ((v,) if isinstance(v, str) else v)}
+    return bool(set(getattr(config, "architectures", None) or []) & classes)
 
 
 def _input_names(folder: Path, config: Any, spec: Task, model: torch.nn.Module, transformers: Any) -> list[str]:
@@ -230,14 +236,20 @@ def _processor_class(model_type: str, kind: str) -> Any:
     return None
 
 
-def _is_token_input(name: str) -> bool:
-    return name in ("input_ids", "attention_mask", "token_type_ids", "position_ids")
+_TOKEN_INPUTS = ("input_ids", "attention_mask", "token_type_ids", "position_ids")
 
 
-def _shape_and_dtype(name: str, config: Any) -> tuple[tuple[int, ...], torch.dtype] | None:
+def _has_sequence_axis(name: str) -> bool:
+    """Axis 1 is the sequence: tokens, or raw audio samples (an attention mask follows either)."""
+    return name in _TOKEN_INPUTS or name == "input_values"
+
+
+def _shape_and_dtype(name: str, config: Any, names: list[str]) -> tuple[tuple[int, ...], torch.dtype] | None:
     """The example shape of a processor input (sizes the model fixes come from its config);
     None for an input of unknown layout."""
-    if _is_token_input(name):
+    if name == "input_values" or (name == "attention_mask" and "input_values" in names):  # raw audio and its mask
+        return (DEFAULT_BATCH, DEFAULT_SAMPLES), torch.float32 if name == "input_values" else torch.int64
+    if name in _TOKEN_INPUTS:
         limit = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None) or DEFAULT_SEQUENCE
         return (DEFAULT_BATCH, min(DEFAULT_SEQUENCE, limit)), torch.int64
     if name == "pixel_values":

@@ -112,6 +112,21 @@ def test_whisper_speech_recognition_exports_the_encoder(folders, tmp_path):
     _assert_matches(out, T.AutoModelForSpeechSeq2Seq.from_pretrained(folders / "whisper").get_encoder(), feed, "last_hidden_state")
 
 
+def test_ctc_speech_recognition_has_dynamic_samples(tmp_path):
+    folder = tmp_path / "wav2vec2"
+    T.Wav2Vec2ForCTC(T.Wav2Vec2Config(vocab_size=32, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
+                                      conv_dim=(16, 16), conv_stride=(5, 2), conv_kernel=(10, 3), num_conv_pos_embeddings=16,
+                                      num_conv_pos_embedding_groups=2, pad_token_id=0)).save_pretrained(folder)
+    out = tmp_path / "wav2vec2.onnx"
+    result = deployfuse.export(folder, out)  # the saved Wav2Vec2ForCTC: automatic-speech-recognition, the CTC head
+    inputs, outputs = _axes(out)
+    assert result.report.task == "automatic-speech-recognition"
+    assert inputs == {"input_values": ["batch_size", "sequence_length"], "attention_mask": ["batch_size", "sequence_length"]}  # the feature extractor's names
+    assert list(outputs) == ["logits"] and outputs["logits"][0] == "batch_size"
+    feed = {"input_values": torch.randn(1, 2345), "attention_mask": torch.ones(1, 2345, dtype=torch.int64)}
+    _assert_matches(out, T.AutoModelForCTC.from_pretrained(folder), feed, "logits")
+
+
 def test_saved_tokenizer_names_the_inputs_and_static_pins_the_axes(folders, tmp_path):
     folder = tmp_path / "bert_with_tokenizer"
     T.AutoModelForMaskedLM.from_pretrained(folders / "bert").save_pretrained(folder)
