@@ -86,6 +86,27 @@ def convnext() -> tuple[torch.nn.Module, Inputs]:
     return model.eval(), {"x": torch.randn(2, 3, 32, 32)}
 
 
+class _Upsampler(torch.nn.Module):
+    """A small decoder: Conv2d + BN + ReLU, ConvTranspose2d + BN + ReLU, a Conv1d over the
+    flattened rows and a Linear + BatchNorm1d head (the pairs a BN fold must handle in every form)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        nn = torch.nn
+        self.down = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU())
+        self.up = nn.Sequential(nn.ConvTranspose2d(8, 4, 2, stride=2), nn.BatchNorm2d(4), nn.ReLU())
+        self.rows = nn.Conv1d(4, 4, 3, padding=1)
+        self.head = nn.Sequential(nn.Linear(4, 6), nn.BatchNorm1d(6))
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        h = self.rows(self.up(self.down(x)).flatten(2))
+        return h, self.head(h.mean(-1))
+
+
+def upsampler() -> tuple[torch.nn.Module, Inputs]:
+    return _Upsampler().eval(), {"x": torch.randn(2, 3, 8, 8)}
+
+
 ZOO: dict[str, ZooModel] = {
     z.name: z
     for z in (
@@ -96,5 +117,6 @@ ZOO: dict[str, ZooModel] = {
         ZooModel("whisper_encoder", whisper_encoder, (DynamicAxis("input_features", 0, "batch"),), layers=2),
         ZooModel("resnet18", resnet18, (DynamicAxis("x", 0, "batch"),)),
         ZooModel("convnext", convnext, (DynamicAxis("x", 0, "batch"),)),
+        ZooModel("upsampler", upsampler, (DynamicAxis("x", 0, "batch"),)),
     )
 }
