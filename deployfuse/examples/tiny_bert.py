@@ -46,4 +46,5 @@ def save_pretrained(folder: str | Path) -> Path:
 if __name__ == "__main__":
     if len(sys.argv) != 2:
         sys.exit("usage: python -m deployfuse.examples.tiny_bert FOLDER")
+    transformers.utils.logging.disable_progress_bar()
     print(f"saved {save_pretrained(sys.argv[1])}")
