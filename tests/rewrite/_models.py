@@ -171,3 +171,28 @@ def varargs_bert_with_inputs() -> tuple[VarargsBert, tuple[torch.Tensor, torch.T
     """Factory form with positional example inputs (named input_0, input_1)."""
     ids = torch.randint(0, 512, (2, 8))
     return VarargsBert().eval(), (ids, torch.ones_like(ids))
+
+
+class CachedRotary(torch.nn.Module):
+    """Rotary embeddings read from precomputed cos / sin tables at the position ids (GPT-NeoX and
+    older LLaMA code): Unsqueeze(Gather(table, position_ids), 1)."""
+
+    def __init__(self, heads: int = 2, head_dim: int = 8, max_positions: int = 32) -> None:
+        super().__init__()
+        self.heads, self.head_dim = heads, head_dim
+        self.q = torch.nn.Linear(heads * head_dim, heads * head_dim)
+        inv = 1.0 / (10000 ** (torch.arange(0, head_dim, 2).float() / head_dim))
+        angles = torch.outer(torch.arange(max_positions).float(), inv)
+        self.register_buffer("cos_cached", torch.cat([angles, angles], -1).cos())
+        self.register_buffer("sin_cached", torch.cat([angles, angles], -1).sin())
+
+    def forward(self, x: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
+        b, n, _ = x.shape
+        q = self.q(x).view(b, n, self.heads, self.head_dim).transpose(1, 2)
+        cos, sin = self.cos_cached[position_ids].unsqueeze(1), self.sin_cached[position_ids].unsqueeze(1)
+        half = self.head_dim // 2
+        rotated = torch.cat([-q[..., half:], q[..., :half]], dim=-1)
+        return q * cos + rotated * sin
+
+
+BLOCKS["cached_rotary"] = lambda: (CachedRotary().eval(), {"x": torch.randn(2, 8, 16), "position_ids": torch.arange(8)[None]})  # shared over the batch

@@ -112,14 +112,22 @@ def _constant_tables(cos: ir.Value, sin: ir.Value, x: ir.Value, half: int) -> tu
 
 def _gathered(value: ir.Value) -> tuple[np.ndarray, ir.Value] | None:
     """`(C, position_ids)` when `value` is Unsqueeze(Gather(C, position_ids, axis 0), axis 1) of a
-    constant table C [P, D] and 2-D integer position ids."""
+    constant table C [P, D] and 2-D integer position ids (or GatherND(C, Unsqueeze(position_ids, -1)))."""
     node = value.producer()
     if node is None or node.op_type != "Unsqueeze" or _ints(node.inputs[1] if len(node.inputs) > 1 else None) != [1]:
         return None
     gather = node.inputs[0].producer()
-    if gather is None or gather.op_type != "Gather" or gather.domain not in ("", "ai.onnx") or gather.attributes.get_int("axis", 0) != 0:
+    if gather is None or gather.domain not in ("", "ai.onnx"):
         return None
-    table, positions = constant(gather.inputs[0]), gather.inputs[1]
+    positions = gather.inputs[1]
+    if gather.op_type == "GatherND" and gather.attributes.get_int("batch_dims", 0) == 0:
+        index = positions.producer()  # table[position_ids] as the dynamo exporter writes it
+        if index is None or index.op_type != "Unsqueeze" or _ints(index.inputs[1] if len(index.inputs) > 1 else None) not in ([-1], [2]):
+            return None
+        positions = index.inputs[0]
+    elif gather.op_type != "Gather" or gather.attributes.get_int("axis", 0) != 0:
+        return None
+    table = constant(gather.inputs[0])
     if table is None or table.ndim != 2 or rank(positions) != 2 or positions.dtype != ir.DataType.INT64:
         return None
     return table, positions
