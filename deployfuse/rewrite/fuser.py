@@ -180,8 +180,9 @@ def _near_miss(rule: pattern.RewriteRule, info: pattern.MatchInfo) -> str | None
         return None
     if info.status == pattern.MatchStatus.CONDITION_FAILED:
         return reason
-    matched, total = len(info.match_result.nodes), len(getattr(rule, "_target_pattern")._nodes)
-    if matched < 2 or 2 * matched < total:
+    pattern_nodes = getattr(getattr(rule, "_target_pattern", None), "_nodes", None)  # onnxscript keeps it private
+    matched, total = len(info.match_result.nodes), len(pattern_nodes) if pattern_nodes is not None else 0
+    if matched < 2 or 2 * matched < total or not total:
         return None
     return f"the structure stops matching after {matched} of {total} pattern nodes: {reason}"
 
