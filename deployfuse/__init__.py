@@ -1,9 +1,10 @@
 """deployfuse: export PyTorch models to fused, verified ONNX for ONNX Runtime and TensorRT."""
 
-import importlib
 import sys
 import types
 from typing import TYPE_CHECKING
+
+from deployfuse._lazy import lazy_getattr
 
 if TYPE_CHECKING:
     from deployfuse.build import BuildResult, build_engine
@@ -37,12 +38,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> object:
-    if name not in _LAZY:
-        raise AttributeError(f"module 'deployfuse' has no attribute {name!r}")
-    value = getattr(importlib.import_module(_LAZY[name]), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_getattr(__name__, _LAZY)
 
 
 class _Package(types.ModuleType):

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <memory>
 #include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "bias_act/bias_act_ort.h"
@@ -50,7 +51,7 @@ struct Op : Ort::CustomOpBase<Op<Adapter>, Kernel<Adapter>, true> {
       *kernel = new Kernel<Adapter>{Adapter(read_attrs<Spec>(Ort::ConstKernelInfo(info))), type, std::strcmp(ep, kCuda) == 0};
       return nullptr;
     } catch (const std::exception& e) {
-      return api.CreateStatus(ORT_INVALID_ARGUMENT, e.what());
+      return api.CreateStatus(ORT_INVALID_ARGUMENT, (std::string(Spec::kName) + ": " + e.what()).c_str());
     }
   }
   const char* GetName() const { return Spec::kName; }

@@ -7,8 +7,9 @@ Names are imported on first use, so finding the native libraries does not load t
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING
+
+from deployfuse._lazy import lazy_getattr
 
 if TYPE_CHECKING:
     from deployfuse.ops.functions import attach_functions
@@ -28,12 +29,6 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> object:
-    if name not in _LAZY:
-        raise AttributeError(f"module 'deployfuse.ops' has no attribute {name!r}")
-    value = getattr(importlib.import_module(_LAZY[name]), name)
-    globals()[name] = value
-    return value
-
+__getattr__ = lazy_getattr(__name__, _LAZY)
 
 __all__ = ["DOMAIN", "SPECS", "VERSION", "Attr", "OpSpec", "attach_functions", "ort_custom_ops_library", "trt_plugins_library"]

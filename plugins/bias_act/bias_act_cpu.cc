@@ -1,4 +1,4 @@
-#include "bias_act/bias_act_cpu.h"
+#include "bias_act/bias_act.h"
 
 namespace deployfuse {
 

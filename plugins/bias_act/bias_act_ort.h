@@ -1,6 +1,6 @@
 // BiasAct for ONNX Runtime (see common/ort_adapter.h).
 #pragma once
-#include "bias_act/bias_act_cpu.h"
+#include "bias_act/bias_act.h"
 #include "common/activation.h"
 #include "common/ort_adapter.h"
 #ifdef DEPLOYFUSE_WITH_CUDA
@@ -10,10 +10,8 @@
 namespace deployfuse {
 namespace ort {
 
-struct BiasAct {
-  using Spec = spec::BiasAct;
-  Act act;
-  explicit BiasAct(const AttrValues& a) : act(act_named(a.text(Spec::kActivation))) {}
+struct BiasAct : BiasActAttrs {
+  using BiasActAttrs::BiasActAttrs;
   void Run(Call& c, bool on_cuda) const {
     auto x = c.ctx.GetInput(0);
     auto dims = x.GetTensorTypeAndShapeInfo().GetShape();

@@ -1,16 +1,15 @@
 // BiasAct as a TensorRT plugin (see common/trt_plugin.h).
 #pragma once
 #include "bias_act/bias_act.cuh"
+#include "bias_act/bias_act.h"
 #include "common/activation.h"
 #include "common/trt_plugin.h"
 
 namespace deployfuse {
 namespace trt {
 
-struct BiasActOp {
-  using Spec = spec::BiasAct;
-  Act act;
-  explicit BiasActOp(const AttrValues& a) : act(act_named(a.text(Spec::kActivation))) {}
+struct BiasActOp : BiasActAttrs {
+  using BiasActAttrs::BiasActAttrs;
   cudaError_t enqueue(DataType type, const PluginTensorDesc* in, int32_t, const void* const* inputs, void* y, cudaStream_t stream) const {
     const nvinfer1::Dims& d = in[0].dims;
     const int64_t total = volume(d, 0, d.nbDims), cols = d.nbDims == 0 ? 1 : d.d[d.nbDims - 1];

@@ -2,10 +2,11 @@
 // op's attributes read from the kernel info through its generated spec, shape helpers, errors,
 // and (with DEPLOYFUSE_WITH_CUDA) the launch of a CUDA launcher in the tensor's element type.
 //
-// An adapter is a small struct:
-//   using Spec = spec::<Op>;                        // name, input counts, attributes (generated)
-//   explicit <Op>(const AttrValues&);               // throws on a bad value
-//   void Run(Call&, bool on_cuda) const;            // throws std::runtime_error on a bad input
+// An adapter is a small struct on the op's attributes (plugins/<op>/<op>.h):
+//   struct <Op> : <Op>Attrs {                       // Spec = spec::<Op>: name, inputs, attributes
+//     using <Op>Attrs::<Op>Attrs;                   // from AttrValues; throws on a bad value
+//     void Run(Call&, bool on_cuda) const;          // throws std::runtime_error on a bad input
+//   };
 // ort_ops.cc registers it for the CPU EP (fp32) and the CUDA EP (fp32/fp16/bf16).
 #pragma once
 #include <cstring>
@@ -40,25 +41,22 @@ struct Call {
 
 [[noreturn]] inline void fail(const std::string& op, const std::string& why) { throw std::runtime_error(op + ": " + why); }
 
-// The node's attributes, checked against the op's spec; an attribute of the wrong type counts as absent.
+// The node's attributes, checked against the op's spec (std::invalid_argument naming a bad one);
+// an attribute of the wrong type counts as absent.
 template <typename Spec>
 AttrValues read_attrs(const Ort::ConstKernelInfo& info) {
-  try {
-    return AttrValues::read(Spec::kAttrs, [&](const AttrSpec& spec, double* number, std::string* text) {
-      try {
-        switch (spec.kind) {
-          case AttrKind::kInt: *number = static_cast<double>(info.GetAttribute<int64_t>(spec.name)); break;
-          case AttrKind::kFloat: *number = info.GetAttribute<float>(spec.name); break;
-          case AttrKind::kString: *text = info.GetAttribute<std::string>(spec.name); break;
-        }
-        return true;
-      } catch (const Ort::Exception&) {
-        return false;
+  return AttrValues::read(Spec::kAttrs, [&](const AttrSpec& spec, double* number, std::string* text) {
+    try {
+      switch (spec.kind) {
+        case AttrKind::kInt: *number = static_cast<double>(info.GetAttribute<int64_t>(spec.name)); break;
+        case AttrKind::kFloat: *number = info.GetAttribute<float>(spec.name); break;
+        case AttrKind::kString: *text = info.GetAttribute<std::string>(spec.name); break;
       }
-    });
-  } catch (const std::invalid_argument& e) {
-    fail(Spec::kName, e.what());
-  }
+      return true;
+    } catch (const Ort::Exception&) {
+      return false;
+    }
+  });
 }
 
 inline int64_t product(const std::vector<int64_t>& dims, size_t begin, size_t end) {

@@ -2,11 +2,12 @@
 // ONNX parser hands them over and as an engine stores them), one plugin template implementing
 // IPluginV3OneCore / OneBuild / OneRuntime over an op adapter, and one creator template.
 //
-// An op adapter is a small struct (plugins/<op>/<op>_trt.h):
-//   using Spec = spec::<Op>;                               // name, input counts, attributes (generated)
-//   explicit <Op>Op(const AttrValues&);                    // throws std::invalid_argument on a bad value
-//   cudaError_t enqueue(DataType, const PluginTensorDesc* in, int32_t nb_in,
-//                       const void* const* inputs, void* output, cudaStream_t) const;
+// An op adapter (plugins/<op>/<op>_trt.h) is a small struct on the op's attributes (<op>/<op>.h):
+//   struct <Op>Op : <Op>Attrs {                            // Spec = spec::<Op>: name, inputs, attributes
+//     using <Op>Attrs::<Op>Attrs;                          // from AttrValues; throws std::invalid_argument
+//     cudaError_t enqueue(DataType, const PluginTensorDesc* in, int32_t nb_in,
+//                         const void* const* inputs, void* output, cudaStream_t) const;
+//   };
 // Every op has one output with the shape and element type of its first input, fp32/fp16/bf16,
 // linear layout. Only interfaces are used (no TensorRT symbol is linked), so the library loads
 // into TensorRT 10 and TensorRT-RTX alike.

@@ -1,9 +1,9 @@
 // Per (batch, head, query): scores over all keys, a max-subtracted softmax, then P V.
-#include "fused_mha/fused_mha_cpu.h"
-
 #include <cmath>
 #include <limits>
 #include <vector>
+
+#include "fused_mha/fused_mha.h"
 
 namespace deployfuse {
 

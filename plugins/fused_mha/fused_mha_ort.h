@@ -4,7 +4,7 @@
 
 #include "common/mha_shape.h"
 #include "common/ort_adapter.h"
-#include "fused_mha/fused_mha_cpu.h"
+#include "fused_mha/fused_mha.h"
 #ifdef DEPLOYFUSE_WITH_CUDA
 #include "fused_mha/fused_mha.cuh"
 #endif
@@ -12,15 +12,8 @@
 namespace deployfuse {
 namespace ort {
 
-struct FusedMHA {
-  using Spec = spec::FusedMHA;
-  int64_t heads;
-  float scale;
-  bool causal;
-  explicit FusedMHA(const AttrValues& a)
-      : heads(a.integer(Spec::kNumHeads)), scale(a.real(Spec::kScale)), causal(a.integer(Spec::kCausal) != 0) {
-    if (heads <= 0) fail(Spec::kName, "num_heads must be positive");
-  }
+struct FusedMHA : FusedMHAAttrs {
+  using FusedMHAAttrs::FusedMHAAttrs;
   void Run(Call& c, bool on_cuda) const {
     auto q = c.ctx.GetInput(0), k = c.ctx.GetInput(1), v = c.ctx.GetInput(2);
     auto qd = q.GetTensorTypeAndShapeInfo().GetShape(), kd = k.GetTensorTypeAndShapeInfo().GetShape();

@@ -5,19 +5,13 @@
 #include "common/mha_shape.h"
 #include "common/trt_plugin.h"
 #include "fused_mha/fused_mha.cuh"
+#include "fused_mha/fused_mha.h"
 
 namespace deployfuse {
 namespace trt {
 
-struct FusedMHAOp {
-  using Spec = spec::FusedMHA;
-  int64_t heads;
-  float scale;
-  bool causal;
-  explicit FusedMHAOp(const AttrValues& a)
-      : heads(a.integer(Spec::kNumHeads)), scale(a.real(Spec::kScale)), causal(a.integer(Spec::kCausal) != 0) {
-    if (heads <= 0) throw std::invalid_argument("num_heads must be positive");
-  }
+struct FusedMHAOp : FusedMHAAttrs {
+  using FusedMHAAttrs::FusedMHAAttrs;
   cudaError_t enqueue(DataType type, const PluginTensorDesc* in, int32_t nb_in, const void* const* inputs, void* y,
                       cudaStream_t stream) const {
     const nvinfer1::Dims &q = in[0].dims, &k = in[1].dims;

@@ -1,6 +1,6 @@
-#include "group_norm_act/group_norm_act_cpu.h"
-
 #include <cmath>
+
+#include "group_norm_act/group_norm_act.h"
 
 namespace deployfuse {
 

@@ -2,7 +2,7 @@
 #pragma once
 #include "common/activation.h"
 #include "common/ort_adapter.h"
-#include "group_norm_act/group_norm_act_cpu.h"
+#include "group_norm_act/group_norm_act.h"
 #ifdef DEPLOYFUSE_WITH_CUDA
 #include "group_norm_act/group_norm_act.cuh"
 #endif
@@ -10,15 +10,8 @@
 namespace deployfuse {
 namespace ort {
 
-struct GroupNormAct {
-  using Spec = spec::GroupNormAct;
-  int64_t groups;
-  float epsilon;
-  Act act;
-  explicit GroupNormAct(const AttrValues& a)
-      : groups(a.integer(Spec::kNumGroups)), epsilon(a.real(Spec::kEpsilon)), act(act_named(a.text(Spec::kActivation))) {
-    if (groups <= 0) fail(Spec::kName, "num_groups must be positive");
-  }
+struct GroupNormAct : GroupNormActAttrs {
+  using GroupNormActAttrs::GroupNormActAttrs;
   void Run(Call& c, bool on_cuda) const {
     auto x = c.ctx.GetInput(0);
     auto dims = x.GetTensorTypeAndShapeInfo().GetShape();

@@ -3,19 +3,13 @@
 #include "common/activation.h"
 #include "common/trt_plugin.h"
 #include "group_norm_act/group_norm_act.cuh"
+#include "group_norm_act/group_norm_act.h"
 
 namespace deployfuse {
 namespace trt {
 
-struct GroupNormActOp {
-  using Spec = spec::GroupNormAct;
-  int64_t groups;
-  float epsilon;
-  Act act;
-  explicit GroupNormActOp(const AttrValues& a)
-      : groups(a.integer(Spec::kNumGroups)), epsilon(a.real(Spec::kEpsilon)), act(act_named(a.text(Spec::kActivation))) {
-    if (groups <= 0) throw std::invalid_argument("num_groups must be positive");
-  }
+struct GroupNormActOp : GroupNormActAttrs {
+  using GroupNormActAttrs::GroupNormActAttrs;
   cudaError_t enqueue(DataType type, const PluginTensorDesc* in, int32_t, const void* const* inputs, void* y, cudaStream_t stream) const {
     const nvinfer1::Dims& d = in[0].dims;
     if (d.nbDims < 2 || d.d[1] % groups != 0) return cudaErrorInvalidValue;

@@ -1,8 +1,7 @@
-#include "layer_norm_gelu/layer_norm_gelu_cpu.h"
-
 #include <cmath>
 
 #include "common/activation.h"
+#include "layer_norm_gelu/layer_norm_gelu.h"
 
 namespace deployfuse {
 

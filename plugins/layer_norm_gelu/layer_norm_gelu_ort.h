@@ -1,7 +1,7 @@
 // LayerNormGelu for ONNX Runtime (see common/ort_adapter.h).
 #pragma once
 #include "common/ort_adapter.h"
-#include "layer_norm_gelu/layer_norm_gelu_cpu.h"
+#include "layer_norm_gelu/layer_norm_gelu.h"
 #ifdef DEPLOYFUSE_WITH_CUDA
 #include "layer_norm_gelu/layer_norm_gelu.cuh"
 #endif
@@ -9,13 +9,8 @@
 namespace deployfuse {
 namespace ort {
 
-struct LayerNormGelu {
-  using Spec = spec::LayerNormGelu;
-  int64_t axis;
-  float epsilon;
-  bool tanh_approx;
-  explicit LayerNormGelu(const AttrValues& a)
-      : axis(a.integer(Spec::kAxis)), epsilon(a.real(Spec::kEpsilon)), tanh_approx(a.text(Spec::kApproximate) == "tanh") {}
+struct LayerNormGelu : LayerNormGeluAttrs {
+  using LayerNormGeluAttrs::LayerNormGeluAttrs;
   void Run(Call& c, bool on_cuda) const {
     auto x = c.ctx.GetInput(0);
     auto dims = x.GetTensorTypeAndShapeInfo().GetShape();

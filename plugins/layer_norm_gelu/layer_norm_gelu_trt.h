@@ -2,17 +2,13 @@
 #pragma once
 #include "common/trt_plugin.h"
 #include "layer_norm_gelu/layer_norm_gelu.cuh"
+#include "layer_norm_gelu/layer_norm_gelu.h"
 
 namespace deployfuse {
 namespace trt {
 
-struct LayerNormGeluOp {
-  using Spec = spec::LayerNormGelu;
-  int64_t axis;
-  float epsilon;
-  bool tanh_approx;
-  explicit LayerNormGeluOp(const AttrValues& a)
-      : axis(a.integer(Spec::kAxis)), epsilon(a.real(Spec::kEpsilon)), tanh_approx(a.text(Spec::kApproximate) == "tanh") {}
+struct LayerNormGeluOp : LayerNormGeluAttrs {
+  using LayerNormGeluAttrs::LayerNormGeluAttrs;
   cudaError_t enqueue(DataType type, const PluginTensorDesc* in, int32_t, const void* const* inputs, void* y, cudaStream_t stream) const {
     const int32_t rank = in[0].dims.nbDims;
     const int32_t a = static_cast<int32_t>(axis < 0 ? axis + rank : axis);

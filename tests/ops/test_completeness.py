@@ -119,12 +119,14 @@ def _python_pieces(module: types.ModuleType, folder: str) -> list[str]:
 def _native_pieces(spec: OpSpec, folder: str) -> list[str]:
     missing = []
     for rel, needle in (
+        (f"{folder}/{folder}.h", f"struct {spec.name}Attrs {{\n  using Spec = spec::{spec.name};"),
+        (f"{folder}/{folder}.h", f"void {folder}_cpu("),
         (f"{folder}/{folder}_cpu.cc", f"void {folder}_cpu("),
         (f"{folder}/{folder}.cuh", f"launch_{folder}("),
         (f"{folder}/{folder}.cu", f"launch_{folder}("),
-        (f"{folder}/{folder}_ort.h", f"struct {spec.name} {{\n  using Spec = spec::{spec.name};"),
+        (f"{folder}/{folder}_ort.h", f"struct {spec.name} : {spec.name}Attrs {{"),
         (f"{folder}/{folder}_ort.h", "launch_cuda("),  # its CUDA EP path
-        (f"{folder}/{folder}_trt.h", f"struct {spec.name}Op {{\n  using Spec = spec::{spec.name};"),
+        (f"{folder}/{folder}_trt.h", f"struct {spec.name}Op : {spec.name}Attrs {{"),
     ):
         if needle not in _read(PLUGINS / rel):
             missing.append(f"plugins/{rel} with `{needle.splitlines()[0]}`")
@@ -181,7 +183,7 @@ def test_a_new_op_without_its_pieces_is_reported():
     stub = types.ModuleType("deployfuse.ops.defs.rms_norm_act")
     stub.SPEC = spec
     missing = "\n".join(missing_pieces(stub))
-    for piece in ("torch op", "ONNX translation (", "a test case", "rms_norm_act_cpu.cc", "rms_norm_act.cu", "rms_norm_act_ort.h",
+    for piece in ("torch op", "ONNX translation (", "a test case", "rms_norm_act.h", "rms_norm_act_cpu.cc", "rms_norm_act.cu", "rms_norm_act_ort.h",
                   "rms_norm_act_trt.h", "ONNX Runtime registration", "TensorRT creator", "generated spec::<Op>", "df_rms_norm_act",
                   "a rewrite rule", "plugins/README.md", "bench/ops_gpu.py"):
         assert piece in missing, piece
