@@ -163,10 +163,18 @@ def _rewrite(ir_model: ir.Model, rules: list[pattern.RewriteRule], result: Famil
     if debug:
         tracer = pattern.MatchingTracer()
         pattern.RewriteRuleSet(rules).apply_to_model(ir_model, tracer=tracer)
+        checked: dict[str, list[str]] = {}  # candidates that reached a rule's check
+        partial: dict[str, list[str]] = {}  # structures that stopped matching part-way
         for rule, infos in tracer.best_matches_map.items():
-            reasons = sorted({r for r in (_near_miss(rule, i) for i in infos) if r})
+            for info in infos:
+                reason = _near_miss(rule, info)
+                found = checked if info.status == pattern.MatchStatus.CONDITION_FAILED else partial
+                if reason and reason not in found.setdefault(rule.name, []):
+                    found[rule.name].append(reason)
+        for name in {**partial, **checked}:  # a rule's checked candidates say more than other spellings' partial matches
+            reasons = sorted(checked.get(name) or partial.get(name) or [])
             if reasons:
-                known = result.near_misses.setdefault(rule.name, [])
+                known = result.near_misses.setdefault(name, [])
                 known.extend(r for r in reasons if r not in known)
     onnxscript.optimizer.remove_unused_nodes(ir_model)
     return ir.serde.serialize_model(ir_model)
