@@ -48,8 +48,13 @@ class FusionReport:
     families: list[FamilyResult] = field(default_factory=list)
 
     def counts(self) -> dict[str, int]:
-        """Kept rewrites per rule name (rolled-back and reverted families count 0)."""
-        return {rule: (0 if f.rolled_back or f.reverted else n) for f in self.families for rule, n in f.matches.items()}
+        """Kept rewrites per rule name, summed over the families that run it (the attention
+        family runs the rotary rule first; rolled-back and reverted families count 0)."""
+        counts: dict[str, int] = {}
+        for f in self.families:
+            for rule, n in f.matches.items():
+                counts[rule] = counts.get(rule, 0) + (0 if f.rolled_back or f.reverted else n)
+        return counts
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able form, for `--report`."""
