@@ -211,10 +211,14 @@ struct Case {
 };
 
 bool parse_dtype(const std::string& s, DataType* t) {
-  if (s == "float") *t = DataType::kFLOAT;
-  else if (s == "half") *t = DataType::kHALF;
-  else if (s == "bf16") *t = DataType::kBF16;
-  else return false;
+  if (s == "float")
+    *t = DataType::kFLOAT;
+  else if (s == "half")
+    *t = DataType::kHALF;
+  else if (s == "bf16")
+    *t = DataType::kBF16;
+  else
+    return false;
   return true;
 }
 size_t elem_size(DataType t) { return t == DataType::kFLOAT ? 4 : 2; }
@@ -246,9 +250,12 @@ std::vector<Case> read_manifest(const char* path) {
     } else if (word == "attr") {
       Attr a;
       ls >> a.name >> a.kind;
-      if (a.kind == 'i') ls >> a.i;
-      else if (a.kind == 'f') ls >> a.f;
-      else ls >> a.text;
+      if (a.kind == 'i')
+        ls >> a.i;
+      else if (a.kind == 'f')
+        ls >> a.f;
+      else
+        ls >> a.text;
       c.attrs.push_back(a);
     } else if (word == "in") {
       Input x;
@@ -323,9 +330,12 @@ struct FieldSet {
   PluginFieldCollection fc{};
   explicit FieldSet(const std::vector<Attr>& attrs) {
     for (const Attr& a : attrs) {
-      if (a.kind == 'i') fields.emplace_back(a.name.c_str(), &a.i, PluginFieldType::kINT32, 1);
-      else if (a.kind == 'f') fields.emplace_back(a.name.c_str(), &a.f, PluginFieldType::kFLOAT32, 1);
-      else fields.emplace_back(a.name.c_str(), a.text.c_str(), PluginFieldType::kCHAR, static_cast<int32_t>(a.text.size()));
+      if (a.kind == 'i')
+        fields.emplace_back(a.name.c_str(), &a.i, PluginFieldType::kINT32, 1);
+      else if (a.kind == 'f')
+        fields.emplace_back(a.name.c_str(), &a.f, PluginFieldType::kFLOAT32, 1);
+      else
+        fields.emplace_back(a.name.c_str(), a.text.c_str(), PluginFieldType::kCHAR, static_cast<int32_t>(a.text.size()));
     }
     fc.nbFields = static_cast<int32_t>(fields.size());
     fc.fields = fields.data();
@@ -346,16 +356,19 @@ struct StoredFields {
       const PluginField& f = src->fields[i];
       size_t width = 1;
       switch (f.type) {
-        case PluginFieldType::kINT32: case PluginFieldType::kFLOAT32: width = 4; break;
-        case PluginFieldType::kINT64: case PluginFieldType::kFLOAT64: width = 8; break;
-        case PluginFieldType::kINT16: case PluginFieldType::kFLOAT16: case PluginFieldType::kBF16: width = 2; break;
+        case PluginFieldType::kINT32:
+        case PluginFieldType::kFLOAT32: width = 4; break;
+        case PluginFieldType::kINT64:
+        case PluginFieldType::kFLOAT64: width = 8; break;
+        case PluginFieldType::kINT16:
+        case PluginFieldType::kFLOAT16:
+        case PluginFieldType::kBF16: width = 2; break;
         default: width = 1;
       }
       names.emplace_back(f.name);
       data.emplace_back(static_cast<const char*>(f.data), static_cast<const char*>(f.data) + width * static_cast<size_t>(f.length));
     }
-    for (int32_t i = 0; i < n; ++i)
-      fields.emplace_back(names[i].c_str(), data[i].data(), src->fields[i].type, src->fields[i].length);
+    for (int32_t i = 0; i < n; ++i) fields.emplace_back(names[i].c_str(), data[i].data(), src->fields[i].type, src->fields[i].length);
     fc.nbFields = n;
     fc.fields = fields.data();
   }
@@ -455,19 +468,22 @@ void drive(const Library& lib, const Case& c, bool with_enqueue) {
   struct Cap {
     PluginCapabilityType type;
     const char* kind;
-  } caps[] = {{PluginCapabilityType::kCORE, "PLUGIN_V3ONE_CORE"}, {PluginCapabilityType::kBUILD, "PLUGIN_V3ONE_BUILD"},
+  } caps[] = {{PluginCapabilityType::kCORE, "PLUGIN_V3ONE_CORE"},
+              {PluginCapabilityType::kBUILD, "PLUGIN_V3ONE_BUILD"},
               {PluginCapabilityType::kRUNTIME, "PLUGIN_V3ONE_RUNTIME"}};
   for (const Cap& cap : caps) {
     IPluginCapability* p = plugin->getCapabilityInterface(cap.type);
     InterfaceInfo info = p ? p->getInterfaceInfo() : InterfaceInfo{"none", 0, 0};
-    step(std::string("getCapabilityInterface.") + cap.kind, p && std::strcmp(info.kind, cap.kind) == 0 && info.major == 1 && info.minor == 0,
+    step(std::string("getCapabilityInterface.") + cap.kind,
+         p && std::strcmp(info.kind, cap.kind) == 0 && info.major == 1 && info.minor == 0,
          std::string(info.kind) + " " + std::to_string(info.major) + "." + std::to_string(info.minor));
   }
   auto* core = capability<IPluginV3OneCore>(plugin.get(), PluginCapabilityType::kCORE);
   auto* build = capability<IPluginV3OneBuild>(plugin.get(), PluginCapabilityType::kBUILD);
   if (!core || !build) return;
-  step("core identity", c.op == core->getPluginName() && std::string("1") == core->getPluginVersion() &&
-                            std::string("deployfuse") == core->getPluginNamespace(),
+  step("core identity",
+       c.op == core->getPluginName() && std::string("1") == core->getPluginVersion() &&
+           std::string("deployfuse") == core->getPluginNamespace(),
        std::string(core->getPluginNamespace()) + "::" + core->getPluginName() + "/" + core->getPluginVersion());
 
   // 4. output count and types
@@ -534,7 +550,7 @@ void drive(const Library& lib, const Case& c, bool with_enqueue) {
         n += yes;
         if (type == c.dtype && fmt == TensorFormat::kLINEAR) wanted = yes;
         if (yes && fmt != TensorFormat::kLINEAR) formats_ok = false;  // the kernels read linear layouts only
-        if (yes && pos > 0 && type != c.dtype) formats_ok = false;  // every tensor shares input 0's type
+        if (yes && pos > 0 && type != c.dtype) formats_ok = false;    // every tensor shares input 0's type
       }
     }
     io[pos].desc.type = c.dtype;
@@ -543,7 +559,8 @@ void drive(const Library& lib, const Case& c, bool with_enqueue) {
     accepted += (pos ? "," : "") + std::to_string(n);
   }
   step("supportsFormatCombination", formats_ok,
-       std::to_string(nb_in + 1) + " positions x " + std::to_string(sizeof(kTypes) / sizeof(kTypes[0]) * sizeof(kFormats) / sizeof(kFormats[0])) +
+       std::to_string(nb_in + 1) + " positions x " +
+           std::to_string(sizeof(kTypes) / sizeof(kTypes[0]) * sizeof(kFormats) / sizeof(kFormats[0])) +
            " type/format pairs; accepted per position: " + accepted);
 
   // 7. configurePlugin (dynamic dims, profile min/opt/max) and getWorkspaceSize
@@ -640,8 +657,8 @@ int main(int argc, char** argv) {
   if (!all_ok) return 1;
   for (const Case& c : cases) {
     drive(lib, c, with_enqueue);
-    std::cout << "{\"case\":" << quoted(c.id) << ",\"op\":" << quoted(c.op) << ",\"summary\":true,\"ok\":" << (g_failed.empty() ? "true" : "false")
-              << ",\"failed\":[";
+    std::cout << "{\"case\":" << quoted(c.id) << ",\"op\":" << quoted(c.op)
+              << ",\"summary\":true,\"ok\":" << (g_failed.empty() ? "true" : "false") << ",\"failed\":[";
     for (size_t i = 0; i < g_failed.size(); ++i) std::cout << (i ? "," : "") << quoted(g_failed[i]);
     std::cout << "]}" << std::endl;
     all_ok &= g_failed.empty();

@@ -167,8 +167,7 @@ def check(driver: Path, lib: Path, which: str = "ci", dtypes: list[str] | None =
             outputs = compare(c) if enqueue and not failed else []
             ok = not failed and all(o["ok"] for o in outputs)
             all_ok &= ok
-            report["cases"].append({"id": c.id, "op": c.op, "dtype": c.dtype, "ok": ok, "failed": failed,
-                                    "steps": [s["step"] for s in c.steps], "outputs": outputs})
+            report["cases"].append({"id": c.id, "op": c.op, "dtype": c.dtype, "ok": ok, "failed": failed, "steps": [s["step"] for s in c.steps], "outputs": outputs})
         report["ok"] = all_ok and (rc == 0) == all_ok
         return report
 
@@ -186,8 +185,9 @@ def main() -> int:
     report = check(args.driver, args.lib, args.cases, args.dtypes.split(","), set(args.only.split(",")) if args.only else None, args.work)
     print(f"device: {report['device']}; enqueue {'run' if report['enqueue'] else 'skipped'}")
     for c in report["cases"]:
-        errs = " ".join(f"{o['output'].rsplit('.', 1)[-1] if o['output'].endswith('.again') else 'out'}={o.get('rel_l2', float('nan')):.2e}" for o in c["outputs"])
-        print(f"{'ok  ' if c['ok'] else 'FAIL'} {c['id']:<48} {len(c['steps'])} steps {errs}{'' if c['ok'] else ' failed: ' + ','.join(c['failed']) + ' ' + json.dumps([o for o in c['outputs'] if not o['ok']])}")
+        errs = " ".join(f"{'again' if o['output'].endswith('.again') else 'out'}={o.get('rel_l2', float('nan')):.2e}" for o in c["outputs"])
+        why = "" if c["ok"] else f" failed: {','.join(c['failed'])} {json.dumps([o for o in c['outputs'] if not o['ok']])}"
+        print(f"{'ok  ' if c['ok'] else 'FAIL'} {c['id']:<48} {len(c['steps'])} steps {errs}{why}")
     n_ok = sum(c["ok"] for c in report["cases"])
     print(f"{n_ok}/{len(report['cases'])} cases passed every step" + (" and matched the reference" if report["enqueue"] else " (enqueue skipped: no GPU)"))
     if args.json:
