@@ -23,7 +23,7 @@ import onnx
 
 from deployfuse.build import builders, plugins as plugin_libs, precision as lowp
 from deployfuse.build.preflight import Preflight, check_nodes, split_overloads, walk_nodes
-from deployfuse.build.profiles import ShapeProfile, export_shapes, model_inputs, resolve_profiles
+from deployfuse.build.profiles import ShapeProfile, export_shapes, model_inputs, resolve_optimization_profiles
 from deployfuse.build.progress import progress_monitor
 from deployfuse.errors import DeployfuseError, UsageError
 from deployfuse.io import atomic_path, check_outputs
@@ -41,7 +41,7 @@ class BuildResult:
     builder_version: str
     precision: str
     compute_capability: str | None
-    profiles: list[ShapeProfile]
+    profiles: list[list[ShapeProfile]]  # the optimisation profiles, each one entry per dynamic input
     network_layers: int
     plugin_layers: int
     preflight: Preflight
@@ -65,7 +65,10 @@ class BuildResult:
             f"layers     {self.network_layers} in the network, {self.plugin_layers} of them plugins",
             f"nodes      {nodes}",
         ]
-        lines += [f"profile    {p}" for p in self.profiles]
+        for number, profile in enumerate(self.profiles if len(self.profiles) > 1 else [], 1):
+            lines += [f"profile {number:<2} {p}" for p in profile]
+        if len(self.profiles) == 1:
+            lines += [f"profile    {p}" for p in self.profiles[0]]
         if self.timing_cache is not None:
             lines.append(f"timing     {self.timing_cache}")
         return "\n".join(lines)
@@ -76,7 +79,7 @@ def build_engine(
     output: str | os.PathLike[str],
     *,
     precision: str = "fp32",
-    profiles: Sequence[ShapeProfile] = (),
+    profiles: Sequence[ShapeProfile] | Sequence[Sequence[ShapeProfile]] = (),
     plugins: Sequence[str | os.PathLike[str]] = (),
     deployfuse_plugins: bool = True,
     timing_cache: str | os.PathLike[str] | None = None,
@@ -92,8 +95,9 @@ def build_engine(
         output: where the serialized engine goes (written atomically).
         precision: "fp32", "fp16" or "bf16"; the lower ones rewrite the graph (see
             `deployfuse.build.precision`), the engine's inputs and outputs stay float32.
-        profiles: min/opt/max shapes for dynamic inputs; the rest are derived (see
-            `deployfuse.build.profiles`).
+        profiles: the optimisation profiles, each a list of min/opt/max shapes for dynamic
+            inputs (the inputs a profile leaves out are derived, see `deployfuse.build.profiles`);
+            a flat list of ShapeProfile is one profile.
         plugins: TensorRT plugin libraries to load.
         deployfuse_plugins: also load deployfuse's own plugin library when the model has
             `deployfuse` nodes and the library is built; otherwise those nodes are built from
@@ -141,7 +145,7 @@ def build_engine(
         lowp.lower_precision(onnx_model, precision)
     preflight = check_nodes(onnx_model, _OperatorSupport(trt), registered)
     preflight.raise_for_offenders()
-    shape_profiles = resolve_profiles(model_inputs(onnx_model), profiles, export_shapes(onnx_model))
+    shape_profiles = resolve_optimization_profiles(model_inputs(onnx_model), _as_profiles(profiles), export_shapes(onnx_model))
 
     from polygraphy.logger import G_LOGGER
 
@@ -156,7 +160,7 @@ def build_engine(
         engine = _build(network, config, cache)
 
     with atomic_path(target) as tmp_engine:
-        tmp_engine.write_bytes(memoryview(engine))
+        tmp_engine.write_bytes(memoryview(engine))  # type: ignore[arg-type]  # an IHostMemory
     return BuildResult(
         engine=target, builder=name, builder_version=trt.__version__, precision=precision,
         compute_capability=compute_capability if capability else None, profiles=shape_profiles,
@@ -164,6 +168,13 @@ def build_engine(
         plugin_libraries=libraries, timing_cache=cache, size_bytes=target.stat().st_size,
         seconds=time.perf_counter() - start,
     )
+
+
+def _as_profiles(profiles: Sequence[ShapeProfile] | Sequence[Sequence[ShapeProfile]]) -> list[list[ShapeProfile]]:
+    """A flat list of ShapeProfile is one optimisation profile; a list of lists, several."""
+    if all(isinstance(p, ShapeProfile) for p in profiles):
+        return [list(profiles)] if profiles else []  # type: ignore[arg-type]
+    return [list(p) for p in profiles]  # type: ignore[arg-type]
 
 
 def _load_onnx(path: Path) -> onnx.ModelProto:
@@ -228,15 +239,18 @@ def _parse(trt: object, path: Path, use_plugins: bool) -> tuple:
         raise UsageError(f"TensorRT's ONNX parser rejected the model: {str(exc).strip().splitlines()[-1]}") from exc
 
 
-def _config(trt, builder, shape_profiles, capability, cache, workspace_mib, monitor):  # type: ignore[no-untyped-def]
+def _config(trt, builder, shape_profiles, capability, cache, workspace_mib, monitor):
     """The Polygraphy config loader for `builder`: profiles, cache, workspace, target, progress."""
     from polygraphy.backend.trt import CreateConfig, Profile
 
-    profile = Profile()
-    for p in shape_profiles:
-        profile.add(p.name, p.min, p.opt, p.max)
+    profiles = []
+    for shapes in shape_profiles:
+        profile = Profile()
+        for p in shapes:
+            profile.add(p.name, p.min, p.opt, p.max)
+        profiles.append(profile)
     options = {
-        "profiles": [profile] if shape_profiles else None,
+        "profiles": profiles if any(shape_profiles) else None,
         "load_timing_cache": os.fspath(cache) if cache is not None and cache.is_file() else None,
         "memory_pool_limits": {trt.MemoryPoolType.WORKSPACE: workspace_mib << 20} if workspace_mib else None,
         "progress_monitor": monitor,
@@ -244,8 +258,20 @@ def _config(trt, builder, shape_profiles, capability, cache, workspace_mib, moni
     if builder == "tensorrt-rtx":
         from polygraphy.backend.tensorrt_rtx import CreateConfigRTX
 
-        return CreateConfigRTX(compute_capabilities=[capability] if capability else None, **options)
-    return CreateConfig(**options)
+        loader = CreateConfigRTX(compute_capabilities=[capability] if capability else None, **options)
+    else:
+        loader = CreateConfig(**options)
+    expected = len(profiles) if any(shape_profiles) else 0
+
+    def checked(trt_builder, network):
+        """The config, once TensorRT has taken every profile (each shape set through
+        IOptimizationProfile.set_shape, which refuses a bad one)."""
+        config = loader(trt_builder, network)
+        if expected and config.num_optimization_profiles != expected:  # Polygraphy adds a default one to a static network
+            raise DeployfuseError(f"TensorRT took {config.num_optimization_profiles} optimisation profiles of {expected}")
+        return config
+
+    return checked
 
 
 def _build(network: tuple, config: object, cache: Path | None) -> object:

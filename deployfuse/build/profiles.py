@@ -1,7 +1,10 @@
 """Optimisation profiles: the min / opt / max shape TensorRT tunes each dynamic input for.
 
-A dynamic input's profile comes, in order of preference, from
-1. `--profile NAME:MIN:OPT:MAX` for that input;
+An engine has one or more optimisation profiles; each `--profile` flag is one, its inputs
+comma-separated (`--profile input_ids:1x16:1x64:1x128,attention_mask:1x16:1x64:1x128`), and
+without any flag the engine gets one. Within a profile, a dynamic input's shapes come, in order
+of preference, from
+1. the profile's `NAME:MIN:OPT:MAX` for that input;
 2. another input's `--profile` through a shared axis label (`attention_mask` follows
    `input_ids` on `batch` and `seq`);
 3. the shape the model was exported with (metadata key `deployfuse.input_shapes`, a JSON map
@@ -64,6 +67,37 @@ class ShapeProfile:
 
 def _fmt(shape: Shape) -> str:
     return "x".join(map(str, shape))
+
+
+def parse_profile(text: str) -> list[ShapeProfile]:
+    """One optimisation profile: `input_ids:1x16:1x64:1x128,attention_mask:1x16:1x64:1x128`."""
+    parts = [part.strip() for part in text.split(",")]
+    if not all(parts):
+        raise UsageError(f"--profile {text!r}: an empty entry; inputs are separated by single commas")
+    profile = [ShapeProfile.parse(part) for part in parts]
+    names = [p.name for p in profile]
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        raise UsageError(f"--profile {text!r} gives {', '.join(repeated)} twice; each --profile is one profile, one entry per input")
+    return profile
+
+
+def resolve_optimization_profiles(inputs: Mapping[str, Dims], given: Sequence[Sequence[ShapeProfile]], exported: Mapping[str, Shape]) -> list[list[ShapeProfile]]:
+    """Each given profile completed by `resolve_profiles` (one profile from the export shapes
+    when none is given); errors name the profile, and two profiles that resolve alike are refused
+    (TensorRT would build both for nothing)."""
+    if not given:
+        return [resolve_profiles(inputs, [], exported)]
+    out: list[list[ShapeProfile]] = []
+    for number, profile in enumerate(given, 1):
+        try:
+            resolved = resolve_profiles(inputs, profile, exported)
+        except UsageError as exc:
+            raise UsageError(f"profile {number} of {len(given)}: {exc}" if len(given) > 1 else str(exc)) from exc
+        if resolved in out:
+            raise UsageError(f"profiles {out.index(resolved) + 1} and {number} resolve to the same shapes: {', '.join(map(str, resolved))}")
+        out.append(resolved)
+    return out
 
 
 def model_inputs(model: onnx.ModelProto) -> dict[str, Dims]:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from deployfuse.build import BUILDERS, ShapeProfile, build_engine
+from deployfuse.build import BUILDERS, build_engine
+from deployfuse.build.profiles import parse_profile
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -13,8 +14,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "build", help="build a TensorRT engine from an ONNX model",
         description="Build a TensorRT engine (TensorRT >= 10 or TensorRT-RTX) from an ONNX model, "
-        "ideally one exported with --target tensorrt. Dynamic inputs get min 1, opt = the export shape, "
-        "max = 2x the export shape unless --profile says otherwise.",
+        "ideally one exported with --target tensorrt. Each --profile is one optimisation profile; "
+        "dynamic inputs a profile leaves out follow a given input through a shared axis name, else get "
+        "min 1, opt = the export shape, max = 2x the export shape.",
         epilog="exit codes: 0 built, 2 bad input, 3 internal failure (the message names a log file with the traceback), 130 interrupted.",
     )
     parser.add_argument("onnx", help="the ONNX model")
@@ -23,8 +25,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     precision.add_argument("--fp16", dest="precision", action="store_const", const="fp16", help="build in float16 (inputs and outputs stay float32)")
     precision.add_argument("--bf16", dest="precision", action="store_const", const="bf16", help="build in bfloat16 (inputs and outputs stay float32)")
     parser.set_defaults(precision="fp32")
-    parser.add_argument("--profile", action="append", default=[], metavar="NAME:MIN:OPT:MAX", help="shapes of one dynamic input, e.g. input_ids:1x128:4x128:8x128 (repeatable)")
-    parser.add_argument("--plugins", action="append", default=[], metavar="LIB", help="a TensorRT plugin library to load (repeatable); deployfuse's own is loaded when the model needs it")
+    parser.add_argument("--profile", action="append", default=[], metavar="NAME:MIN:OPT:MAX[,NAME:MIN:OPT:MAX...]",
+                        help="one optimisation profile, its inputs comma-separated, e.g. input_ids:1x16:1x64:1x128 "
+                        "(repeat for several profiles: --profile input_ids:1x16:1x64:1x128 --profile input_ids:8x16:32x128:64x128)")
+    parser.add_argument("--plugins", action="append", default=[], metavar="LIB",
+                        help="a TensorRT plugin library to load (repeatable); deployfuse's own is loaded when the model needs it")
     parser.add_argument("--timing-cache", metavar="FILE", help="read the timing cache from FILE if it exists and write it back")
     parser.add_argument("--workspace", type=int, metavar="MiB", help="cap on the builder's workspace memory")
     parser.add_argument("--compute-capability", metavar="X.Y", help="GPU generation to build for (TensorRT-RTX only), e.g. 8.9")
@@ -35,7 +40,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Build and print the summary; errors reach the CLI as DeployfuseError."""
-    profiles = [ShapeProfile.parse(p) for p in args.profile]
+    profiles = [parse_profile(p) for p in args.profile]
     progress = None if args.quiet else (lambda line: print(line, file=sys.stderr, flush=True))
     result = build_engine(
         args.onnx, args.output, precision=args.precision, profiles=profiles, plugins=args.plugins,

@@ -74,3 +74,16 @@ def test_dynamic_model_builds_from_its_export_shapes(bert_onnx, tmp_path, cli):
     code, out, err = cli("build", bert_onnx, "-o", tmp_path / "e.plan")
     assert code == 0, err
     assert (tmp_path / "e.plan").stat().st_size > 0
+
+
+def test_two_optimization_profiles(bert_onnx, tmp_path, cli):
+    """One profile for batch 1, one for batch 4-8 (inputs left out follow through shared axes);
+    TensorRT takes both (counted on its builder config before the build)."""
+    engine = tmp_path / "bert.plan"
+    code, out, err = cli("build", bert_onnx, "-o", engine, "--profile", "input_ids:1x8:1x16:1x32",
+                         "--profile", "input_ids:4x8:8x16:8x32,attention_mask:4x8:8x16:8x32", *CC, "-q")
+    assert code == 0, err
+    assert "profile 1  input_ids:1x8:1x16:1x32\nprofile 1  attention_mask:1x8:1x16:1x32" in out
+    assert "profile 2  input_ids:4x8:8x16:8x32\nprofile 2  attention_mask:4x8:8x16:8x32" in out
+    code, _, err = cli("build", bert_onnx, "-o", engine, "--profile", "input_ids:1x8:1x16:1x32", "--profile", "input_ids:4x8:8x16:8x32,attention_mask:4x8:8x9:8x32", *CC)
+    assert code == 2 and "profile 2 of 2: --profile values disagree on axis 'seq'" in err, err

@@ -8,7 +8,7 @@ import onnx
 import pytest
 
 from deployfuse.build import EXPORT_SHAPES_KEY, ShapeProfile
-from deployfuse.build.profiles import export_shapes, model_inputs, resolve_profiles
+from deployfuse.build.profiles import export_shapes, model_inputs, parse_profile, resolve_optimization_profiles, resolve_profiles
 from deployfuse.errors import UsageError
 
 TEXT = {"input_ids": ("batch", "seq"), "attention_mask": ("batch", "seq")}
@@ -53,3 +53,33 @@ def test_errors_say_what_to_do():
         resolve_profiles({"x": ("batch", 3)}, [ShapeProfile.parse("x:1x3:2x4:4x4")], {})
     with pytest.raises(UsageError, match="disagree"):
         resolve_profiles(TEXT, [ShapeProfile.parse("input_ids:1x8:2x8:4x8"), ShapeProfile.parse("attention_mask:1x8:2x9:4x9")], {})
+
+
+def test_one_profile_flag_holds_several_inputs():
+    profile = parse_profile("input_ids:1x16:1x64:1x128, attention_mask:1x16:1x64:1x128")
+    assert [p.name for p in profile] == ["input_ids", "attention_mask"]
+    for text, message in [("input_ids:1x8:2x8:4x8,", "empty entry"), ("x:1:1:1,x:1:2:2", "gives x twice")]:
+        with pytest.raises(UsageError, match=message):
+            parse_profile(text)
+
+
+def test_several_profiles_each_completed_on_its_own():
+    """Inputs a profile leaves out follow its inputs through shared axes, else the export shape."""
+    inputs = {**TEXT, "pixel": ("batch", 3), "extra": ("rows",)}
+    given = [parse_profile("input_ids:1x16:1x64:1x128"), parse_profile("input_ids:8x16:32x128:64x128,pixel:8x3:32x3:64x3")]
+    first, second = resolve_optimization_profiles(inputs, given, {"extra": (5,)})
+    assert {p.name: (p.min, p.opt, p.max) for p in first} == {
+        "input_ids": ((1, 16), (1, 64), (1, 128)),
+        "attention_mask": ((1, 16), (1, 64), (1, 128)),  # the shared axes batch and seq
+        "pixel": ((1, 3), (1, 3), (1, 3)),  # batch
+        "extra": ((1,), (5,), (10,)),  # no shared axis: the export shape
+    }
+    assert {p.name: p.max for p in second} == {"input_ids": (64, 128), "attention_mask": (64, 128), "pixel": (64, 3), "extra": (10,)}
+    assert resolve_optimization_profiles(TEXT, [], {"input_ids": (2, 8), "attention_mask": (2, 8)}) == [resolve_profiles(TEXT, [], {"input_ids": (2, 8), "attention_mask": (2, 8)})]
+
+
+def test_several_profiles_errors_name_the_profile():
+    with pytest.raises(UsageError, match=r"profile 2 of 2: --profile names 'ids'"):
+        resolve_optimization_profiles(TEXT, [parse_profile("input_ids:1x8:2x8:4x8"), parse_profile("ids:1x8:2x8:4x8")], {})
+    with pytest.raises(UsageError, match="profiles 1 and 2 resolve to the same shapes"):
+        resolve_optimization_profiles(TEXT, [parse_profile("input_ids:1x8:2x8:4x8"), parse_profile("attention_mask:1x8:2x8:4x8")], {})
