@@ -9,6 +9,7 @@ optimisation profile -> parse with Polygraphy's `NetworkFromOnnxPath` -> build w
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import tempfile
@@ -22,6 +23,7 @@ from typing import Any
 import onnx
 
 from deployfuse.build import builders, plugins as plugin_libs, precision as lowp
+from deployfuse.build.inspect import network_record, record_path
 from deployfuse.build.preflight import Preflight, check_nodes, split_overloads, walk_nodes
 from deployfuse.build.profiles import ShapeProfile, export_shapes, model_inputs, resolve_optimization_profiles
 from deployfuse.build.progress import progress_monitor
@@ -49,6 +51,7 @@ class BuildResult:
     timing_cache: Path | None = None
     size_bytes: int = 0
     seconds: float = 0.0
+    record: Path | None = None  # ENGINE.plan.build.json, what `deployfuse inspect` reads when no runtime can load the engine
 
     def summary(self) -> str:
         """A few lines for the terminal."""
@@ -155,19 +158,35 @@ def build_engine(
         network = _parse(trt, prepared, use_plugins=bool(preflight.plugin))
         network_layers = network[1].num_layers
         plugin_layers = sum(1 for i in range(network_layers) if "PLUGIN" in network[1].get_layer(i).type.name)
+        network_info = network_record(network[1])
         say(f"parsed: {network_layers} layers ({plugin_layers} plugins); building for {precision}" + (f", compute capability {compute_capability}" if capability else ""))
         config = _config(trt, name, shape_profiles, capability, cache, workspace_mib, progress_monitor(trt, say))
         engine = _build(network, config, cache)
 
-    with atomic_path(target) as tmp_engine:
-        tmp_engine.write_bytes(memoryview(engine))  # type: ignore[arg-type]  # an IHostMemory
-    return BuildResult(
+    result = BuildResult(
         engine=target, builder=name, builder_version=trt.__version__, precision=precision,
         compute_capability=compute_capability if capability else None, profiles=shape_profiles,
         network_layers=network_layers, plugin_layers=plugin_layers, preflight=preflight,
-        plugin_libraries=libraries, timing_cache=cache, size_bytes=target.stat().st_size,
-        seconds=time.perf_counter() - start,
+        plugin_libraries=libraries, timing_cache=cache, record=record_path(target),
     )
+    with atomic_path(record_path(target)) as tmp_record, atomic_path(target) as tmp_engine:
+        tmp_engine.write_bytes(memoryview(engine))  # type: ignore[arg-type]  # an IHostMemory
+        result.size_bytes = tmp_engine.stat().st_size
+        result.seconds = time.perf_counter() - start
+        tmp_record.write_text(json.dumps(_record(result, network_info), indent=1))
+    return result
+
+
+def _record(result: BuildResult, network: dict) -> dict:
+    """How the engine was built, for `deployfuse inspect` where no runtime can load it."""
+    return {
+        "builder": result.builder, "builder_version": result.builder_version, "precision": result.precision,
+        "compute_capability": result.compute_capability, "size_bytes": result.size_bytes, "seconds": round(result.seconds, 2),
+        "plugin_libraries": [os.fspath(p) for p in result.plugin_libraries],
+        "plugins": [f"{op} x{n}" for op, n in result.preflight.plugin.items()],
+        "profiles": [[{"name": p.name, "min": list(p.min), "opt": list(p.opt), "max": list(p.max)} for p in profile] for profile in result.profiles],
+        "network": network,
+    }
 
 
 def _as_profiles(profiles: Sequence[ShapeProfile] | Sequence[Sequence[ShapeProfile]]) -> list[list[ShapeProfile]]:
@@ -254,6 +273,7 @@ def _config(trt, builder, shape_profiles, capability, cache, workspace_mib, moni
         "load_timing_cache": os.fspath(cache) if cache is not None and cache.is_file() else None,
         "memory_pool_limits": {trt.MemoryPoolType.WORKSPACE: workspace_mib << 20} if workspace_mib else None,
         "progress_monitor": monitor,
+        "profiling_verbosity": trt.ProfilingVerbosity.DETAILED,  # the engine inspector then gives each layer's precision
     }
     if builder == "tensorrt-rtx":
         from polygraphy.backend.tensorrt_rtx import CreateConfigRTX

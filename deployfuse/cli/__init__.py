@@ -17,6 +17,7 @@ COMMANDS: list[tuple[str, str]] = [
     ("export", "export"),
     ("plugins", "plugins"),
     ("build", "build"),
+    ("inspect", "inspect"),
     ("compare", "compare"),
     ("run", "run"),
     ("package", "package"),
