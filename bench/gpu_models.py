@@ -224,6 +224,7 @@ def ort_cuda(path: str, inputs: dict, cuda_options: dict[str, str]) -> Callable[
     """
     import numpy as np
     import torch
+
     from deployfuse.backends.ort import run, session
 
     numpy = {torch.float32: np.float32, torch.float16: np.float16, torch.int64: np.int64, torch.int32: np.int32, torch.bool: np.bool_}
@@ -283,8 +284,8 @@ class Results:
 
 
 def bench_row(model_name: str, dtype: str, batch: int, workdir: Path, results: Results, args: argparse.Namespace) -> None:
-    import torch
     import kernel_profile
+    import torch
     from anchors import build
 
     max_autotune = wants_max_autotune(args, model_name, batch)
@@ -327,9 +328,9 @@ def bench_row(model_name: str, dtype: str, batch: int, workdir: Path, results: R
         results.add(row, profile)
 
     layout = "channels_last" if model_name in CONVOLUTIONAL else "contiguous"
-    record("eager", f"{layout}, PyTorch default precision", lambda: lambda: first_output(cl_module(**cl_inputs)), tf32=False if dtype == "fp32" else None)
+    record("eager", f"{layout}, PyTorch default precision", lambda m=cl_module: lambda: first_output(m(**cl_inputs)), tf32=False if dtype == "fp32" else None)
     if dtype == "fp32":
-        record("eager+tf32", f"{layout}, TF32 matmuls and convolutions", lambda: lambda: first_output(cl_module(**cl_inputs)), tf32=True)
+        record("eager+tf32", f"{layout}, TF32 matmuls and convolutions", lambda m=cl_module: lambda: first_output(m(**cl_inputs)), tf32=True)
     tf32 = "+tf32" if dtype == "fp32" else ""
     for variant, mode in COMPILE_MODES.items():
         if variant + tf32 not in names:
@@ -379,7 +380,8 @@ def main() -> None:
     parser.add_argument("--no-gpu-time", dest="gpu_time", action="store_false", help="skip the CUPTI kernel-time sum")
     parser.add_argument("--profile-iters", type=int, default=10)
     parser.add_argument("--prepare-jobs", type=int, default=4, help="worker processes that export and warm compile caches")
-    parser.add_argument("--overlap-prepare", action="store_true", help="time prepared rows while later rows are still prepared (faster; the workers' CPU and GPU work then slows the timed variants: up to 15 %% seen on CUDA-graph rows)")
+    parser.add_argument("--overlap-prepare", action="store_true", help="time prepared rows while later rows are still prepared "
+                        "(faster; the workers' CPU and GPU work then slows the timed variants: up to 15 %% seen on CUDA-graph rows)")
     parser.add_argument("--workdir", default="/tmp/deployfuse_bench", help="ONNX files, compile caches' logs and the merged results")
     parser.add_argument("--out", default=None, help="folder to copy h200.json and h200.profile.json to after every variant")
     parser.add_argument("--dry-run", action="store_true", help="print the rows and variants that would run, and exit")

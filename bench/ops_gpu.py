@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ctypes
+import functools
 import importlib.util
 import math
 import sys
@@ -55,10 +56,10 @@ def wanted(op):
 
 
 lib = ctypes.CDLL(ARGS.lib)
-P, I, Fl = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
-for name, argtypes in (("df_layer_norm_gelu", [ctypes.c_int, P, P, P, P, P, I, I, Fl, ctypes.c_int]),
-                       ("df_group_norm_act", [ctypes.c_int, P, P, P, P, P, I, I, I, I, Fl, ctypes.c_int]),
-                       ("df_bias_act", [ctypes.c_int, P, P, P, P, I, I, ctypes.c_int]),
+P, I64, Fl = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
+for name, argtypes in (("df_layer_norm_gelu", [ctypes.c_int, P, P, P, P, P, I64, I64, Fl, ctypes.c_int]),
+                       ("df_group_norm_act", [ctypes.c_int, P, P, P, P, P, I64, I64, I64, I64, Fl, ctypes.c_int]),
+                       ("df_bias_act", [ctypes.c_int, P, P, P, P, I64, I64, ctypes.c_int]),
                        ("df_fused_mha", [ctypes.c_int, P, P, P, P, P, P, ctypes.POINTER(MhaShape)])):
     if hasattr(lib, name):  # with --only, a library of just those ops' launchers will do
         getattr(lib, name).argtypes = argtypes
@@ -84,7 +85,8 @@ def native(op, xs, attrs, y):
         ok(lib.df_layer_norm_gelu(d, stream(), ptr(x), ptr(xs[1]), ptr(xs[2]), ptr(y), x.numel() // cols, cols, attrs.get("epsilon", 1e-5), attrs.get("approximate") == "tanh"))
     elif op == "GroupNormAct":
         n, c = x.shape[:2]
-        ok(lib.df_group_norm_act(d, stream(), ptr(x), ptr(xs[1]), ptr(xs[2]), ptr(y), n, c, x[0, 0].numel(), attrs["num_groups"], attrs.get("epsilon", 1e-5), ACT[attrs.get("activation", "silu")]))
+        ok(lib.df_group_norm_act(d, stream(), ptr(x), ptr(xs[1]), ptr(xs[2]), ptr(y), n, c, x[0, 0].numel(), attrs["num_groups"], attrs.get("epsilon", 1e-5),
+                                 ACT[attrs.get("activation", "silu")]))
     elif op == "BiasAct":
         ok(lib.df_bias_act(d, stream(), ptr(x), ptr(xs[1]), ptr(y), x.numel(), x.shape[-1], ACT[attrs.get("activation", "gelu")]))
     else:
@@ -284,7 +286,8 @@ def ort_check(ort_lib):
                 ref = SPECS[op].reference_fn(*[None if x is None else torch.from_numpy(x).double() for x in xs], **SPECS[op].resolve(**a))
                 rel = ((got - ref).norm() / ref.norm()).item()
                 worst = max(worst, rel / tol)
-                print(f"ort-cuda {'ok' if rel < tol else 'FAIL':4} {op:13} {str(shape):18} {np.dtype(dtype).name:8} {'library' if with_lib else 'function body':13} rel_err={rel:.2e}")
+                kind = "library" if with_lib else "function body"
+                print(f"ort-cuda {'ok' if rel < tol else 'FAIL':4} {op:13} {str(shape):18} {np.dtype(dtype).name:8} {kind:13} rel_err={rel:.2e}")
     return worst
 
 
@@ -294,7 +297,10 @@ def median_ms(fn, reps=50):
     times = []
     for _ in range(reps):
         s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record(); fn(); e.record(); e.synchronize()
+        s.record()
+        fn()
+        e.record()
+        e.synchronize()
         times.append(s.elapsed_time(e))
     return sorted(times)[len(times) // 2]
 
@@ -328,7 +334,7 @@ def bench():
     rows = []
     big = torch.empty(2 * 2**30, dtype=torch.uint8, device="cuda")
     dst = torch.empty_like(big)
-    copy_ms = median_ms(lambda: dst.copy_(big), 20)  # ~1 ms a copy: launch cost is noise; a captured copy ran slower
+    copy_ms = median_ms(functools.partial(dst.copy_, big), 20)  # ~1 ms a copy: launch cost is noise; a captured copy ran slower
     copy_bw = 2 * big.numel() / copy_ms / 1e6
     del big, dst
     print(f"copy bandwidth {copy_bw:.0f} GB/s (read+write, 2 GiB)")

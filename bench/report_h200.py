@@ -24,7 +24,8 @@ from pathlib import Path
 RESULTS = Path(__file__).resolve().parent / "results"
 NAMES = {"bert": "BERT-base", "vit": "ViT-B/16", "gpt2": "GPT-2", "resnet50": "ResNet-50"}
 SHAPES = {"bert": "{}x128", "gpt2": "{}x128", "vit": "{}", "resnet50": "{}"}
-VARIANT_ORDER = ("eager", "compile", "compile-reduce-overhead", "compile-max-autotune", "ort-plain", "ort-plain+cudagraph", "ort-opt", "ort-opt+cudagraph", "onnxscript", "onnxscript+cudagraph", "deployfuse", "deployfuse+cudagraph")
+VARIANT_ORDER = ("eager", "compile", "compile-reduce-overhead", "compile-max-autotune", "ort-plain", "ort-plain+cudagraph", "ort-opt", "ort-opt+cudagraph", "onnxscript",
+                 "onnxscript+cudagraph", "deployfuse", "deployfuse+cudagraph")
 BATCH_ORDER = {"bert": (1, 8, 64), "vit": (1, 8, 64), "gpt2": (1, 8, 64), "resnet50": (1, 32, 128)}
 
 

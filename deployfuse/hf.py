@@ -221,6 +221,7 @@ def _processor_class(model_type: str, kind: str) -> Any:
     """The processor class transformers maps `model_type` to (not instantiated: no files needed)."""
     from transformers.models.auto import feature_extraction_auto, image_processing_auto, tokenization_auto
 
+    names: Any  # a class name, names per backend, or None
     if kind == "tokenizer":
         names, lookup = tokenization_auto.TOKENIZER_MAPPING_NAMES.get(model_type), tokenization_auto.tokenizer_class_from_name
     elif kind == "image_processor":

@@ -72,7 +72,9 @@ class LoadedModel:
     def name_inputs(self, values: Sequence[torch.Tensor] | Mapping[str, torch.Tensor]) -> Inputs:
         """Name positional example inputs by the forward's signature."""
         if self.variadic:
-            values = values if isinstance(values, Mapping) else dict(zip(self.input_names or [f"input_{i}" for i in range(len(values))], (values,) if isinstance(values, torch.Tensor) else values))
+            if not isinstance(values, Mapping):
+                names = self.input_names or [f"input_{i}" for i in range(len(values))]
+                values = dict(zip(names, (values,) if isinstance(values, torch.Tensor) else values))
             self.rename_inputs(list(values))
         if isinstance(values, Mapping):
             unknown = [k for k in values if self.input_names and k not in self.input_names]
@@ -134,7 +136,7 @@ def _as_tensor(name: object, value: object) -> torch.Tensor:
 def forward_parameter_names(module: torch.nn.Module) -> list[str]:
     """Names of the forward's parameters (no self, no *args/**kwargs)."""
     if isinstance(module, torch.jit.ScriptModule):
-        return [a.name for a in module.forward.schema.arguments[1:]]
+        return [a.name for a in module.forward.schema.arguments[1:]]  # type: ignore[attr-defined]  # a ScriptMethod
     params = inspect.signature(module.forward).parameters.values()
     return [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
 

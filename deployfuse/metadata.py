@@ -56,5 +56,5 @@ def weights_digest(module: torch.nn.Module) -> str:
         tensor = tensor.contiguous()
         digest.update(f"{tensor.dtype}{tuple(tensor.shape)}".encode())
         if tensor.numel():
-            digest.update(tensor.reshape(-1).view(torch.uint8).numpy())
+            digest.update(tensor.reshape(-1).view(torch.uint8).numpy())  # type: ignore[arg-type]  # ndarray is a buffer (numpy's stubs omit __buffer__ before 3.12)
     return digest.hexdigest()

@@ -32,8 +32,7 @@ from deployfuse.inputs import DynamicAxis, InputSpec, Inputs, checked_dynamic, m
 from deployfuse.io import check_outputs, check_writable_target, write_text_atomic
 from deployfuse.loading import LoadedModel, given_inputs, load_model
 from deployfuse.report import ExportReport, Step
-from deployfuse.rewrite import TARGETS, FusionReport
-from deployfuse.rewrite import fuse as fuse_graph
+from deployfuse.rewrite import TARGETS, FusionReport, fuse as fuse_graph
 from deployfuse.verify import DEFAULT_RTOL, compare_outputs, to_numpy
 
 PRECISIONS = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}

@@ -16,7 +16,7 @@ import logging
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Union
+from typing import Any
 
 import onnx
 
@@ -29,7 +29,7 @@ CUDA = "CUDAExecutionProvider"
 CPU = "CPUExecutionProvider"
 
 # An execution provider as onnxruntime takes it: a name, or (name, options).
-Provider = Union[str, tuple[str, Mapping[str, Any]]]
+Provider = str | tuple[str, Mapping[str, Any]]
 
 
 def artefact_provider_options(model: onnx.ModelProto | str | os.PathLike[str]) -> dict[str, str]:
@@ -41,7 +41,7 @@ def artefact_provider_options(model: onnx.ModelProto | str | os.PathLike[str]) -
     if not isinstance(model, onnx.ModelProto):
         model = _load_header(model)
     options = metadata.read(model, metadata.CUDA_PROVIDER_OPTIONS) or {}
-    return {str(k): str(v) for k, v in options.items()}  # type: ignore[union-attr]
+    return {str(k): str(v) for k, v in options.items()}  # type: ignore[attr-defined]  # a JSON object
 
 
 def resolve_providers(
@@ -215,7 +215,7 @@ def input_shapes(model: onnx.ModelProto, given: Mapping[str, Sequence[int]] | No
     shapes: dict[str, tuple[int, ...]] = {}
     for value in inputs:
         dims = [d.dim_value if d.HasField("dim_value") else None for d in value.type.tensor_type.shape.dim]
-        shape = given.get(value.name) or recorded.get(value.name)  # type: ignore[union-attr]
+        shape = given.get(value.name) or recorded.get(value.name)  # type: ignore[attr-defined]
         if shape is None:
             shape = [s if s is not None else labels.get(d.dim_param) for d, s in zip(value.type.tensor_type.shape.dim, dims)]
             if None in shape:

@@ -312,7 +312,8 @@ def test_compare_resizes_the_inputs_that_share_a_dynamic_axis(cli, tmp_path):
     deployfuse.export(_TwoInputs(), tmp_path / "two.onnx", inputs=[InputSpec("x", (3, 4)), InputSpec("y", (3, 4))],
                       dynamic=[deployfuse.DynamicAxis("x", 0, "batch"), deployfuse.DynamicAxis("y", 0, "batch")], fuse=False, verify=False)
     torch.save(_TwoInputs(), tmp_path / "two.pt")
-    code, _, stderr = cli("compare", tmp_path / "two.pt", tmp_path / "two.onnx", "--trust-pickle", "--dynamic", "x:0:batch", "--iterations", "0", "-q", "--json", tmp_path / "cmp.json")
+    code, _, stderr = cli("compare", tmp_path / "two.pt", tmp_path / "two.onnx", "--trust-pickle", "--dynamic", "x:0:batch", "--iterations", "0", "-q", "--json",
+                          tmp_path / "cmp.json")
     assert code == 0, stderr
     shapes = [a["shapes"] for a in json.loads((tmp_path / "cmp.json").read_text())["accuracy"]]
     assert len(shapes) == 2 and all(s["x"] == s["y"] for s in shapes) and shapes[0]["x"] != shapes[1]["x"]

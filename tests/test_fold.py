@@ -5,12 +5,12 @@ from __future__ import annotations
 import copy
 import json
 
+import fold_models
 import pytest
 import torch
+import zoo
 from torch import nn
 
-import fold_models
-import zoo
 from deployfuse.fold import FoldReport, fold_batchnorm
 from deployfuse.loading import load_model
 

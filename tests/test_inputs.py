@@ -58,12 +58,14 @@ def test_checked_dynamic_spreads_an_axis_to_inputs_of_the_same_size():
 
     inputs = {"input_ids": torch.zeros(2, 16, dtype=torch.long), "attention_mask": torch.ones(2, 16, dtype=torch.long), "pixels": torch.zeros(2, 3, 16)}
     axes, shared = checked_dynamic([DynamicAxis("input_ids", -1, "seq"), DynamicAxis("input_ids", 0, "batch")], inputs)
-    assert set(axes) == {DynamicAxis("input_ids", 1, "seq"), DynamicAxis("input_ids", 0, "batch"), DynamicAxis("attention_mask", 1, "seq"), DynamicAxis("attention_mask", 0, "batch")}
+    assert set(axes) == {DynamicAxis("input_ids", 1, "seq"), DynamicAxis("input_ids", 0, "batch"), DynamicAxis("attention_mask", 1, "seq"),
+                         DynamicAxis("attention_mask", 0, "batch")}
     assert set(shared) == {DynamicAxis("attention_mask", 1, "seq"), DynamicAxis("attention_mask", 0, "batch")}  # pixels: another rank
     assert checked_dynamic([DynamicAxis("input_ids", 1, "seq")], inputs, share=False)[0] == [DynamicAxis("input_ids", 1, "seq")]
 
 
-@pytest.mark.parametrize(("axis", "message"), [(DynamicAxis("y", 0, "b"), "not among the inputs: x"), (DynamicAxis("x", 2, "b"), "has rank 2"), (DynamicAxis("x", -3, "b"), "has rank 2")])
+@pytest.mark.parametrize(("axis", "message"),
+                         [(DynamicAxis("y", 0, "b"), "not among the inputs: x"), (DynamicAxis("x", 2, "b"), "has rank 2"), (DynamicAxis("x", -3, "b"), "has rank 2")])
 def test_checked_dynamic_refuses_axes_the_inputs_lack(axis, message):
     from deployfuse.inputs import checked_dynamic
 

@@ -57,13 +57,13 @@ def llama() -> tuple[torch.nn.Module, Inputs]:
     """LLaMA-like: RMSNorm, rotary embeddings, grouped-query attention (4 query heads, 2 KV heads)."""
     import transformers
 
-    cfg = transformers.LlamaConfig(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128, use_cache=False)
+    cfg = transformers.LlamaConfig(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                   max_position_embeddings=128, use_cache=False)
     return transformers.LlamaModel(cfg).eval(), {"input_ids": _ids(2, 16, cfg.vocab_size)}
 
 
 def whisper_encoder() -> tuple[torch.nn.Module, Inputs]:
     import transformers
-
     from transformers.models.whisper.modeling_whisper import WhisperEncoder
 
     cfg = transformers.WhisperConfig(d_model=64, encoder_layers=2, encoder_attention_heads=4, encoder_ffn_dim=128, num_mel_bins=16, max_source_positions=32)

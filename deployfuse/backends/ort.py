@@ -6,8 +6,10 @@ custom-op library is registered, so every stage runs the model the same way.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -21,9 +23,9 @@ PROVIDERS = {"ort-cpu": ["CPUExecutionProvider"], "ort-cuda": ["CUDAExecutionPro
 
 def session(
     model: onnx.ModelProto | str | Path | bytes,
-    providers: Sequence[str] = ("CPUExecutionProvider",),
+    providers: Sequence[str | tuple[str, Mapping[str, Any]]] = ("CPUExecutionProvider",),
     optimize: bool = True,
-    custom_ops_library: str | Path | None = None,
+    custom_ops_library: str | os.PathLike[str] | None = None,
     threads: int = 0,
     cuda_options: Mapping[str, str] | None = None,
 ):  # -> onnxruntime.InferenceSession (imported late: heavy)

@@ -87,7 +87,8 @@ def check_nodes(model: onnx.ModelProto, supports_operator: Callable[[str], bool]
             elif node.domain in STANDARD_DOMAINS:
                 result.offenders.append(Offender(node.name, op, "TensorRT's ONNX parser has no importer for it"))
             else:
-                hint = _HINTS.get(node.domain, f"no plugin named {node.op_type!r} in namespace {node.domain!r} is loaded and the model has no function body for it; load its library with --plugins LIB")
+                hint = _HINTS.get(node.domain,
+                        f"no plugin named {node.op_type!r} in namespace {node.domain!r} is loaded and the model has no function body for it; load its library with --plugins LIB")
                 result.offenders.append(Offender(node.name, op, hint))
 
     visit(walk_nodes(model.graph.node))

@@ -14,7 +14,7 @@ def progress_monitor(trt: ModuleType, report: Callable[[str], None]) -> Any:
     Defined per call because the base class lives in whichever TensorRT module is active.
     """
 
-    class _Monitor(trt.IProgressMonitor):  # type: ignore[name-defined,misc]
+    class _Monitor(trt.IProgressMonitor):  # type: ignore[name-defined]
         def __init__(self) -> None:
             trt.IProgressMonitor.__init__(self)
             self._started: dict[str, float] = {}

@@ -45,7 +45,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("model", metavar="MODEL", help="the PyTorch model: file or package.module:callable")
     p.add_argument("onnx", metavar="ONNX", help="the ONNX model to check")
     add_model_input_arguments(p)
-    p.add_argument("--backends", default="torch,ort-cpu", metavar="B,B,...", help=f"comma-separated, from {', '.join(BACKENDS)}; the first is the reference (default: torch,ort-cpu)")
+    p.add_argument("--backends", default="torch,ort-cpu", metavar="B,B,...",
+                   help=f"comma-separated, from {', '.join(BACKENDS)}; the first is the reference (default: torch,ort-cpu)")
     p.add_argument("--engine", metavar="PLAN", help="a TensorRT engine for the trt backend (built from ONNX when absent)")
     p.add_argument("--atol", action="append", default=[], type=_tolerance("--atol"), metavar="[OUT:]V",
                    help="absolute tolerance, for all outputs or one (repeat); default by dtype: fp32 1e-4 (5e-3 on an ort-cuda session using TF32), fp16 1e-2, bf16 5e-2")
@@ -61,7 +62,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, metavar="N", help="random seed for the inputs")
     p.add_argument("--json", metavar="FILE", help="write every figure as JSON")
     p.add_argument("--report", metavar="FILE.html", help="write an HTML report with latency and error plots")
-    p.add_argument("--save-results", metavar="FILE.json", help="write Polygraphy RunResults, and the inputs beside it as NAME.inputs.json (polygraphy run --load-inputs/--load-outputs)")
+    p.add_argument("--save-results", metavar="FILE.json",
+                   help="write Polygraphy RunResults, and the inputs beside it as NAME.inputs.json (polygraphy run --load-inputs/--load-outputs)")
     p.add_argument("-q", "--quiet", action="store_true", help="print only the verdict")
     p.add_argument("-v", "--verbose", action="store_true", help="show Polygraphy's log and warnings")
     p.set_defaults(run=run)

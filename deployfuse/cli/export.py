@@ -85,7 +85,8 @@ def _export(args: argparse.Namespace, progress: Progress) -> int:
     result = export(
         args.model, args.output, inputs=args.inputs, example_inputs=args.example_inputs, dynamic=args.dynamic,
         target=args.target, precision=args.precision, opset=args.opset, exporter=args.exporter, fold=not args.no_fold, fuse=not args.no_fuse,
-        verify=not args.no_verify, cuda_graph=args.cuda_graph, tf32=not args.no_tf32, autotune=args.autotune, debug=args.debug, trust_pickle=args.trust_pickle, report_path=args.report, rtol=args.rtol, task=args.task, static=args.static,
+        verify=not args.no_verify, cuda_graph=args.cuda_graph, tf32=not args.no_tf32, autotune=args.autotune, debug=args.debug, trust_pickle=args.trust_pickle,
+        report_path=args.report, rtol=args.rtol, task=args.task, static=args.static,
         verify_draws=args.verify_draws, seed=args.seed, allow_traced_control_flow=args.allow_traced_control_flow,
         progress=progress,
     )

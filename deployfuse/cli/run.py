@@ -58,7 +58,8 @@ def run(args: argparse.Namespace) -> int:
         outputs = session.run(None, feed)
         times.append((time.perf_counter() - start) * 1e3)
     ms = np.array(times)
-    batch = next(iter(shapes.values()))[0] if shapes and next(iter(shapes.values())) else 1
+    first = next(iter(shapes.values()), ())
+    batch = first[0] if first else 1
     ops = "native library" if session.native_ops else ("ONNX function bodies" if session.uses_deployfuse_ops else "none in the model")
     print(f"model       {args.model}")
     print(f"providers   {', '.join(session.get_providers())}")

@@ -77,7 +77,7 @@ def output_stats(name: str, reference: np.ndarray, actual: np.ndarray | None, at
         return OutputStats(name, tuple(ref.shape), str(ref.dtype), 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0, special_bad, atol, rtol, special_bad == 0)
     diff = np.abs(a - r)
     scale = float(np.max(np.abs(r)))
-    rel = diff / np.maximum(np.abs(r), max(REL_FLOOR * scale, np.finfo(np.float64).tiny))
+    rel = diff / np.maximum(np.abs(r), max(REL_FLOOR * scale, float(np.finfo(np.float64).tiny)))
     norms = float(np.linalg.norm(a)) * float(np.linalg.norm(r))
     cosine = float(np.dot(a, r) / norms) if norms > 0 else (1.0 if not a.any() and not r.any() else 0.0)
     mismatched = int(np.count_nonzero(diff > atol + rtol * np.abs(r))) + special_bad

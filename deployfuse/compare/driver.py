@@ -264,11 +264,12 @@ def _with_shared_axes(dynamic: Sequence[DynamicAxis], model: onnx.ModelProto) ->
     """`dynamic` plus the graph-input axes that carry the same symbolic dimension as one of them
     (attention_mask's `seq` beside input_ids'), so the second feed resizes them together."""
     dims = {name: shape for name, (_, shape) in feed_lib.graph_inputs(model).items()}
-    symbols = {}
+    symbols: dict[str, str] = {}
     for d in dynamic:
         shape = dims.get(d.name, ())
-        if -len(shape) <= d.axis < len(shape) and isinstance(shape[d.axis], str) and shape[d.axis] != "?":
-            symbols.setdefault(shape[d.axis], d.label)
+        symbol = shape[d.axis] if -len(shape) <= d.axis < len(shape) else None
+        if isinstance(symbol, str) and symbol != "?":
+            symbols.setdefault(symbol, d.label)
     given = {(d.name, d.axis % len(dims[d.name]) if dims.get(d.name) else d.axis) for d in dynamic}
     shared = [DynamicAxis(name, axis, symbols[symbol]) for name, shape in dims.items() for axis, symbol in enumerate(shape)
               if symbol in symbols and (name, axis) not in given]

@@ -50,7 +50,7 @@ def summarize(backend: str, timing: str, warmup: int, samples_ms: list[float], b
                         per_s, per_s * batch, [float(x) for x in t])
 
 
-def measure(runner: "BaseRunner", feed: Mapping[str, np.ndarray], warmup: int, iterations: int) -> LatencyStats:
+def measure(runner: BaseRunner, feed: Mapping[str, np.ndarray], warmup: int, iterations: int) -> LatencyStats:
     """Activate `runner`, run `warmup` untimed and `iterations` timed inferences on `feed`."""
     if iterations < 1 or warmup < 0:
         raise UsageError(f"--iterations must be >= 1 and --warmup >= 0 (got {iterations}, {warmup})")

@@ -133,7 +133,9 @@ def html_report(result: CompareResult) -> str:
     parts = [
         "<!doctype html><meta charset=utf-8><title>deployfuse compare</title>",
         "<style>body{font-family:sans-serif;margin:2em}table{border-collapse:collapse;margin:1em 0}"
-        "td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}.fail{background:#fdd}.verdict{font-size:1.3em;padding:.4em .8em;display:inline-block}.verdict.pass{background:#d4edda;color:#155724}.verdict.fail{background:#f8d7da;color:#721c24}.warn{background:#fff3cd;padding:.3em .6em}.text{text-align:left;font-family:monospace}</style>",
+        "td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}.fail{background:#fdd}.verdict{font-size:1.3em;padding:.4em .8em;display:inline-block}"
+        ".verdict.pass{background:#d4edda;color:#155724}.verdict.fail{background:#f8d7da;color:#721c24}.warn{background:#fff3cd;padding:.3em .6em}"
+        ".text{text-align:left;font-family:monospace}</style>",
         f"<h1>deployfuse compare</h1><p>model <code>{html.escape(result.model)}</code>, ONNX <code>{html.escape(result.onnx)}</code>, "
         f"reference backend <b>{html.escape(result.reference)}</b></p>",
         f"<p class='verdict {'pass' if result.passed else 'fail'}'>"
@@ -165,8 +167,8 @@ def html_report(result: CompareResult) -> str:
     if result.latency:
         rows = [[lat.backend, f"{lat.median_ms:.3f}", f"{lat.p90_ms:.3f}", f"{lat.mean_ms:.3f}", f"{lat.min_ms:.3f}", f"{lat.throughput_per_s:.1f}",
                  f"{lat.samples_per_s:.1f}", f"{lat.timing}, {lat.iterations} runs after {lat.warmup} warm-up"] for lat in result.latency]
-        parts.append("<h2>Latency</h2>" + "".join(f"<p class=warn>noisy timing, {html.escape(n)}: rerun on a quieter machine or with more --iterations</p>"
-                                                  for n in noisy_timings(result)) + _table(["backend", "median ms", "p90 ms", "mean ms", "min ms", "inferences/s", "samples/s", "timing"], rows))
+        noisy = "".join(f"<p class=warn>noisy timing, {html.escape(n)}: rerun on a quieter machine or with more --iterations</p>" for n in noisy_timings(result))
+        parts.append("<h2>Latency</h2>" + noisy + _table(["backend", "median ms", "p90 ms", "mean ms", "min ms", "inferences/s", "samples/s", "timing"], rows))
         parts.append(f"<img alt='latency per backend' src='data:image/png;base64,{latency_png(result)}'>")
     fusions = fusion_summary(result.onnx)
     parts.append("<h2>Fusions in the ONNX file</h2>" + (_table(["rule", "fused op", "nodes"], [[r, op, str(n)] for r, op, n in fusions])

@@ -51,7 +51,7 @@ def _slice_bounds(node: onnx.NodeProto, consts: dict[str, np.ndarray]) -> tuple[
     if any(name and name not in consts for name in names) or not names[0] or not names[1]:
         return None
     starts, ends, axes, steps = (consts[name].reshape(-1) if name else None for name in names)
-    if starts.size != 1 or ends.size != 1 or (axes is not None and axes.tolist() != [0]) or (steps is not None and steps.tolist() != [1]):
+    if starts is None or ends is None or starts.size != 1 or ends.size != 1 or (axes is not None and axes.tolist() != [0]) or (steps is not None and steps.tolist() != [1]):
         return None
     return int(starts[0]), int(ends[0])
 

@@ -19,6 +19,7 @@ import sys
 import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass
+from types import FrameType
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -77,7 +78,7 @@ def _depends_on_values(value: torch._C.Value, inputs: set[int]) -> bool:
 
 def _model_frame() -> tuple[str, str]:
     """file:line and source of the innermost frame outside torch and this module."""
-    frame = sys._getframe(1)
+    frame: FrameType | None = sys._getframe(1)
     while frame is not None and (frame.f_code.co_filename.startswith(_TORCH_DIR) or frame.f_code.co_filename == __file__):
         frame = frame.f_back
     if frame is None:
@@ -100,16 +101,17 @@ class DataDependenceSpy(TorchFunctionMode):
 
     def mark_inputs(self, tensors: Iterable[torch.Tensor]) -> None:
         if torch._C._get_tracing_state() is not None:
-            self.inputs |= {torch._C._get_value_trace(t).unique() for t in tensors if isinstance(t, torch.Tensor)}
+            self.inputs |= {torch._C._get_value_trace(t).unique()  # type: ignore[attr-defined]  # missing from torch._C stubs
+                             for t in tensors if isinstance(t, torch.Tensor)}
 
     def _from_inputs(self, tensor: torch.Tensor) -> bool:
         try:
-            value = torch._C._get_value_trace(tensor)
+            value = torch._C._get_value_trace(tensor)  # type: ignore[attr-defined]
         except RuntimeError:  # a tensor the trace never saw: not computed from the inputs
             return False
         return _depends_on_values(value, self.inputs)
 
-    def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+    def __torch_function__(self, func, types, args=(), kwargs=None):
         conversion = _CONVERSIONS.get(func)
         if conversion is None or not self.inputs or torch._C._get_tracing_state() is None:
             return func(*args, **(kwargs or {}))

@@ -64,6 +64,7 @@ def _dynamo(loaded: LoadedModel, inputs: Inputs, dynamic: Sequence[DynamicAxis],
         input_names=list(inputs) if loaded.variadic else None,  # `*args` inputs take the caller's names
         custom_translation_table=translation_table(),  # torch.ops.deployfuse.* calls become one node each
     )
+    assert program is not None  # dynamo=True returns the program
     model = program.model_proto
     if any(n.domain == DOMAIN for n in model.graph.node):
         attach_functions(model)  # their ONNX function bodies, so any runtime runs them
@@ -91,6 +92,7 @@ class _KeywordCall(torch.nn.Module):
 
 def _torchscript(loaded: LoadedModel, inputs: Inputs, dynamic: Sequence[DynamicAxis], output_names: list[str], opset: int,
                  spy: DataDependenceSpy) -> onnx.ModelProto:
+    module: torch.nn.Module
     if isinstance(loaded.module, torch.jit.ScriptModule):  # scripted: its control flow is in the graph
         module, args = loaded.module, loaded.call_arguments(inputs)[0]
     else:
@@ -99,7 +101,8 @@ def _torchscript(loaded: LoadedModel, inputs: Inputs, dynamic: Sequence[DynamicA
     buffer = io.BytesIO()
     with spy:
         torch.onnx.export(
-            module, args, buffer, dynamo=False, input_names=list(inputs), output_names=output_names,
+            module, args, buffer,  # type: ignore[arg-type]  # a file object is accepted
+            dynamo=False, input_names=list(inputs), output_names=output_names,
             dynamic_axes=_axes(dynamic, inputs) or None, opset_version=min(opset, 20), do_constant_folding=True,
         )
     return onnx.load_from_string(buffer.getvalue())

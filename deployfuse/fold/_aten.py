@@ -12,6 +12,7 @@ from __future__ import annotations
 import operator
 from dataclasses import dataclass
 from functools import reduce
+from typing import cast
 
 import torch
 from torch import fx
@@ -77,8 +78,9 @@ def channel_axis_problem(producer_node: fx.Node, producer: Producer, weight_rank
     return None
 
 
-def _attr(root: torch.nn.Module, target: str) -> torch.Tensor:
-    return reduce(getattr, target.split("."), root)
+def _attr(root: torch.nn.Module, target: object) -> torch.Tensor:
+    """The parameter or buffer a get_attr node's target names."""
+    return cast(torch.Tensor, reduce(getattr, str(target).split("."), root))
 
 
 def _param_name(node: object) -> str | None:
@@ -151,8 +153,8 @@ def _pair_problem(gm: fx.GraphModule, bn: fx.Node, reads: dict[str, int]) -> str
 def _fold_pair(gm: fx.GraphModule, layer: fx.Node, producer: Producer, bn: fx.Node) -> None:
     gamma, beta, mean, var = (_attr(gm, a.target) if isinstance(a, fx.Node) else None for a in bn.args[1:5])
     eps = float(bn.args[7] if bn.target == aten.batch_norm.default else bn.args[6])
-    scale, shift = batchnorm_scale_shift(mean, var, eps, gamma, beta)  # type: ignore[arg-type]
-    weight_target = layer.args[1].target  # type: ignore[union-attr]
+    scale, shift = batchnorm_scale_shift(mean, var, eps, gamma, beta)
+    weight_target = str(layer.args[1].target)  # type: ignore[union-attr]
     weight = _attr(gm, weight_target)
     bias_arg = layer.args[2] if len(layer.args) > 2 else layer.kwargs.get("bias")
     bias = _attr(gm, bias_arg.target) if isinstance(bias_arg, fx.Node) else None

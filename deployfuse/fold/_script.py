@@ -65,7 +65,7 @@ def fold_script(module: torch.jit.ScriptModule) -> FoldReport:
 def _batch_norms(graph: torch.Graph) -> list[tuple[str, str | None, str]]:
     """Each aten::batch_norm in `graph` (nested blocks too): its name, its input layer's kind, why it is there."""
     found = []
-    for node in graph.findAllNodes("aten::batch_norm"):
+    for node in graph.findAllNodes("aten::batch_norm"):  # type: ignore[attr-defined]  # missing from torch._C stubs
         inputs = list(node.inputs())
         found.append((_name(inputs), _LAYER_KINDS.get(inputs[0].node().kind()), _problem(inputs)))
     return found

@@ -56,7 +56,7 @@ class Body:
 
     def _attr_constant(self, name: str, field: str, kind: int) -> str:
         node = helper.make_node("Constant", [], [f"_t{len(self.nodes)}"])
-        node.attribute.append(onnx.AttributeProto(name=field, ref_attr_name=name, type=kind))
+        node.attribute.append(onnx.AttributeProto(name=field, ref_attr_name=name, type=kind))  # type: ignore[arg-type]  # protobuf enum values are ints
         self.nodes.append(node)
         return node.output[0]
 

@@ -27,7 +27,6 @@ from pathlib import Path
 from deployfuse.errors import UsageError
 
 
-
 def plugin_sources() -> Path:
     """The folder holding the plugins' CMakeLists.txt: the checkout's plugins/, else the copy
     installed in the package (returned even when missing; `build_plugins` says so)."""
@@ -117,7 +116,8 @@ def build_plugins(cuda: bool | None = None, tensorrt: bool | None = None) -> Pat
             raise UsageError(f"building the deployfuse plugins needs `{tool}` on PATH")
     cuda = shutil.which("nvcc") is not None if cuda is None else cuda
     out = BUILD / ("cuda" if cuda else "cpu")
-    cmd = ["cmake", "-S", str(PLUGINS), "-B", str(out), f"-DONNXRUNTIME_INCLUDE_DIR={ort_include_dir()}", "-DCMAKE_BUILD_TYPE=Release", f"-DDEPLOYFUSE_CUDA={'ON' if cuda else 'OFF'}", f"-DDEPLOYFUSE_PYTHON={sys.executable}"]
+    cmd = ["cmake", "-S", str(PLUGINS), "-B", str(out), f"-DONNXRUNTIME_INCLUDE_DIR={ort_include_dir()}", "-DCMAKE_BUILD_TYPE=Release",
+           f"-DDEPLOYFUSE_CUDA={'ON' if cuda else 'OFF'}", f"-DDEPLOYFUSE_PYTHON={sys.executable}"]
     if cuda:  # given every time: a build directory may have cached nvcc's own default (sm_75 for CUDA 13)
         cmd.append(f"-DCMAKE_CUDA_ARCHITECTURES={os.environ.get('CUDAARCHS', '80;90')}")
     if cuda and tensorrt is not False:

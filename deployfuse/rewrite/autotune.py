@@ -153,7 +153,8 @@ def cuda_option_timer(model: onnx.ModelProto, feed: Mapping[str, np.ndarray]) ->
     return timer
 
 
-def measured_option(timer: Callable[[Mapping[str, str], Mapping[str, str]], tuple[float, float]], options: Mapping[str, str], extra: Mapping[str, str], threshold: float = THRESHOLD) -> Decision:
+def measured_option(timer: Callable[[Mapping[str, str], Mapping[str, str]], tuple[float, float]], options: Mapping[str, str], extra: Mapping[str, str],
+                    threshold: float = THRESHOLD) -> Decision:
     """Whether to add `extra` to `options`: only when it makes the model faster by more than
     `threshold` (an option that only changes speed must earn its place)."""
     without, with_extra = timer(options, {**options, **extra})

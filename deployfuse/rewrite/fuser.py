@@ -12,13 +12,14 @@ import onnx_ir as ir
 import onnx_ir.passes.common
 import onnxscript.optimizer
 from onnxscript.rewriter import pattern
+from onnxscript.rewriter._basics import MatchInfo
 from onnxscript.rewriter._rewrite_rule import RULE_NAME_TAG
 
 from deployfuse.errors import UsageError
 from deployfuse.rewrite import autotune as tuning, guard, rules as rule_families
 from deployfuse.rewrite.profiles import DEPLOYFUSE, Profile, profile
-from deployfuse.rewrite.rules._common import dtype_name
 from deployfuse.rewrite.report import FamilyResult, FusionReport
+from deployfuse.rewrite.rules._common import dtype_name
 
 RULE_TAG = "deployfuse.rule"
 
@@ -149,7 +150,7 @@ def _rewrite(ir_model: ir.Model, rules: list[pattern.RewriteRule], result: Famil
     opset = ir_model.opset_imports.get("", 0)
     by_name: dict[str, list[pattern.RewriteRule]] = {}
     for rule in rules:
-        by_name.setdefault(rule.name, []).append(rule)
+        by_name.setdefault(rule.name or "", []).append(rule)
     for name, group in by_name.items():
         seen = set(ir_model.graph.all_nodes())
         count = pattern.RewriteRuleSet(group).apply_to_model(ir_model)
@@ -169,8 +170,8 @@ def _rewrite(ir_model: ir.Model, rules: list[pattern.RewriteRule], result: Famil
             for info in infos:
                 reason = _near_miss(rule, info)
                 found = checked if info.status == pattern.MatchStatus.CONDITION_FAILED else partial
-                if reason and reason not in found.setdefault(rule.name, []):
-                    found[rule.name].append(reason)
+                if reason and reason not in found.setdefault(rule.name or "", []):
+                    found[rule.name or ""].append(reason)
         for name in {**partial, **checked}:  # a rule's checked candidates say more than other spellings' partial matches
             reasons = sorted(checked.get(name) or partial.get(name) or [])
             if reasons:
@@ -180,7 +181,7 @@ def _rewrite(ir_model: ir.Model, rules: list[pattern.RewriteRule], result: Famil
     return ir.serde.serialize_model(ir_model)
 
 
-def _near_miss(rule: pattern.RewriteRule, info: pattern.MatchInfo) -> str | None:
+def _near_miss(rule: pattern.RewriteRule, info: MatchInfo) -> str | None:
     """Why a candidate of `rule` did not fuse: its check's reason, or, when the structure itself
     stopped matching after at least two and half of the pattern's nodes, where it stopped."""
     reason = info.match_result.reason

@@ -172,7 +172,7 @@ def _uses_deployfuse(model: onnx.ModelProto) -> bool:
 
 def _external_files(model: onnx.ModelProto) -> list[str]:
     """Relative locations of the external data files the model's weights live in."""
-    locations = set()
+    locations: set[str] = set()
     for tensor in model.graph.initializer:
         if tensor.data_location == onnx.TensorProto.EXTERNAL:
             locations.update(e.value for e in tensor.external_data if e.key == "location")

@@ -101,7 +101,7 @@ def signature_of(model: onnx.ModelProto) -> Signature:
     return Signature(
         inputs=tuple(spec(v) for v in model.graph.input if v.name not in initializers),
         outputs=tuple(spec(v) for v in model.graph.output),
-        example_shapes={str(k): tuple(v) for k, v in recorded.items()},  # type: ignore[union-attr]
+        example_shapes={str(k): tuple(v) for k, v in recorded.items()},  # type: ignore[attr-defined]  # a JSON object
     )
 
 

@@ -21,13 +21,15 @@ def _bias_act_model(overloads: list[tuple[str, str]], wanted: str) -> onnx.Model
     """One deployfuse.BiasAct node asking for overload `wanted`; functions listed in `overloads` order."""
     functions = []
     for overload, op in overloads:
-        f = helper.make_function("deployfuse", "BiasAct", ["x", "b"], ["y"], [helper.make_node("Add", ["x", "b"], ["t"]), helper.make_node(op, ["t"], ["y"])], [helper.make_opsetid("", 20)])
+        f = helper.make_function("deployfuse", "BiasAct", ["x", "b"], ["y"], [helper.make_node("Add", ["x", "b"], ["t"]), helper.make_node(op, ["t"], ["y"])],
+                                 [helper.make_opsetid("", 20)])
         f.overload = overload
         functions.append(f)
     node = helper.make_node("BiasAct", ["x", "b"], ["y"], domain="deployfuse", name="bias_act_0")
     node.overload = wanted
     bias = onnx.numpy_helper.from_array(np.linspace(-1, 1, 8, dtype=np.float32), "b")
-    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 8])], [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 8])], [bias])
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 8])], [bias])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20), helper.make_opsetid("deployfuse", 1)], functions=functions, ir_version=10)
     onnx.checker.check_model(model)
     return model

@@ -13,10 +13,10 @@ import warnings
 import numpy as np
 import onnx
 import torch
-
-from deployfuse.export import clean, flatten_outputs
 from _models import BLOCKS
 from zoo import ZOO
+
+from deployfuse.export import clean, flatten_outputs
 
 EXPORTERS = ("dynamo", "torchscript")
 
@@ -73,7 +73,8 @@ def exported(name: str, exporter: str, opset: int = 18) -> onnx.ModelProto:
             model = program.model_proto
         else:
             buffer = io.BytesIO()
-            torch.onnx.export(_Positional(module, names), tuple(inputs.values()), buffer, dynamo=False, input_names=names, dynamic_axes=_axes(name) or None, opset_version=opset, do_constant_folding=True)
+            torch.onnx.export(_Positional(module, names), tuple(inputs.values()), buffer, dynamo=False, input_names=names, dynamic_axes=_axes(name) or None,
+                              opset_version=opset, do_constant_folding=True)
             model = onnx.load_from_string(buffer.getvalue())
     return clean(model)
 

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 
 import onnx
 import torch
+from _export import _trained_like
+from zoo import ZOO
 
 from deployfuse.backends import ort as ort_backend
 from deployfuse.export import clean, flatten_outputs, to_onnx
@@ -25,8 +27,6 @@ from deployfuse.loading import LoadedModel, given_inputs, load_model
 from deployfuse.pipeline import DEFAULT_OPSET, PRECISIONS, _traceable
 from deployfuse.rewrite import fuse
 from deployfuse.verify import DEFAULT_RTOL, compare_outputs, to_numpy
-from _export import _trained_like
-from zoo import ZOO
 
 # Ops a fusion emits (or a dynamo export already writes in fused form): the counts compared.
 FUSED_OPS = frozenset({
@@ -64,7 +64,8 @@ class Form:
 BASE = Form()
 # One change from the base at a time (and static TorchScript, the other fallback form).
 FP32_FORMS = (BASE, Form(shapes="static"), Form(exporter="torchscript"), Form(shapes="static", exporter="torchscript"), Form(args=True), Form(shapes="static", args=True))
-SLOW_FORMS = (Form(precision="fp16"), Form(shapes="static", precision="fp16"), Form(precision="bf16"), Form(shapes="static", precision="bf16"), Form(exporter="torchscript", args=True))
+SLOW_FORMS = (Form(precision="fp16"), Form(shapes="static", precision="fp16"), Form(precision="bf16"), Form(shapes="static", precision="bf16"),
+              Form(exporter="torchscript", args=True))
 
 # Forms a model cannot take, with the reason (asserted to still fail where that is checkable).
 UNSUPPORTED = {

@@ -16,7 +16,6 @@ from pathlib import Path
 
 import onnx
 import pytest
-
 from _export import build, exported, fused
 
 KINDS = {

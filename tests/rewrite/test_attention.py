@@ -14,7 +14,7 @@ import onnx_ir as ir
 import onnxscript.optimizer
 import pytest
 import torch
-from _export import EXPORTERS, _axes, _Positional, exported
+from _export import EXPORTERS, _Positional, _axes, exported
 from onnxscript.rewriter import pattern
 from zoo import ZOO
 

@@ -6,12 +6,11 @@ from types import SimpleNamespace
 import onnx
 import pytest
 import torch
+from _export import assert_same_outputs, exported, feeds, op_counts
 from onnxscript.rewriter import pattern
 
-from _export import assert_same_outputs, exported, feeds, op_counts
 from deployfuse.rewrite import RULE_TAG, fuse, rules as registry
 from deployfuse.rewrite.autotune import THRESHOLD, decide, time_family
-
 
 STEPS = 256
 

@@ -1,7 +1,6 @@
 """Bias + activation: BiasGelu on ONNX Runtime, deployfuse.BiasAct for GPU epilogues."""
 
 import pytest
-
 from _export import check_case
 
 

@@ -2,7 +2,6 @@
 fuses it itself)."""
 
 import pytest
-
 from _export import check_case
 
 

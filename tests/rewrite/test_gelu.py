@@ -1,7 +1,6 @@
 """GELU (erf, tanh) and QuickGELU -> Gelu / FastGelu / QuickGelu as each target allows."""
 
 import pytest
-
 from _export import check_case
 
 

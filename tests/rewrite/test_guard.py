@@ -4,9 +4,9 @@ from types import SimpleNamespace
 
 import onnx
 import pytest
+from _export import exported, feeds, op_counts
 from onnxscript.rewriter import pattern
 
-from _export import exported, feeds, op_counts
 from deployfuse.rewrite import fuse, rules as registry
 from deployfuse.rewrite.rules import fused_conv
 

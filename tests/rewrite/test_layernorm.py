@@ -2,8 +2,8 @@
 (ONNX Runtime's own LayerNormalization below 17)."""
 
 import pytest
-
 from _export import EXPORTERS, check_case, exported, feeds, op_counts
+
 from deployfuse.rewrite import TARGETS, check_model, fuse
 
 

@@ -1,7 +1,6 @@
 """Norm + activation -> deployfuse.LayerNormGelu / GroupNormAct (GPU targets)."""
 
 import pytest
-
 from _export import check_case
 
 

@@ -88,7 +88,7 @@ def bert_decoder() -> onnx.ModelProto:
 def decoder_feeds(seed: int) -> list[dict[str, np.ndarray]]:
     """(batch, tokens, encoder length) = (2, 16, 8) and (3, 11, 5)."""
     rng = np.random.default_rng(seed)
-    return [{"input_ids": rng.integers(0, 512, (b, s)), "encoder_hidden_states": rng.standard_normal((b, l, 64)).astype(np.float32)} for b, s, l in ((2, 16, 8), (3, 11, 5))]
+    return [{"input_ids": rng.integers(0, 512, (b, s)), "encoder_hidden_states": rng.standard_normal((b, e, 64)).astype(np.float32)} for b, s, e in ((2, 16, 8), (3, 11, 5))]
 
 
 def test_cross_attention_is_not_packed() -> None:

@@ -2,9 +2,9 @@
 
 import onnxruntime as ort
 import pytest
+from _export import exported, feeds, fused
 from onnxruntime.capi import onnxruntime_pybind11_state as C
 
-from _export import exported, feeds, fused
 from deployfuse.errors import UsageError
 from deployfuse.rewrite import TARGETS, fuse
 from deployfuse.rewrite.profiles import PROFILES

@@ -3,8 +3,8 @@
 import json
 
 import pytest
-
 from _export import exported, feeds
+
 from deployfuse.errors import UsageError
 from deployfuse.rewrite import RULE_TAG, family_names, fuse
 

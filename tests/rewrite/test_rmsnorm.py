@@ -6,8 +6,8 @@ import functools
 import onnx
 import onnx.version_converter
 import pytest
-
 from _export import assert_same_outputs, check_case, exported, feeds, op_counts
+
 from deployfuse.export import clean
 from deployfuse.rewrite import fuse
 

@@ -1,7 +1,6 @@
 """Residual add + LayerNorm -> SkipLayerNormalization: exactly two per transformer layer."""
 
 import pytest
-
 from _export import check_case
 
 CASES = [("bert", "dynamo"), ("bert", "torchscript"), ("gpt2", "dynamo"), ("vit", "dynamo"), ("vit", "torchscript"), ("whisper_encoder", "torchscript")]

@@ -4,7 +4,6 @@ ONNX input names and the inputs are passed positionally (they used to go by keyw
 from __future__ import annotations
 
 import onnx
-import pytest
 import torch
 from _models import VarargsBert
 

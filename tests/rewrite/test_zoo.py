@@ -7,8 +7,8 @@ their mask code has no ONNX symbolic, so those two run with the dynamo exporter 
 """
 
 import pytest
-
 from _export import assert_same_outputs, exported, fused
+
 from deployfuse.rewrite import TARGETS
 from deployfuse.rewrite.guard import check_model
 

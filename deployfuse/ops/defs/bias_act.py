@@ -46,7 +46,7 @@ def torch_op(x: torch.Tensor, bias: torch.Tensor, activation: str = "gelu") -> t
 
 
 @torch_op.register_fake
-def _(x, bias, activation="gelu"):  # type: ignore[no-untyped-def]
+def _(x, bias, activation="gelu"):
     return torch.empty_like(x)
 
 

@@ -92,7 +92,7 @@ def torch_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tens
 
 
 @torch_op.register_fake
-def _(q, k, v, mask=None, num_heads=1, scale=0.0, causal=0):  # type: ignore[no-untyped-def]
+def _(q, k, v, mask=None, num_heads=1, scale=0.0, causal=0):
     return q.new_empty(q.shape[0], q.shape[1], v.shape[2])
 
 

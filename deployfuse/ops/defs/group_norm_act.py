@@ -61,7 +61,7 @@ def torch_op(x: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor, num_group
 
 
 @torch_op.register_fake
-def _(x, scale, bias, num_groups, epsilon=1e-5, activation="silu"):  # type: ignore[no-untyped-def]
+def _(x, scale, bias, num_groups, epsilon=1e-5, activation="silu"):
     return torch.empty_like(x)
 
 

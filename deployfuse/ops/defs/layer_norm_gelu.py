@@ -55,7 +55,7 @@ def torch_op(x: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor, axis: int
 
 
 @torch_op.register_fake
-def _(x, scale, bias, axis=-1, epsilon=1e-5, approximate="none"):  # type: ignore[no-untyped-def]
+def _(x, scale, bias, axis=-1, epsilon=1e-5, approximate="none"):
     return torch.empty_like(x)
 
 

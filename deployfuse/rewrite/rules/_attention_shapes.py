@@ -128,7 +128,7 @@ def shape_vector(value: ir.Value | None, depth: int = 0) -> list[Entry] | None:
         known = [canonical(e) for e in data]
         if not all(isinstance(e, int) for e in known):
             return None
-        return [e // factor[0] if op == "Div" else e * factor[0] for e in known]  # type: ignore[operator]
+        return [e // factor[0] if op == "Div" else e * factor[0] for e in known]
     if op == "Slice":
         data = shape_vector(node.inputs[0], depth + 1)
         starts, ends = _ints(_input(node, 1)), _ints(_input(node, 2))
@@ -146,7 +146,7 @@ def static_ints(value: ir.Value | None) -> list[int] | None:
     if entries is None:
         return None
     known = [canonical(e) for e in entries]
-    return known if all(isinstance(e, int) for e in known) else None  # type: ignore[return-value]
+    return known if all(isinstance(e, int) for e in known) else None
 
 
 def _is_1d_of_one(node: ir.Node) -> bool:

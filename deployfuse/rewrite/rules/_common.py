@@ -8,9 +8,10 @@ from typing import Any
 
 import numpy as np
 import onnx_ir as ir
-from onnxscript.rewriter import pattern
+from onnxscript.rewriter import MatchResult, pattern
 
 from deployfuse.rewrite.profiles import Profile, profile
+
 
 def scalar(value: ir.Value | None) -> float | None:
     """The value of a one-element constant tensor, else None."""
@@ -62,11 +63,12 @@ def over_last_axis(mean: ir.Value, x: ir.Value) -> bool:
     return axes == [-1] or (rank is not None and axes == [rank - 1])
 
 
-def check_norm_moments(x: ir.Value, means: Sequence[ir.Value], square_pow: bool, two: ir.Value | None, eps: ir.Value | None, upcast: ir.Value | None, downcast: ir.Value | None) -> pattern.MatchResult | None:
+def check_norm_moments(x: ir.Value, means: Sequence[ir.Value], square_pow: bool, two: ir.Value | None, eps: ir.Value | None, upcast: ir.Value | None,
+                       downcast: ir.Value | None) -> MatchResult | None:
     """The checks every decomposed norm shares: the means (`mean_last` outputs) are over the
     last axis only, the square is x², ε (if any) is a scalar constant, and upcasts (when present) go
     x.dtype -> float -> x.dtype. A failed MatchResult, or None."""
-    fail = pattern.MatchResult().fail
+    fail = MatchResult().fail
     if not all(over_last_axis(m, x) for m in means):
         return fail("a mean is not over the last axis only, keeping it", list(means))
     if square_pow and scalar(two) != 2.0:
@@ -74,7 +76,7 @@ def check_norm_moments(x: ir.Value, means: Sequence[ir.Value], square_pow: bool,
     if eps is not None and scalar(eps) is None:
         return fail("ε is not a scalar constant", eps)
     if upcast is not None and (upcast.dtype != ir.DataType.FLOAT or downcast is None or downcast.dtype != x.dtype):
-        return fail("casts are not x.dtype -> float -> x.dtype", [upcast, downcast])
+        return fail("casts are not x.dtype -> float -> x.dtype", [v for v in (upcast, downcast) if v is not None])
     return None
 
 
@@ -121,20 +123,21 @@ class FusionRule(pattern.RewriteRuleClassBase):
         self.profile: Profile = profile(target)
         self.lowering: Lowering | None = None
 
-    def choose(self, context: Any, x: ir.Value, options: Sequence[Lowering]) -> pattern.MatchResult:
+    def choose(self, context: Any, x: ir.Value, options: Sequence[Lowering]) -> MatchResult:
         """Set `self.lowering` to the first option with a kernel for `x`'s dtype, or fail saying why."""
         opset, dtype = default_opset(context), dtype_name(x)
         if not dtype:
-            return pattern.MatchResult().fail("input dtype is not a known float type", x)
+            return MatchResult().fail("input dtype is not a known float type", x)
         for option in options:
             if self.profile.emits(option.domain, option.op_type, opset, dtype):
                 self.lowering = option
-                return pattern.MatchResult()
+                return MatchResult()
         names = ", ".join(f"{o.domain or 'ai.onnx'}::{o.op_type}" for o in options) or "nothing"
-        return pattern.MatchResult().fail(f"{self.profile.target} has no kernel for {names} on {dtype} (opset {opset})")
+        return MatchResult().fail(f"{self.profile.target} has no kernel for {names} on {dtype} (opset {opset})")
 
-    def emit(self, op: Any, *inputs: ir.Value | None, **attrs: Any) -> ir.Value:
-        """Emit the chosen lowering with `inputs` and extra attributes."""
+    def emit(self, op: Any, *inputs: ir.Value | None, **attrs: Any) -> Any:
+        """Emit the chosen lowering with `inputs` and extra attributes: its output, or a tuple of
+        them when `_outputs` asks for several."""
         low = self.lowering
         assert low is not None, "choose() must succeed before emit()"
         return getattr(op, low.op_type)(*inputs, _domain=low.domain, **low.attrs, **attrs)

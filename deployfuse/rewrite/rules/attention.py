@@ -27,12 +27,23 @@ from __future__ import annotations
 
 import numpy as np
 import onnx_ir as ir
-from onnxscript.rewriter import pattern
+from onnxscript.rewriter import MatchResult, pattern
 
 from deployfuse.rewrite.profiles import DEPLOYFUSE, MS, profile
 from deployfuse.rewrite.rules import rotary
 from deployfuse.rewrite.rules._attention_core import Core, read_core
-from deployfuse.rewrite.rules._attention_shapes import DimOf, constant, rank, reshape_is_noop, reshape_target, same_dim, scalar, shape_vector, split_heads_source, split_source
+from deployfuse.rewrite.rules._attention_shapes import (
+    DimOf,
+    constant,
+    rank,
+    reshape_is_noop,
+    reshape_target,
+    same_dim,
+    scalar,
+    shape_vector,
+    split_heads_source,
+    split_source,
+)
 from deployfuse.rewrite.rules._common import default_opset, dtype_name
 from deployfuse.rewrite.rules._projection import projection
 
@@ -68,8 +79,8 @@ class _Attention(pattern.RewriteRuleClassBase):
             out = op.Reshape(op.Transpose(out, perm=[0, 2, 1, 3]), merged_shape, _outputs=["merged"])
         return out
 
-    def check(self, context, scores, value, probs, zero=None, merged=None, **_) -> pattern.MatchResult:
-        result = pattern.MatchResult()
+    def check(self, context, scores, value, probs, zero=None, merged=None, **_) -> MatchResult:
+        result = MatchResult()
         if self._nan_guard and scalar(zero) != 0.0:
             return result.fail("the NaN guard does not write zeros", zero)
         axis = probs.producer().attributes.get("axis")
@@ -145,7 +156,8 @@ def merged_heads(op, value: ir.Value, heads: int, head_dim: int) -> ir.Value:
     if source is not None and source[1:] == (heads, head_dim):
         return source[0]
     node = value.producer()
-    unsplit = node.inputs[0] if node is not None and node.op_type == "Transpose" and node.domain in ("", "ai.onnx") and list(node.attributes.get_ints("perm", [])) == [0, 2, 1, 3] else None
+    is_merge = node is not None and node.op_type == "Transpose" and node.domain in ("", "ai.onnx") and list(node.attributes.get_ints("perm", [])) == [0, 2, 1, 3]
+    unsplit = node.inputs[0] if is_merge else None
     merged = op.Reshape(unsplit if unsplit is not None else op.Transpose(value, perm=[0, 2, 1, 3]), _const(op, [0, 0, heads * head_dim]))
     _describe(merged, value, None if value.shape is None else [value.shape[0], value.shape[2], heads * head_dim])
     return merged
@@ -250,8 +262,8 @@ class _MergeRoundTrip(pattern.RewriteRuleClassBase):
     def pattern(self, op, heads, shape):
         return op.Reshape(op.Transpose(heads, perm=[0, 2, 1, 3]), shape, _outputs=["merged"])
 
-    def check(self, context, heads, merged, **_) -> pattern.MatchResult:
-        result = pattern.MatchResult()
+    def check(self, context, heads, merged, **_) -> MatchResult:
+        result = MatchResult()
         node = heads.producer()
         while node is not None and node.op_type == "Reshape" and reshape_is_noop(node):
             node = node.inputs[0].producer()

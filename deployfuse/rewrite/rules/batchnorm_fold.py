@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 import onnx_ir as ir
-from onnxscript.rewriter import pattern
+from onnxscript.rewriter import MatchResult, pattern
 
 from deployfuse.rewrite.rules._attention_shapes import constant
 
@@ -43,7 +43,7 @@ def _static_tail(value: ir.Value) -> tuple[int, ...] | None:
     """The shape of `value` past its first (batch) axis when every entry is a known integer."""
     if value.shape is None or len(value.shape) < 2 or not all(isinstance(d, int) for d in value.shape[1:]):
         return None
-    return tuple(value.shape[1:])  # type: ignore[arg-type]
+    return tuple(value.shape[1:])
 
 
 class _Layer:
@@ -105,8 +105,8 @@ class FoldBatchNorm(pattern.RewriteRuleClassBase):
     def pattern(self, op, z, gamma, beta, mean, var):
         return op.BatchNormalization(z, gamma, beta, mean, var, _allow_other_attributes=True, _outputs=["normed"])
 
-    def check(self, context, z, gamma, beta, mean, var, normed, **_) -> pattern.MatchResult:
-        fail = pattern.MatchResult().fail
+    def check(self, context, z, gamma, beta, mean, var, normed, **_) -> MatchResult:
+        fail = MatchResult().fail
         node = normed.producer()
         if node.attributes.get_int("training_mode", 0) != 0 or any(o.uses() or o.is_graph_output() for o in node.outputs[1:]):
             return fail("the BatchNormalization is in training mode", normed)
@@ -135,7 +135,7 @@ class FoldBatchNorm(pattern.RewriteRuleClassBase):
         if isinstance(folded, str):
             return fail(folded, layer.node.outputs[0])
         self._plan = (layer, folded, reshape)
-        return pattern.MatchResult()
+        return MatchResult()
 
     def rewrite(self, op, normed, **_):
         layer, (weight, bias, attrs), reshape = self._plan

@@ -12,7 +12,7 @@ BiasAct would only run as its function body.
 
 from __future__ import annotations
 
-from onnxscript.rewriter import pattern
+from onnxscript.rewriter import MatchResult, pattern
 
 from deployfuse.rewrite.profiles import DEPLOYFUSE
 from deployfuse.rewrite.rules._activations import activations, gelu20_approximate
@@ -39,8 +39,8 @@ class LinearBiasAct(FusionRule):
             y = either(op.Add, op.MatMul(x, w, _outputs=["linear"]), bias)
         return self.build(op, y)
 
-    def check(self, context, x, w, bias, linear, act_out=None, reshaped=None, **_) -> pattern.MatchResult:
-        fail = pattern.MatchResult().fail
+    def check(self, context, x, w, bias, linear, act_out=None, reshaped=None, **_) -> MatchResult:
+        fail = MatchResult().fail
         if act_out is not None and gelu20_approximate(act_out) != ("tanh" if self.activation == "gelu_tanh" else "none"):
             return fail("Gelu-20 approximation differs from this rule's", act_out)
         if self.gemm and linear.producer().attributes.get_float("beta", 1.0) != 1.0:

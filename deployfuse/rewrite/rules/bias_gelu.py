@@ -8,7 +8,7 @@ deployfuse.BiasAct from the bias_act family instead.
 
 from __future__ import annotations
 
-from onnxscript.rewriter import pattern
+from onnxscript.rewriter import MatchResult, pattern
 
 from deployfuse.rewrite.profiles import MS
 from deployfuse.rewrite.rules._common import FusionRule, Lowering, const_1d, last_dim
@@ -31,8 +31,8 @@ class BiasGelu(FusionRule):
             return op.Gelu(y, _domain=MS, _outputs=["gelu"])
         return op.FastGelu(y, _domain=MS, _outputs=["gelu"])
 
-    def check(self, context, x, bias, gelu, **_) -> pattern.MatchResult:
-        fail = pattern.MatchResult().fail
+    def check(self, context, x, bias, gelu, **_) -> MatchResult:
+        fail = MatchResult().fail
         if self.source == "onnx" and gelu.producer().attributes.get_string("approximate", "none") != "none":
             return fail("Gelu-20 uses the tanh approximation; BiasGelu is the exact form", gelu)
         if not const_1d(bias, last_dim(x)) or bias.dtype != x.dtype:

@@ -9,7 +9,7 @@ slower than ORT's own Conv (6.68 against 4.13 ms, batch 32) and won nothing in f
 
 from __future__ import annotations
 
-from onnxscript.rewriter import pattern
+from onnxscript.rewriter import MatchResult, pattern
 
 from deployfuse.rewrite.profiles import MS
 from deployfuse.rewrite.rules._common import FusionRule, Lowering
@@ -30,7 +30,7 @@ class ConvAct(FusionRule):
         conv = op.Conv(x, w, _allow_other_inputs=True, _allow_other_attributes=True, _outputs=["conv"])  # bias optional
         return getattr(op, self.activation)(conv, _allow_other_attributes=True, _outputs=["act"])
 
-    def check(self, context, x, conv, act, **_) -> pattern.MatchResult:
+    def check(self, context, x, conv, act, **_) -> MatchResult:
         self.conv_attrs = {k: a.value for k, a in conv.producer().attributes.items()}
         self.params = []
         if self.activation == "LeakyRelu":

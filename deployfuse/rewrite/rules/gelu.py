@@ -18,7 +18,7 @@ import math
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from onnxscript.rewriter import pattern
+from onnxscript.rewriter import MatchResult, pattern
 
 from deployfuse.rewrite.profiles import MS
 from deployfuse.rewrite.rules._common import FusionRule, Lowering, either, scalar
@@ -88,7 +88,7 @@ class DecomposedGelu(FusionRule):
     def pattern(self, op, x):
         return self.build(op, x)
 
-    def check(self, context, x, **_) -> pattern.MatchResult:
+    def check(self, context, x, **_) -> MatchResult:
         return self.choose(context, x, _LOWERING[(self.profile.target, self.kind)])
 
     def rewrite(self, op, x, **_):
@@ -104,10 +104,10 @@ class QuickGelu(FusionRule):
     def pattern(self, op, x, alpha):
         return op.Mul(x, op.Sigmoid(op.Mul(x, alpha)))
 
-    def check(self, context, x, alpha, **_) -> pattern.MatchResult:
+    def check(self, context, x, alpha, **_) -> MatchResult:
         value = scalar(alpha)
         if value is None or value == 1.0:
-            return pattern.MatchResult().fail("α is not a scalar constant other than 1 (that is SiLU)", alpha)
+            return MatchResult().fail("α is not a scalar constant other than 1 (that is SiLU)", alpha)
         self.alpha = value
         return self.choose(context, x, [Lowering(MS, "QuickGelu")])
 

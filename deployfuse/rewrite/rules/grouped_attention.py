@@ -21,7 +21,7 @@ import functools
 
 import numpy as np
 import onnx_ir as ir
-from onnxscript.rewriter import pattern
+from onnxscript.rewriter import MatchResult, pattern
 
 from deployfuse.rewrite.profiles import MS
 from deployfuse.rewrite.rules._attention_shapes import DimOf, rank, same_dim, static_dim, static_ints
@@ -77,18 +77,17 @@ class GroupedAttention(FusionRule):
     def pattern(self, op, query, key, value):
         return op.MultiHeadAttention(query, key, value, _domain=MS, _allow_other_inputs=True, _allow_other_attributes=True, _outputs=["out"])
 
-    def check(self, context, query, key, value, out, **_) -> pattern.MatchResult:
-        result = pattern.MatchResult()
+    def check(self, context, query, key, value, out, **_) -> MatchResult:
+        result = MatchResult()
         node = out.producer()
         extra = list(node.inputs[3:])
         if any(v is not None for v in extra[:2]) or len(extra) > 3 or len(node.outputs) != 1:
             return result.fail("MultiHeadAttention has a QKV bias, key padding mask, past state or present outputs", out)
         heads = node.attributes.get_int("num_heads", 0)
-        parts = [_repeated(key), _repeated(value)]
-        for part in parts:
-            if isinstance(part, str):
-                return result.fail(part, out)
-        (k, reps), (v, v_reps) = parts
+        k_part, v_part = _repeated(key), _repeated(value)
+        if isinstance(k_part, str) or isinstance(v_part, str):
+            return result.fail(k_part if isinstance(k_part, str) else v_part, out)
+        (k, reps), (v, v_reps) = k_part, v_part
         groups = static_dim(k, 1)
         if reps != v_reps or static_dim(v, 1) != groups or groups * reps != heads:
             return result.fail("K and V are not the same G groups of H / G heads", out)

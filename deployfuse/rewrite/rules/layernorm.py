@@ -17,7 +17,7 @@ attributes); TensorRT keeps the decomposed form (a near miss says why).
 
 from __future__ import annotations
 
-from onnxscript.rewriter import pattern
+from onnxscript.rewriter import MatchResult, pattern
 
 from deployfuse.rewrite.rules._common import FusionRule, Lowering, check_norm_moments, const_1d, last_dim, mean_last, plus_epsilon, scalar
 
@@ -54,8 +54,8 @@ class DecomposedLayerNorm(FusionRule):
         y = op.Mul(y, scale)
         return op.Add(y, bias) if self.has_bias else y
 
-    def check(self, context, x, mean, variance, scale, eps=None, bias=None, two=None, upcast=None, downcast=None, **_) -> pattern.MatchResult:
-        fail = pattern.MatchResult().fail
+    def check(self, context, x, mean, variance, scale, eps=None, bias=None, two=None, upcast=None, downcast=None, **_) -> MatchResult:
+        fail = MatchResult().fail
         failed = check_norm_moments(x, [mean, variance], self.square_pow, two, eps, upcast if self.upcast else None, downcast)
         if failed is not None:
             return failed

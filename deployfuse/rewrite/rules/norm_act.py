@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 import onnx_ir as ir
-from onnxscript.rewriter import pattern
+from onnxscript.rewriter import MatchResult, pattern
 
 from deployfuse.rewrite.profiles import DEPLOYFUSE
 from deployfuse.rewrite.rules._activations import activations, gelu20_approximate
@@ -37,8 +37,8 @@ class LayerNormGelu(FusionRule):
         y = op.LayerNormalization(x, scale, bias, _allow_other_attributes=True, _outputs=["norm"])
         return self.build(op, y)
 
-    def check(self, context, x, scale, bias, norm, act_out=None, **_) -> pattern.MatchResult:
-        fail = pattern.MatchResult().fail
+    def check(self, context, x, scale, bias, norm, act_out=None, **_) -> MatchResult:
+        fail = MatchResult().fail
         if act_out is not None and gelu20_approximate(act_out) != ("tanh" if self.activation == "gelu_tanh" else "none"):
             return fail("Gelu-20 approximation differs from this rule's", act_out)
         node = norm.producer()
@@ -96,8 +96,8 @@ class GroupNormAct(FusionRule):
         y = either(op.Add, either(op.Mul, restored, gamma), beta)
         return self.build(op, y)
 
-    def check(self, context, x, grouped_shape, ones, zeros, gamma, beta, inorm, restored, act_out=None, **_) -> pattern.MatchResult:
-        fail = pattern.MatchResult().fail
+    def check(self, context, x, grouped_shape, ones, zeros, gamma, beta, inorm, restored, act_out=None, **_) -> MatchResult:
+        fail = MatchResult().fail
         if act_out is not None and gelu20_approximate(act_out) != "none":
             return fail("GroupNormAct's GELU is the exact form", act_out)
         shape = ir.convenience.get_const_tensor(grouped_shape)

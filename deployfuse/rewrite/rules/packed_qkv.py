@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import numpy as np
 import onnx_ir as ir
-from onnxscript.rewriter import pattern
+from onnxscript.rewriter import MatchResult, pattern
 
 from deployfuse.rewrite.profiles import MS
 from deployfuse.rewrite.rules._attention_shapes import constant, rank
@@ -114,8 +114,8 @@ class PackedQKV(FusionRule):
     def pattern(self, op, query, key, value):
         return op.MultiHeadAttention(query, key, value, _allow_other_inputs=True, _allow_other_attributes=True, _domain=MS, _outputs=["attended"])
 
-    def check(self, context, query, key, value, attended, **_) -> pattern.MatchResult:
-        fail = pattern.MatchResult().fail
+    def check(self, context, query, key, value, attended, **_) -> MatchResult:
+        fail = MatchResult().fail
         node = attended.producer()
         if len(node.inputs) > 6 or any(v is not None for v in node.inputs[3:5]) or len(node.outputs) != 1:
             return fail("MultiHeadAttention has a packed bias, key padding mask, past or extra outputs", attended)

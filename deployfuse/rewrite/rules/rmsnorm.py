@@ -16,7 +16,7 @@ anyway, since the dynamo exporter writes RMSNormalization itself at that opset.
 
 from __future__ import annotations
 
-from onnxscript.rewriter import pattern
+from onnxscript.rewriter import MatchResult, pattern
 
 from deployfuse.rewrite.rules._common import FusionRule, Lowering, check_norm_moments, const_1d, last_dim, mean_last, plus_epsilon, scalar
 from deployfuse.rewrite.rules.layernorm import DIVISIONS, divide
@@ -46,8 +46,8 @@ class DecomposedRmsNorm(FusionRule):
             y = op.Cast(y, _outputs=["downcast"])
         return op.Mul(scale, y)
 
-    def check(self, context, x, mean_square, scale, eps=None, two=None, upcast=None, downcast=None, **_) -> pattern.MatchResult:
-        fail = pattern.MatchResult().fail
+    def check(self, context, x, mean_square, scale, eps=None, two=None, upcast=None, downcast=None, **_) -> MatchResult:
+        fail = MatchResult().fail
         failed = check_norm_moments(x, [mean_square], self.square_pow, two, eps, upcast if self.upcast else None, downcast)
         if failed is not None:
             return failed

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import numpy as np
 import onnx_ir as ir
-from onnxscript.rewriter import pattern
+from onnxscript.rewriter import MatchResult, pattern
 
 from deployfuse.rewrite.profiles import MS, profile
 from deployfuse.rewrite.rules._attention_shapes import DimOf, constant, rank, same_dim, scalar, split_heads_source, static_dim, static_ints
@@ -136,10 +136,10 @@ def _gathered(value: ir.Value) -> tuple[np.ndarray, ir.Value] | None:
 def _gathered_tables(cos: ir.Value, sin: ir.Value, x: ir.Value, half: int) -> tuple[np.ndarray, np.ndarray, ir.Value] | str | None:
     """`(c, s, position_ids)` when cos / sin are rows of constant tables gathered at the same
     position ids [1|B, S]; None when they are not gathered; a reason when they are but do not fit."""
-    found = _gathered(cos), _gathered(sin)
-    if found[0] is None or found[1] is None:
+    cos_found, sin_found = _gathered(cos), _gathered(sin)
+    if cos_found is None or sin_found is None:
         return None
-    (cos_table, positions), (sin_table, sin_positions) = found
+    (cos_table, positions), (sin_table, sin_positions) = cos_found, sin_found
     if positions is not sin_positions or x.dtype is None:
         return "cos / sin are gathered at different positions"
     if cos_table.dtype != x.dtype.numpy() or sin_table.dtype != x.dtype.numpy():
@@ -167,8 +167,8 @@ class _RotateHalf(pattern.RewriteRuleClassBase):
         rotated = op.Concat(op.Neg(second), first, axis=axis)
         return op.Add(op.Mul(x, cos), op.Mul(rotated, sin))
 
-    def check(self, context, x, cos, sin, s1, e1, a1, st1, s2, e2, a2, st2, axis, **_) -> pattern.MatchResult:
-        result = pattern.MatchResult()
+    def check(self, context, x, cos, sin, s1, e1, a1, st1, s2, e2, a2, st2, axis, **_) -> MatchResult:
+        result = MatchResult()
         head_dim = static_dim(x, 3) if rank(x) == 4 else None
         source = split_heads_source(x) if rank(x) == 4 else None
         head_dim = head_dim or (source[2] if source else None)

@@ -13,7 +13,7 @@ LayerNormalization-17 and fuses the add itself.
 from __future__ import annotations
 
 import onnx_ir as ir
-from onnxscript.rewriter import pattern
+from onnxscript.rewriter import MatchResult, pattern
 
 from deployfuse.rewrite.profiles import MS
 from deployfuse.rewrite.rules._common import FusionRule, Lowering, const_1d, last_dim
@@ -44,8 +44,8 @@ class SkipNorm(FusionRule):
             norm = op.LayerNormalization(total, gamma, _allow_other_attributes=True, _outputs=["norm"])
         return norm, total
 
-    def check(self, context, x, skip, gamma, norm, total, bias=None, beta=None, **_) -> pattern.MatchResult:
-        fail = pattern.MatchResult().fail
+    def check(self, context, x, skip, gamma, norm, total, bias=None, beta=None, **_) -> MatchResult:
+        fail = MatchResult().fail
         node = norm.producer()
         if len(node.outputs) > 1 and any(o.uses() for o in node.outputs[1:]):
             return fail("the norm's mean / inv-std outputs are used", node)
