@@ -154,19 +154,25 @@ def _from_runtime(path: Path, builder: str | None, libraries: list[Path]) -> tup
     return _report(trt, path, engine), ""
 
 
+def engine_profiles(engine: Any, dynamic_inputs: list[str]) -> list[list[dict[str, Any]]]:
+    """A deserialized engine's optimisation profiles in the build record's form: per profile,
+    {name, min, opt, max} of each dynamic input."""
+    profiles = []
+    for p in range(engine.num_optimization_profiles):
+        entries = []
+        for name in dynamic_inputs:
+            low, opt, high = engine.get_tensor_profile_shape(name, p)
+            entries.append({"name": name, "min": list(low), "opt": list(opt), "max": list(high)})
+        profiles.append(entries)
+    return profiles
+
+
 def _report(trt: Any, path: Path, engine: Any) -> EngineReport:
     """Bindings, profiles and the inspector's layers of a deserialized engine (needs a GPU)."""
     names = [engine.get_tensor_name(i) for i in range(engine.num_io_tensors)]
     bindings = [{"name": n, "mode": "input" if engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT else "output",
                  "dtype": _dtype(engine.get_tensor_dtype(n)), "shape": [int(d) for d in engine.get_tensor_shape(n)]} for n in names]
-    profiles = []
-    for p in range(engine.num_optimization_profiles):
-        entries = []
-        for b in bindings:
-            if b["mode"] == "input" and any(d < 0 for d in b["shape"]):
-                low, opt, high = engine.get_tensor_profile_shape(b["name"], p)
-                entries.append({"name": b["name"], "min": list(low), "opt": list(opt), "max": list(high)})
-        profiles.append(entries)
+    profiles = engine_profiles(engine, [b["name"] for b in bindings if b["mode"] == "input" and any(d < 0 for d in b["shape"])])
     info = json.loads(engine.create_engine_inspector().get_engine_information(trt.LayerInformationFormat.JSON))
     layers, plugins = [], set()
     for layer in info.get("Layers", []):

@@ -4,19 +4,57 @@ Inputs are copied to the device and outputs allocated there before the clock sta
 figure is `execute_async_v3` on PyTorch's current stream between two CUDA events, so no host
 copy is in it. Needs a CUDA GPU and TensorRT (or TensorRT-RTX for the GPU it built for);
 plugin libraries (deployfuse's own and `--plugins`) are loaded before the engine.
+
+What does not need an engine is kept in plain functions, tested without a GPU:
+`choose_profile` (which optimisation profile holds the feed's shapes) and `host_output`
+(device tensor -> numpy, bf16 as float32).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from polygraphy.backend.base import BaseRunner
 from polygraphy.common import TensorMetadata
 
 from deployfuse.errors import UsageError
+
+
+def choose_profile(profiles: Sequence[Sequence[Mapping[str, Any]]], shapes: Mapping[str, Sequence[int]]) -> int:
+    """The index of the first optimisation profile whose [min, max] holds every input shape.
+
+    Args:
+        profiles: per profile, {name, min, opt, max} of each dynamic input (the build record's
+            and `deployfuse inspect`'s form).
+        shapes: the feed's shape per input name.
+
+    Raises:
+        UsageError: no profile holds the shapes; the message lists each profile's ranges.
+    """
+    if not profiles:
+        return 0
+
+    def holds(profile: Sequence[Mapping[str, Any]]) -> bool:
+        return all(e["name"] not in shapes or (len(shapes[e["name"]]) == len(e["min"]) and all(lo <= d <= hi for lo, d, hi in zip(e["min"], shapes[e["name"]], e["max"])))
+                   for e in profile)
+
+    for index, profile in enumerate(profiles):
+        if holds(profile):
+            return index
+    given = ", ".join(f"{k}:{'x'.join(map(str, v))}" for k, v in shapes.items())
+    ranges = "; ".join(f"profile {i + 1}: " + ", ".join(f"{e['name']} {'x'.join(map(str, e['min']))}..{'x'.join(map(str, e['max']))}" for e in p) for i, p in enumerate(profiles))
+    raise UsageError(f"trt: no optimisation profile of the engine holds the inputs {given} ({ranges})")
+
+
+def host_output(tensor: Any) -> np.ndarray:
+    """A device output as numpy; bfloat16 (no numpy dtype) becomes float32."""
+    import torch
+
+    return (tensor.float() if tensor.dtype == torch.bfloat16 else tensor).cpu().numpy()
 
 
 class TrtRunner(BaseRunner):
@@ -49,6 +87,10 @@ class TrtRunner(BaseRunner):
         names = [engine.get_tensor_name(i) for i in range(engine.num_io_tensors)]
         self.inputs = [n for n in names if engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT]
         self.outputs = [n for n in names if engine.get_tensor_mode(n) == trt.TensorIOMode.OUTPUT]
+        from deployfuse.build.inspect import engine_profiles
+
+        self.profiles = engine_profiles(engine, [n for n in self.inputs if any(d < 0 for d in engine.get_tensor_shape(n))])
+        self.profile = 0
 
     def _torch_dtype(self, name: str):
         return getattr(self.torch, np.dtype(self.trt.nptype(self.engine.get_tensor_dtype(name))).name)
@@ -63,6 +105,10 @@ class TrtRunner(BaseRunner):
     def infer_impl(self, feed_dict) -> dict[str, np.ndarray]:
         torch, context = self.torch, self.context
         stream = torch.cuda.current_stream()
+        profile = choose_profile(self.profiles, {k: np.shape(v) for k, v in feed_dict.items()})
+        if profile != self.profile:
+            context.set_optimization_profile_async(profile, stream.cuda_stream)
+            self.profile = profile
         buffers = {}
         for name in self.inputs:
             tensor = torch.from_numpy(np.ascontiguousarray(feed_dict[name])).to("cuda", self._torch_dtype(name))
@@ -81,7 +127,7 @@ class TrtRunner(BaseRunner):
         if not ok:
             raise UsageError("trt: the engine failed to execute")
         self.inference_time = start.elapsed_time(end) / 1000.0
-        return {name: buffers[name].float().cpu().numpy() if buffers[name].dtype == torch.bfloat16 else buffers[name].cpu().numpy() for name in self.outputs}
+        return {name: host_output(buffers[name]) for name in self.outputs}
 
     def deactivate_impl(self) -> None:
-        del self.context, self.engine, self.runtime, self.trt, self.torch, self.inputs, self.outputs
+        del self.context, self.engine, self.runtime, self.trt, self.torch, self.inputs, self.outputs, self.profiles

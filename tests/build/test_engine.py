@@ -87,3 +87,26 @@ def test_two_optimization_profiles(bert_onnx, tmp_path, cli):
     assert "profile 2  input_ids:4x8:8x16:8x32\nprofile 2  attention_mask:4x8:8x16:8x32" in out
     code, _, err = cli("build", bert_onnx, "-o", engine, "--profile", "input_ids:1x8:1x16:1x32", "--profile", "input_ids:4x8:8x16:8x32,attention_mask:4x8:8x9:8x32", *CC)
     assert code == 2 and "profile 2 of 2: --profile values disagree on axis 'seq'" in err, err
+
+
+def test_compare_trt_backend_picks_the_profile_that_holds_the_feed(bert_onnx, tmp_path, cli):
+    """The trt runner's engine-independent half on a real two-profile engine's build record:
+    batch 1 runs on profile 1, batch 6 on profile 2, batch 2 on none (a one-line error)."""
+    import json
+
+    from deployfuse.build.inspect import record_path
+    from deployfuse.compare.trt_runner import choose_profile
+    from deployfuse.errors import UsageError
+
+    engine = tmp_path / "bert.plan"
+    code, _, err = cli("build", bert_onnx, "-o", engine, "--profile", "input_ids:1x8:1x16:1x32",
+                       "--profile", "input_ids:4x8:8x16:8x32", *CC, "-q")
+    assert code == 0, err
+    profiles = json.loads(record_path(engine).read_text())["profiles"]
+    assert len(profiles) == 2
+    assert choose_profile(profiles, {"input_ids": (1, 20), "attention_mask": (1, 20)}) == 0
+    assert choose_profile(profiles, {"input_ids": (6, 32), "attention_mask": (6, 32)}) == 1
+    with pytest.raises(UsageError, match=r"no optimisation profile .* input_ids:2x16.*profile 1: input_ids 1x8..1x32"):
+        choose_profile(profiles, {"input_ids": (2, 16), "attention_mask": (2, 16)})
+    with pytest.raises(UsageError):  # sequence 40 is past both profiles' max
+        choose_profile(profiles, {"input_ids": (1, 40), "attention_mask": (1, 40)})
