@@ -32,7 +32,8 @@ from deployfuse.inputs import DynamicAxis, InputSpec, Inputs, checked_dynamic, m
 from deployfuse.io import check_outputs, check_writable_target, write_text_atomic
 from deployfuse.loading import LoadedModel, given_inputs, load_model
 from deployfuse.report import ExportReport, Step
-from deployfuse.rewrite import TARGETS, FusionReport, fuse as fuse_graph
+from deployfuse.rewrite import FusionReport, fuse as fuse_graph
+from deployfuse.targets import ORT_CUDA, TARGETS, Target, get_target
 from deployfuse.verify import DEFAULT_RTOL, compare_outputs, to_numpy
 
 PRECISIONS = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -62,6 +63,8 @@ class _Request:
     """What `export` was asked to do (its arguments, checked), for the steps to read."""
 
     model: str | os.PathLike[str] | torch.nn.Module
+    target: Target
+    precision: str
     inputs: Sequence[InputSpec]
     example_inputs: Any
     dynamic: Sequence[DynamicAxis]
@@ -117,7 +120,7 @@ def export(
     inputs: Sequence[InputSpec] = (),
     example_inputs: str | os.PathLike[str] | Sequence[torch.Tensor] | Mapping[str, torch.Tensor] | None = None,
     dynamic: Sequence[DynamicAxis] = (),
-    target: str = "ort-cpu",
+    target: str | Target = "ort-cpu",
     precision: str = "fp32",
     opset: int | None = None,
     exporter: str = "auto",
@@ -182,13 +185,12 @@ def export(
     if isinstance(verify_draws, bool) or not isinstance(verify_draws, int) or verify_draws < 1:
         raise UsageError(f"--verify-draws {verify_draws!r}: give a whole number of input draws per shape, 1 or more")
     checking = _Checking(verify_draws, seed, allow_traced_control_flow)
-    if target not in TARGETS:
-        raise UsageError(f"unknown target {target!r}; choose one of {', '.join(TARGETS)}")
-    if cuda_graph and (target != "ort-cuda" or dynamic):
+    resolved = get_target(target)  # UsageError for an unknown name
+    if cuda_graph and (resolved != ORT_CUDA or dynamic):
         raise UsageError("--cuda-graph needs --target ort-cuda and static shapes (no --dynamic): a CUDA graph replays fixed shapes")
     if static and dynamic:
         raise UsageError("--static pins every axis: drop the --dynamic flags, or --static")
-    if not tf32 and target != "ort-cuda":
+    if not tf32 and resolved != ORT_CUDA:
         raise UsageError("--no-tf32 is an ONNX Runtime CUDA option: it needs --target ort-cuda")
     if exporter != "auto" and exporter not in EXPORTERS:
         raise UsageError(f"unknown exporter {exporter!r}; choose auto or one of {', '.join(EXPORTERS)}")
@@ -204,11 +206,12 @@ def export(
     example_file = example_inputs if isinstance(example_inputs, (str, os.PathLike)) else None
     paths = check_outputs({"-o": output, "--report": report_path}, {"MODEL": model_file, "--example-inputs": example_file})
     out_path, report_file = paths["-o"], paths.get("--report")
-    report = ExportReport(str(model) if not isinstance(model, torch.nn.Module) else type(model).__name__, str(out_path), target, precision, opset or DEFAULT_OPSET)
+    report = ExportReport(str(model) if not isinstance(model, torch.nn.Module) else type(model).__name__, str(out_path), resolved.name, precision, opset or DEFAULT_OPSET)
     report.provenance["seed"] = seed
     steps = _Steps(report, progress)
     try:
-        request = _Request(model, inputs, example_inputs, dynamic, exporter, fold, fuse, verify, cuda_graph, tf32, autotune, debug, trust_pickle, rtol, task, static)
+        request = _Request(model, resolved, precision, inputs, example_inputs, dynamic, exporter, fold, fuse, verify, cuda_graph, tf32, autotune, debug, trust_pickle, rtol,
+                           task, static)
         fusion = _run(request, out_path, report, steps, checking)
     except Exception as exc:  # the report says which step failed, for a deployfuse bug too
         report.error = str(exc) if isinstance(exc, DeployfuseError) else f"internal error: {type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"
@@ -253,7 +256,7 @@ def _run(request: _Request, out_path: Path, report: ExportReport, steps: _Steps,
         request = dataclasses.replace(request, dynamic=_dynamic_axes(loaded, request.dynamic, example, step))
         report.dynamic = [f"{d.name}:{d.axis}:{d.label}" for d in request.dynamic]
         weights = metadata.weights_digest(loaded.module)  # as loaded: what compare recomputes from MODEL
-        dtype = PRECISIONS[report.precision]
+        dtype = PRECISIONS[request.precision]
         draws = _verification_inputs(loaded, example, request.dynamic, checking, dtype) if request.verify else []
         # References come from the unfolded fp32 model, so verification also checks the fold and
         # the cast; in fp16/bf16 they run on the same rounded inputs the ONNX model gets.
@@ -299,8 +302,8 @@ def _run(request: _Request, out_path: Path, report: ExportReport, steps: _Steps,
     with steps.step("clean") as step:
         onnx_model = clean(onnx_model)
         step.detail = f"{len(onnx_model.graph.node)} nodes"
-        if report.precision == "bf16":
-            _check_runnable(onnx_model, report.target, request.fuse, request.verify)
+        if request.precision == "bf16":
+            _check_runnable(onnx_model, request.target, request.fuse, request.verify)
 
     if request.fuse:
         with steps.step("fuse") as step:
@@ -308,7 +311,7 @@ def _run(request: _Request, out_path: Path, report: ExportReport, steps: _Steps,
             # then padded): more draws would multiply its runs without another mask path.
             guard_inputs = [d.inputs for d in draws if d.draw < 2] or checks
             feeds = [{k: to_numpy(v) for k, v in x.items()} for x in guard_inputs]
-            onnx_model, fusion = fuse_graph(onnx_model, report.target, feeds, debug=request.debug, autotune=request.autotune,
+            onnx_model, fusion = fuse_graph(onnx_model, request.target, feeds, debug=request.debug, autotune=request.autotune,
                                             on_family=getattr(steps.progress, "family", None))
             report.fusion = fusion.to_dict()
             step.detail = f"{len(onnx_model.graph.node)} nodes"
@@ -317,19 +320,19 @@ def _run(request: _Request, out_path: Path, report: ExportReport, steps: _Steps,
         steps.skip("fuse", "--no-fuse")
     metadata.write(onnx_model, metadata.INPUT_SHAPES, {k: list(v.shape) for k, v in example.items()})
     metadata.write(onnx_model, metadata.WEIGHTS_SHA256, weights)
-    if report.target == "ort-cuda":
+    if request.target == ORT_CUDA:
         timer = None
         if request.autotune:
             from deployfuse.rewrite.autotune import cuda_option_timer
 
             timer = cuda_option_timer(onnx_model, {k: to_numpy(v) for k, v in checks[0].items()})
-        metadata.write(onnx_model, metadata.CUDA_PROVIDER_OPTIONS, cuda_provider_options(onnx_model, request.cuda_graph, request.tf32, report.precision, timer))
+        metadata.write(onnx_model, metadata.CUDA_PROVIDER_OPTIONS, cuda_provider_options(onnx_model, request.cuda_graph, request.tf32, request.precision, timer))
     report.op_histogram = dict(Counter(f"{n.domain + '.' if n.domain else ''}{n.op_type}" for n in onnx_model.graph.node).most_common())
 
     if request.verify:
         with steps.step("verify") as step:
-            tolerance = request.rtol if request.rtol is not None else DEFAULT_RTOL[report.precision]
-            against = f"PyTorch fp32 (the model before the cast to {report.precision})" if same_precision else "PyTorch"
+            tolerance = request.rtol if request.rtol is not None else DEFAULT_RTOL[request.precision]
+            against = f"PyTorch fp32 (the model before the cast to {request.precision})" if same_precision else "PyTorch"
             shapes = list({d.shape: _shape_text(d.inputs) for d in draws}.values())
             report.verification = {"draws_per_shape": checking.draws, "shapes": shapes, "seeds": [d.seed for d in draws],
                                    "reference": against, "rtol": tolerance}
@@ -338,7 +341,7 @@ def _run(request: _Request, out_path: Path, report: ExportReport, steps: _Steps,
             step.detail = f"{checking.draws} input draw(s) at each of {len(shapes)} shape(s) ({'; '.join(shapes)}), worst relative error {worst:.2e}"
             if same_precision:
                 worst_same = max(o["same_precision_rel_error"] for v in report.verify for o in v["outputs"])
-                step.detail += f" vs fp32, {worst_same:.2e} vs PyTorch in {report.precision}"
+                step.detail += f" vs fp32, {worst_same:.2e} vs PyTorch in {request.precision}"
             failing = [v for v in report.verify if not all(o["passed"] for o in v["outputs"])]
             if failing:
                 names = dict.fromkeys(o["name"] for v in failing for o in v["outputs"] if not o["passed"])
@@ -391,7 +394,7 @@ def _example_inputs(loaded: LoadedModel, specs: Sequence[InputSpec], example_inp
     return inputs
 
 
-def _check_runnable(model: onnx.ModelProto, target: str, fuse: bool, verify: bool) -> None:
+def _check_runnable(model: onnx.ModelProto, target: Target, fuse: bool, verify: bool) -> None:
     """UsageError when ONNX Runtime cannot load `model` where the fuse guard (the target's
     providers) or verification (CPU) would run it: its CPU provider has no bfloat16 kernels
     for most ops (Conv, Add, MatMul), so a bf16 export cannot be fused or verified there."""

@@ -15,10 +15,11 @@ import numpy as np
 import onnx
 
 from deployfuse.runtime import artefact_provider_options, resolve_providers
+from deployfuse.targets import ORT_CPU, ORT_CUDA
 
 __all__ = ["PROVIDERS", "artefact_provider_options", "run", "session"]
 
-PROVIDERS = {"ort-cpu": ["CPUExecutionProvider"], "ort-cuda": ["CUDAExecutionProvider", "CPUExecutionProvider"]}
+PROVIDERS = {t.name: list(t.providers) for t in (ORT_CPU, ORT_CUDA)}  # by ONNX Runtime target (and compare backend) name
 
 
 def session(

@@ -14,7 +14,7 @@ ONNX Runtime may hold ORT's schema-less SimplifiedLayerNormalization: validate i
 
 from deployfuse.rewrite.fuser import RULE_TAG, family_names, fuse
 from deployfuse.rewrite.guard import GuardFailure, check_model
-from deployfuse.rewrite.profiles import TARGETS
 from deployfuse.rewrite.report import FamilyResult, FusionReport
+from deployfuse.targets import TARGETS
 
 __all__ = ["RULE_TAG", "TARGETS", "FamilyResult", "FusionReport", "GuardFailure", "check_model", "family_names", "fuse"]

@@ -32,6 +32,7 @@ import onnx
 
 from deployfuse.backends import ort as ort_backend
 from deployfuse.rewrite.guard import first_line
+from deployfuse.targets import CUDA_PROVIDER, ORT_CUDA, Target, get_target
 
 THRESHOLD = 0.02
 
@@ -64,7 +65,7 @@ def decide(before_ms: float, after_ms: float, threshold: float = THRESHOLD) -> D
 def time_family(
     before: onnx.ModelProto,
     after: onnx.ModelProto,
-    target: str,
+    target: str | Target,
     feed: Mapping[str, np.ndarray],
     threshold: float = THRESHOLD,
     warmup: int = 2,
@@ -88,10 +89,11 @@ def time_family(
         The decision; a model ONNX Runtime cannot load with its optimisations on is reverted,
         an untimed target keeps the family.
     """
+    target = get_target(target)
     why = _not_timed(target)
     if why:
         return Decision(True, f"not timed: {why}")
-    providers = ort_backend.PROVIDERS[target]
+    providers = list(target.providers)
     try:
         sessions = [ort_backend.session(m, providers=providers) for m in (before, after)]
     except Exception as exc:  # ORT raises its own types; a family ORT cannot optimise must not ship
@@ -143,11 +145,11 @@ def nhwc_without_measurement(model: onnx.ModelProto) -> bool:
 def cuda_option_timer(model: onnx.ModelProto, feed: Mapping[str, np.ndarray]) -> Callable[[Mapping[str, str], Mapping[str, str]], tuple[float, float]] | None:
     """A function timing `model` on the CUDA EP under two sets of provider options (interleaved,
     median ms of each), or None when this onnxruntime has no CUDA EP."""
-    if _not_timed("ort-cuda"):
+    if _not_timed(ORT_CUDA):
         return None
 
     def timer(first: Mapping[str, str], second: Mapping[str, str]) -> tuple[float, float]:
-        sessions = [ort_backend.session(model, providers=ort_backend.PROVIDERS["ort-cuda"], cuda_options=dict(o)) for o in (first, second)]
+        sessions = [ort_backend.session(model, providers=list(ORT_CUDA.providers), cuda_options=dict(o)) for o in (first, second)]
         return _interleaved(sessions, feed)
 
     return timer
@@ -164,12 +166,12 @@ def measured_option(timer: Callable[[Mapping[str, str], Mapping[str, str]], tupl
     return Decision(False, f"not faster: {change}", without, with_extra)
 
 
-def _not_timed(target: str) -> str:
+def _not_timed(target: Target) -> str:
     """Why `target` is not timed here ("" when it is)."""
     import onnxruntime as ort
 
-    if target == "tensorrt":
-        return "tensorrt is timed by its engine build, not here"
-    if target == "ort-cuda" and "CUDAExecutionProvider" not in ort.get_available_providers():
+    if target.runtime != "onnxruntime":
+        return f"{target} is timed by its engine build, not here"
+    if target.cuda and CUDA_PROVIDER not in ort.get_available_providers():
         return "this onnxruntime has no CUDA EP"
     return ""

@@ -17,16 +17,16 @@ from onnxscript.rewriter._rewrite_rule import RULE_NAME_TAG
 
 from deployfuse.errors import UsageError
 from deployfuse.rewrite import autotune as tuning, guard, rules as rule_families
-from deployfuse.rewrite.profiles import DEPLOYFUSE, Profile, profile
 from deployfuse.rewrite.report import FamilyResult, FusionReport
 from deployfuse.rewrite.rules._common import dtype_name
+from deployfuse.targets import DEPLOYFUSE, Target, get_target
 
 RULE_TAG = "deployfuse.rule"
 
 
 def fuse(
     model: onnx.ModelProto,
-    target: str,
+    target: str | Target,
     feeds: Sequence[Mapping[str, np.ndarray]],
     debug: bool = False,
     families: Sequence[str] | None = None,
@@ -51,7 +51,7 @@ def fuse(
         reported with its reason, one autotune finds slower is reverted with its timings; the
         others are kept.
     """
-    prof = profile(target)
+    target = get_target(target)
     if not feeds:
         raise ValueError("fuse needs at least one feed for the guard")
     modules = rule_families.families()
@@ -64,7 +64,7 @@ def fuse(
     current = onnx.ModelProto()
     current.CopyFrom(model)
     reference = guard.run_outputs(current, feeds, providers)
-    report = FusionReport(target)
+    report = FusionReport(target.name)
     for index, module in enumerate(modules):
         if on_family is not None:
             on_family(module.FAMILY, index, len(modules))
@@ -74,7 +74,7 @@ def fuse(
         result = FamilyResult(module.FAMILY)
         report.families.append(result)
         try:
-            candidate = _apply(current, rules, result, debug, prof)
+            candidate = _apply(current, rules, result, debug, target)
             if not result.fused:
                 continue
             outputs = guard.check(candidate, reference, feeds, providers)
@@ -116,14 +116,14 @@ def family_names() -> list[str]:
     return [m.FAMILY for m in rule_families.families()]
 
 
-def _apply(model: onnx.ModelProto, rules: list[pattern.RewriteRule], result: FamilyResult, debug: bool, prof: Profile) -> onnx.ModelProto:
+def _apply(model: onnx.ModelProto, rules: list[pattern.RewriteRule], result: FamilyResult, debug: bool, target: Target) -> onnx.ModelProto:
     """`rules` applied to `model` (left as it was), one rule name at a time (its variants
     together); new nodes counted and tagged, deployfuse function bodies attached.
 
     Raises GuardFailure when a new node is an op (or dtype) the target has no kernel for.
     """
     with _ir_over(model) as ir_model:
-        out = _rewrite(ir_model, rules, result, debug, prof)
+        out = _rewrite(ir_model, rules, result, debug, target)
     if any(n.domain == DEPLOYFUSE for n in out.graph.node):
         from deployfuse.ops import attach_functions
 
@@ -144,7 +144,7 @@ def _ir_over(model: onnx.ModelProto) -> Iterator[ir.Model]:
             tensor.name = name
 
 
-def _rewrite(ir_model: ir.Model, rules: list[pattern.RewriteRule], result: FamilyResult, debug: bool, prof: Profile) -> onnx.ModelProto:
+def _rewrite(ir_model: ir.Model, rules: list[pattern.RewriteRule], result: FamilyResult, debug: bool, target: Target) -> onnx.ModelProto:
     """`rules` applied to `ir_model` one rule name at a time; new nodes counted, tagged and
     checked against the profile; the result as a new proto."""
     opset = ir_model.opset_imports.get("", 0)
@@ -160,7 +160,7 @@ def _rewrite(ir_model: ir.Model, rules: list[pattern.RewriteRule], result: Famil
                 if node not in seen and node.op_type != "Constant":
                     node.metadata_props.pop(RULE_NAME_TAG, None)
                     node.metadata_props[RULE_TAG] = name
-                    _check_profile(node, prof, opset)
+                    _check_profile(node, target, opset)
     if debug:
         tracer = pattern.MatchingTracer()
         pattern.RewriteRuleSet(rules).apply_to_model(ir_model, tracer=tracer)
@@ -196,9 +196,9 @@ def _near_miss(rule: pattern.RewriteRule, info: MatchInfo) -> str | None:
     return f"the structure stops matching after {matched} of {total} pattern nodes: {reason}"
 
 
-def _check_profile(node: ir.Node, prof: Profile, opset: int) -> None:
+def _check_profile(node: ir.Node, target: Target, opset: int) -> None:
     """GuardFailure when a fused node is an op the target cannot run on its input dtype."""
     first = node.inputs[0] if node.inputs else None
     dtype = dtype_name(first) or "float"
-    if not prof.emits(node.domain, node.op_type, opset, dtype):
-        raise guard.GuardFailure(f"emitted {node.domain or 'ai.onnx'}::{node.op_type} on {dtype}, which {prof.target} cannot run")
+    if not target.emits(node.domain, node.op_type, opset, dtype):
+        raise guard.GuardFailure(f"emitted {node.domain or 'ai.onnx'}::{node.op_type} on {dtype}, which {target} cannot run")

@@ -17,7 +17,7 @@ import numpy as np
 import onnx
 
 from deployfuse.backends import ort as ort_backend
-from deployfuse.rewrite.profiles import ort_private
+from deployfuse.targets import CUDA_PROVIDER, Target, ort_private
 
 _ORT_PRIVATE = "deployfuse.ort_onnx_domain"
 RTOL = {np.dtype(np.float32): 1e-3, np.dtype(np.float64): 1e-6, np.dtype(np.float16): 2e-2}
@@ -27,12 +27,12 @@ class GuardFailure(Exception):
     """The rewrite broke the graph; the message is the one-line reason."""
 
 
-def providers_for(target: str) -> list[str]:
+def providers_for(target: Target) -> list[str]:
     """Execution providers the guard runs `target` on: the real one when present, else CPU."""
     import onnxruntime as ort
 
-    if target == "ort-cuda" and "CUDAExecutionProvider" in ort.get_available_providers():
-        return ["CUDAExecutionProvider", "CPUExecutionProvider"]
+    if target.cuda and CUDA_PROVIDER in ort.get_available_providers():
+        return list(target.providers)
     return ["CPUExecutionProvider"]
 
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from deployfuse.rewrite.profiles import MS
 from deployfuse.rewrite.rules.gelu import gelu_forms
+from deployfuse.targets import MS
 
 Builder = Callable[[Any, Any], Any]
 

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import onnx_ir as ir
 from onnxscript.rewriter import MatchResult, pattern
 
-from deployfuse.rewrite.profiles import Profile, profile
+from deployfuse.targets import Lowering, Target, get_target
 
 
 def scalar(value: ir.Value | None) -> float | None:
@@ -106,21 +105,12 @@ def either(op_type: Any, a: Any, b: Any) -> Any:
     return pattern.OrValue([op_type(a, b), op_type(b, a)])
 
 
-@dataclass(frozen=True)
-class Lowering:
-    """One way to emit a fused node: `domain::op_type` with fixed attributes."""
-
-    domain: str
-    op_type: str
-    attrs: dict[str, Any] = field(default_factory=dict)
-
-
 class FusionRule(pattern.RewriteRuleClassBase):
     """A rewrite rule that knows its target; `choose` picks the first lowering the target runs."""
 
-    def __init__(self, name: str, target: str) -> None:
+    def __init__(self, name: str, target: str | Target) -> None:
         super().__init__(name)
-        self.profile: Profile = profile(target)
+        self.target: Target = get_target(target)
         self.lowering: Lowering | None = None
 
     def choose(self, context: Any, x: ir.Value, options: Sequence[Lowering]) -> MatchResult:
@@ -129,11 +119,11 @@ class FusionRule(pattern.RewriteRuleClassBase):
         if not dtype:
             return MatchResult().fail("input dtype is not a known float type", x)
         for option in options:
-            if self.profile.emits(option.domain, option.op_type, opset, dtype):
+            if self.target.emits(option.domain, option.op_type, opset, dtype):
                 self.lowering = option
                 return MatchResult()
         names = ", ".join(f"{o.domain or 'ai.onnx'}::{o.op_type}" for o in options) or "nothing"
-        return MatchResult().fail(f"{self.profile.target} has no kernel for {names} on {dtype} (opset {opset})")
+        return MatchResult().fail(f"{self.target} has no kernel for {names} on {dtype} (opset {opset})")
 
     def emit(self, op: Any, *inputs: ir.Value | None, **attrs: Any) -> Any:
         """Emit the chosen lowering with `inputs` and extra attributes: its output, or a tuple of

@@ -29,7 +29,6 @@ import numpy as np
 import onnx_ir as ir
 from onnxscript.rewriter import MatchResult, pattern
 
-from deployfuse.rewrite.profiles import DEPLOYFUSE, MS, profile
 from deployfuse.rewrite.rules import rotary
 from deployfuse.rewrite.rules._attention_core import Core, read_core
 from deployfuse.rewrite.rules._attention_shapes import (
@@ -46,6 +45,7 @@ from deployfuse.rewrite.rules._attention_shapes import (
 )
 from deployfuse.rewrite.rules._common import default_opset, dtype_name
 from deployfuse.rewrite.rules._projection import projection
+from deployfuse.targets import DEPLOYFUSE, MS, Target, get_target
 
 FAMILY = "attention"
 
@@ -63,10 +63,10 @@ def _lowest(dtype: ir.DataType | None) -> float:
 class _Attention(pattern.RewriteRuleClassBase):
     """Softmax → [NaN guard] → MatMul V [→ Transpose(0,2,1,3) → Reshape to [B, S, H·Dv]]."""
 
-    def __init__(self, target: str, nan_guard: bool, merged: bool) -> None:
+    def __init__(self, target: str | Target, nan_guard: bool, merged: bool) -> None:
         super().__init__(name="attention" if merged else "attention_core")
-        self._fused_op = "MultiHeadAttention" if target != "tensorrt" else "FusedMHA"
-        self._profile = profile(target)
+        self._target = get_target(target)
+        self._domain, self._fused_op = self._target.lowering("attention")[0].domain, self._target.lowering("attention")[0].op_type
         self._nan_guard, self._merged = nan_guard, merged
         self._core: Core | None = None
 
@@ -89,9 +89,9 @@ class _Attention(pattern.RewriteRuleClassBase):
         core = read_core(scores, value)
         if isinstance(core, str):
             return result.fail(core, scores)
-        domain, opset, dtype = DEPLOYFUSE if self._fused_op == "FusedMHA" else MS, default_opset(context), dtype_name(value)
-        if not self._profile.emits(domain, self._fused_op, opset, dtype):
-            return result.fail(f"{self._profile.target} has no kernel for {domain}::{self._fused_op} on {dtype or 'this dtype'} (opset {opset})", scores)
+        domain, opset, dtype = self._domain, default_opset(context), dtype_name(value)
+        if not self._target.emits(domain, self._fused_op, opset, dtype):
+            return result.fail(f"{self._target} has no kernel for {domain}::{self._fused_op} on {dtype or 'this dtype'} (opset {opset})", scores)
         self._keep_reshape = False
         if merged is not None:
             reason = self._check_merge(merged, core)
@@ -285,12 +285,11 @@ class _MergeRoundTrip(pattern.RewriteRuleClassBase):
         return op.Identity(self._source)
 
 
-def rules(target: str) -> list[pattern.RewriteRule]:
+def rules(target: str | Target) -> list[pattern.RewriteRule]:
     """Attention rules for `target`: rotary first (its 3-D outputs let Q and K feed the fused node
     without a re-merge), then the merged form, the bare core, and the round-trip cleanup."""
-    prof = profile(target)
-    op = (MS, "MultiHeadAttention") if target != "tensorrt" else (DEPLOYFUSE, "FusedMHA")
-    if not prof.emits(*op, opset=0):
+    lowering = get_target(target).lowering("attention")
+    if not lowering or not get_target(target).emits(lowering[0].domain, lowering[0].op_type, opset=0):
         return []
     found = [_Attention.rule(target, guard, merged) for merged in (True, False) for guard in (True, False)]
     return [*rotary.rules(target), *found, _MergeRoundTrip.rule()]

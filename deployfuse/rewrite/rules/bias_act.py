@@ -14,19 +14,16 @@ from __future__ import annotations
 
 from onnxscript.rewriter import MatchResult, pattern
 
-from deployfuse.rewrite.profiles import DEPLOYFUSE
 from deployfuse.rewrite.rules._activations import activations, gelu20_approximate
 from deployfuse.rewrite.rules._common import FusionRule, Lowering, const_1d, either, last_dim
+from deployfuse.targets import DEPLOYFUSE, Target, get_target
 
 FAMILY = "bias_act"
-
-_ACTS = {"ort-cuda": ("relu", "silu", "sigmoid"), "tensorrt": ("relu", "silu", "sigmoid", "gelu", "gelu_tanh")}
-
 
 class LinearBiasAct(FusionRule):
     """act(MatMul(x, W) + b) or act(Gemm(x, W, b)) -> BiasAct(MatMul / Gemm without C, b)."""
 
-    def __init__(self, target: str, gemm: bool, reshape: bool, activation: str, build) -> None:
+    def __init__(self, target: str | Target, gemm: bool, reshape: bool, activation: str, build) -> None:
         super().__init__(f"bias_act_{activation}", target)
         self.gemm, self.reshape, self.activation, self.build = gemm, reshape, activation, build
 
@@ -62,10 +59,10 @@ class LinearBiasAct(FusionRule):
         return self.emit(op, y, bias, activation=self.activation)
 
 
-def rules(target: str) -> list[pattern.RewriteRule]:
+def rules(target: str | Target) -> list[pattern.RewriteRule]:
     """Linear + bias + activation rules for `target` (none on ort-cpu)."""
     out: list[pattern.RewriteRule] = []
-    for activation, build in activations(_ACTS.get(target, ())):
+    for activation, build in activations(get_target(target).activations.get("bias_act", ())):
         for gemm, reshape in ((False, False), (True, False), (True, True)):
             out.append(LinearBiasAct.rule(target, gemm, reshape, activation, build))
     return out

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from onnxscript.rewriter import MatchResult, pattern
 
-from deployfuse.rewrite.profiles import MS
 from deployfuse.rewrite.rules._common import FusionRule, Lowering, const_1d, last_dim
+from deployfuse.targets import MS, Target, get_target
 
 FAMILY = "bias_gelu"
 
@@ -19,7 +19,7 @@ FAMILY = "bias_gelu"
 class BiasGelu(FusionRule):
     """Add(x, b) -> Gelu (ONNX, exact), com.microsoft Gelu, or FastGelu without bias."""
 
-    def __init__(self, target: str, source: str, swap: bool) -> None:
+    def __init__(self, target: str | Target, source: str, swap: bool) -> None:
         super().__init__("bias_gelu", target)
         self.source, self.swap = source, swap
 
@@ -44,9 +44,9 @@ class BiasGelu(FusionRule):
         return self.emit(op, x, bias)
 
 
-def rules(target: str) -> list[pattern.RewriteRule]:
+def rules(target: str | Target) -> list[pattern.RewriteRule]:
     """Bias+GELU rules; none for tensorrt."""
-    if target == "tensorrt":
+    if not get_target(target).emits(MS, "BiasGelu", opset=0):
         return []
     out: list[pattern.RewriteRule] = []
     for source in ("onnx", "ms", "fast"):

@@ -11,18 +11,15 @@ from __future__ import annotations
 
 from onnxscript.rewriter import MatchResult, pattern
 
-from deployfuse.rewrite.profiles import MS
 from deployfuse.rewrite.rules._common import FusionRule, Lowering
+from deployfuse.targets import MS, Target, get_target
 
 FAMILY = "fused_conv"
-
-_ACTS = {"ort-cpu": ("Relu", "Sigmoid", "Tanh", "LeakyRelu")}
-
 
 class ConvAct(FusionRule):
     """Conv followed by one activation node -> FusedConv(activation=...)."""
 
-    def __init__(self, target: str, activation: str) -> None:
+    def __init__(self, target: str | Target, activation: str) -> None:
         super().__init__("conv_act", target)
         self.activation = activation
 
@@ -42,6 +39,6 @@ class ConvAct(FusionRule):
         return self.emit(op, *conv.producer().inputs, activation=self.activation, **self.conv_attrs, **extra)
 
 
-def rules(target: str) -> list[pattern.RewriteRule]:
+def rules(target: str | Target) -> list[pattern.RewriteRule]:
     """Conv + activation rules for `target` (none for tensorrt)."""
-    return [ConvAct.rule(target, act) for act in _ACTS.get(target, ())]
+    return [ConvAct.rule(target, act) for act in get_target(target).activations.get("conv_act", ())]

@@ -20,8 +20,8 @@ from typing import Any
 
 from onnxscript.rewriter import MatchResult, pattern
 
-from deployfuse.rewrite.profiles import MS
 from deployfuse.rewrite.rules._common import FusionRule, Lowering, either, scalar
+from deployfuse.targets import MS, Target, get_target
 
 FAMILY = "gelu"
 
@@ -68,20 +68,10 @@ def gelu_forms() -> Iterator[tuple[str, Callable[..., Any]]]:
                 yield "tanh", lambda op, x, o=order, s=swap, f=flag: tanh_gelu(op, x, o, s, f)
 
 
-_LOWERING = {
-    ("ort-cpu", "erf"): [Lowering("", "Gelu"), Lowering(MS, "Gelu")],
-    ("ort-cuda", "erf"): [Lowering(MS, "Gelu")],
-    ("tensorrt", "erf"): [Lowering("", "Gelu")],
-    ("ort-cpu", "tanh"): [Lowering("", "Gelu", {"approximate": "tanh"}), Lowering(MS, "FastGelu")],
-    ("ort-cuda", "tanh"): [Lowering(MS, "FastGelu")],
-    ("tensorrt", "tanh"): [Lowering("", "Gelu", {"approximate": "tanh"})],
-}
-
-
 class DecomposedGelu(FusionRule):
     """One decomposed GELU variant -> Gelu / FastGelu."""
 
-    def __init__(self, target: str, kind: str, build: Callable[..., Any]) -> None:
+    def __init__(self, target: str | Target, kind: str, build: Callable[..., Any]) -> None:
         super().__init__(f"gelu_{kind}", target)
         self.kind, self.build = kind, build
 
@@ -89,7 +79,7 @@ class DecomposedGelu(FusionRule):
         return self.build(op, x)
 
     def check(self, context, x, **_) -> MatchResult:
-        return self.choose(context, x, _LOWERING[(self.profile.target, self.kind)])
+        return self.choose(context, x, self.target.lowering(f"gelu_{self.kind}"))
 
     def rewrite(self, op, x, **_):
         return self.emit(op, x)
@@ -98,7 +88,7 @@ class DecomposedGelu(FusionRule):
 class QuickGelu(FusionRule):
     """x · σ(α · x) with a constant α ≠ 1 -> com.microsoft.QuickGelu(alpha=α)."""
 
-    def __init__(self, target: str) -> None:
+    def __init__(self, target: str | Target) -> None:
         super().__init__("quick_gelu", target)
 
     def pattern(self, op, x, alpha):
@@ -115,9 +105,9 @@ class QuickGelu(FusionRule):
         return self.emit(op, x, alpha=self.alpha)
 
 
-def rules(target: str) -> list[pattern.RewriteRule]:
+def rules(target: str | Target) -> list[pattern.RewriteRule]:
     """The GELU rules for `target` (all association / operand orders)."""
     out = [DecomposedGelu.rule(target, kind, build) for kind, build in gelu_forms()]
-    if target != "tensorrt":
+    if get_target(target).emits(MS, "QuickGelu", opset=0):
         out += QuickGelu.rule(target).commute()
     return out

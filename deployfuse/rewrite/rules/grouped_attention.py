@@ -23,10 +23,10 @@ import numpy as np
 import onnx_ir as ir
 from onnxscript.rewriter import MatchResult, pattern
 
-from deployfuse.rewrite.profiles import MS
 from deployfuse.rewrite.rules._attention_shapes import DimOf, rank, same_dim, static_dim, static_ints
-from deployfuse.rewrite.rules._common import FusionRule, Lowering
+from deployfuse.rewrite.rules._common import FusionRule
 from deployfuse.rewrite.rules.attention import merged_heads
+from deployfuse.targets import MS, Target, get_target
 
 FAMILY = "grouped_attention"
 
@@ -71,7 +71,7 @@ def _repeated(merged: ir.Value) -> tuple[ir.Value, int] | str:
 class GroupedAttention(FusionRule):
     """MultiHeadAttention(Q, merge(repeat_kv(K)), merge(repeat_kv(V)), '', '', [bias])."""
 
-    def __init__(self, target: str) -> None:
+    def __init__(self, target: str | Target) -> None:
         super().__init__("grouped_attention", target)
 
     def pattern(self, op, query, key, value):
@@ -96,7 +96,7 @@ class GroupedAttention(FusionRule):
         if not ort_runs_bidirectional_gqa():
             return result.fail("this onnxruntime's GroupQueryAttention has no causal=0 / attention_bias (needs 1.32)", out)
         self.parts = (k, v, groups, heads, node.attributes.get_float("scale", 0.0), extra[2] if len(extra) == 3 else None)
-        return self.choose(context, query, [Lowering(MS, "GroupQueryAttention")])
+        return self.choose(context, query, self.target.lowering("grouped_attention"))
 
     def rewrite(self, op, query, out, **_):
         k, v, groups, heads, scale, bias = self.parts
@@ -111,6 +111,6 @@ class GroupedAttention(FusionRule):
         return fused
 
 
-def rules(target: str) -> list[pattern.RewriteRule]:
+def rules(target: str | Target) -> list[pattern.RewriteRule]:
     """The grouped-query rule for ort-cpu; none elsewhere (see the module docstring)."""
-    return [GroupedAttention.rule(target)] if target == "ort-cpu" else []
+    return [GroupedAttention.rule(target)] if get_target(target).lowering("grouped_attention") else []

@@ -17,19 +17,16 @@ import numpy as np
 import onnx_ir as ir
 from onnxscript.rewriter import MatchResult, pattern
 
-from deployfuse.rewrite.profiles import DEPLOYFUSE
 from deployfuse.rewrite.rules._activations import activations, gelu20_approximate
-from deployfuse.rewrite.rules._common import FusionRule, Lowering, either
+from deployfuse.rewrite.rules._common import FusionRule, either
+from deployfuse.targets import Target, get_target
 
 FAMILY = "norm_act"
-
-_TARGETS = ("ort-cuda", "tensorrt")
-
 
 class LayerNormGelu(FusionRule):
     """LayerNormalization(x, γ, β) -> GELU (any spelling) -> LayerNormGelu."""
 
-    def __init__(self, target: str, activation: str, build, name: str = "layernorm_gelu") -> None:
+    def __init__(self, target: str | Target, activation: str, build, name: str = "layernorm_gelu") -> None:
         super().__init__(name, target)
         self.activation, self.build = activation, build
 
@@ -49,7 +46,7 @@ class LayerNormGelu(FusionRule):
             "epsilon": node.attributes.get_float("epsilon", 1e-5),
             "approximate": "tanh" if self.activation == "gelu_tanh" else "none",
         }
-        return self.choose(context, x, [Lowering(DEPLOYFUSE, "LayerNormGelu")])
+        return self.choose(context, x, self.target.lowering("layernorm_gelu"))
 
     def rewrite(self, op, x, scale, bias, **_):
         return self.emit(op, x, scale, bias, **self.attrs)
@@ -58,7 +55,7 @@ class LayerNormGelu(FusionRule):
 class LayerNormTransposeGelu(LayerNormGelu):
     """LayerNormalization(x, γ, β) -> Transpose -> GELU -> Transpose(LayerNormGelu)."""
 
-    def __init__(self, target: str, activation: str, build) -> None:
+    def __init__(self, target: str | Target, activation: str, build) -> None:
         super().__init__(target, activation, build, "layernorm_transpose_gelu")
 
     def pattern(self, op, x, scale, bias):
@@ -85,7 +82,7 @@ def _channel_vector(value: ir.Value, channels: int) -> np.ndarray | None:
 class GroupNormAct(FusionRule):
     """Reshape -> InstanceNormalization -> Reshape -> ·γ + β -> act -> GroupNormAct."""
 
-    def __init__(self, target: str, activation: str, build) -> None:
+    def __init__(self, target: str | Target, activation: str, build) -> None:
         super().__init__(f"groupnorm_{activation}", target)
         self.activation, self.build = activation, build
 
@@ -118,7 +115,7 @@ class GroupNormAct(FusionRule):
         if self.gamma is None or self.beta is None or gamma.dtype != x.dtype or beta.dtype != x.dtype:
             return fail("γ / β are not per-channel constants of x's dtype", [gamma, beta])
         self.attrs = {"num_groups": groups, "epsilon": inorm.producer().attributes.get_float("epsilon", 1e-5), "activation": self.activation}
-        return self.choose(context, x, [Lowering(DEPLOYFUSE, "GroupNormAct")])
+        return self.choose(context, x, self.target.lowering("groupnorm_act"))
 
     def rewrite(self, op, x, **_):
         scale = op.initializer(ir.tensor(self.gamma), name=f"{x.name}_groupnorm_scale")
@@ -126,10 +123,11 @@ class GroupNormAct(FusionRule):
         return self.emit(op, x, scale, bias, **self.attrs)
 
 
-def rules(target: str) -> list[pattern.RewriteRule]:
-    """Norm + activation rules; ort-cuda and tensorrt only."""
-    if target not in _TARGETS:
-        return []
-    out = [rule.rule(target, name, build) for rule in (LayerNormGelu, LayerNormTransposeGelu) for name, build in activations(("gelu", "gelu_tanh"))]
-    out += [GroupNormAct.rule(target, name, build) for name, build in activations(("silu", "gelu"))]
+def rules(target: str | Target) -> list[pattern.RewriteRule]:
+    """Norm + activation rules, where the target prefers the deployfuse ops (ort-cuda, tensorrt)."""
+    out: list[pattern.RewriteRule] = []
+    if get_target(target).lowering("layernorm_gelu"):
+        out += [rule.rule(target, name, build) for rule in (LayerNormGelu, LayerNormTransposeGelu) for name, build in activations(("gelu", "gelu_tanh"))]
+    if get_target(target).lowering("groupnorm_act"):
+        out += [GroupNormAct.rule(target, name, build) for name, build in activations(("silu", "gelu"))]
     return out

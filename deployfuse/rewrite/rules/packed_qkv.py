@@ -31,10 +31,10 @@ import numpy as np
 import onnx_ir as ir
 from onnxscript.rewriter import MatchResult, pattern
 
-from deployfuse.rewrite.profiles import MS
 from deployfuse.rewrite.rules._attention_shapes import constant, rank
 from deployfuse.rewrite.rules._common import FusionRule, Lowering
 from deployfuse.rewrite.rules._projection import projection
+from deployfuse.targets import MS, Target, get_target
 
 FAMILY = "packed_qkv"
 
@@ -107,7 +107,7 @@ class PackedQKV(FusionRule):
     """MultiHeadAttention(x·Wq [+ bq], x·Wk [+ bk], x·Wv [+ bv], ∅, ∅, A?) or
     MultiHeadAttention(Split(x·W [+ b], 3), ∅, ∅, A?) → Attention(x, W, b, ∅, ∅, A?)."""
 
-    def __init__(self, target: str) -> None:
+    def __init__(self, target: str | Target) -> None:
         super().__init__("packed_qkv", target)
         self._parts: _Parts | None = None
 
@@ -139,8 +139,8 @@ class PackedQKV(FusionRule):
         return self.emit(op, *inputs, **{k: a.value for k, a in node.attributes.items()})
 
 
-def rules(target: str) -> list[pattern.RewriteRule]:
+def rules(target: str | Target) -> list[pattern.RewriteRule]:
     """The packed-QKV rule for ONNX Runtime targets; none for tensorrt (FusedMHA has no packed form)."""
-    if target == "tensorrt":
+    if not get_target(target).emits(MS, "Attention", opset=0):
         return []
     return [PackedQKV.rule(target)]

@@ -18,17 +18,10 @@ from __future__ import annotations
 
 from onnxscript.rewriter import MatchResult, pattern
 
-from deployfuse.rewrite.rules._common import FusionRule, Lowering, check_norm_moments, const_1d, last_dim, mean_last, plus_epsilon, scalar
+from deployfuse.rewrite.rules._common import FusionRule, check_norm_moments, const_1d, last_dim, mean_last, plus_epsilon, scalar
 from deployfuse.rewrite.rules.layernorm import DIVISIONS, divide
 
 FAMILY = "rmsnorm"
-
-_LOWERING = {
-    "ort-cpu": [Lowering("", "SimplifiedLayerNormalization")],
-    "ort-cuda": [Lowering("", "SimplifiedLayerNormalization")],
-    "tensorrt": [Lowering("", "RMSNormalization")],
-}
-
 
 class DecomposedRmsNorm(FusionRule):
     """The decomposed RMSNorm, one variant per (square form, division form, upcast)."""
@@ -54,7 +47,7 @@ class DecomposedRmsNorm(FusionRule):
         if not const_1d(scale, last_dim(x)) or scale.dtype != x.dtype:
             return fail("γ is not a constant vector of the last axis' size and x's dtype", scale)
         self.epsilon = 0.0 if eps is None else scalar(eps)
-        return self.choose(context, x, _LOWERING[self.profile.target])
+        return self.choose(context, x, self.target.lowering("rmsnorm"))
 
     def rewrite(self, op, x, scale, **_):
         extra = {"stash_type": 1} if self.lowering.op_type == "SimplifiedLayerNormalization" else {}

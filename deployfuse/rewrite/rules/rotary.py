@@ -29,8 +29,8 @@ import numpy as np
 import onnx_ir as ir
 from onnxscript.rewriter import MatchResult, pattern
 
-from deployfuse.rewrite.profiles import MS, profile
 from deployfuse.rewrite.rules._attention_shapes import DimOf, constant, rank, same_dim, scalar, split_heads_source, static_dim, static_ints
+from deployfuse.targets import MS, get_target
 
 FAMILY = "rotary"
 
@@ -266,6 +266,6 @@ def _i64(op, *values: int, scalar: bool = False) -> ir.Value:
 
 def rules(target: str) -> list[pattern.RewriteRule]:
     """The rotary rule where the target runs com.microsoft.RotaryEmbedding, else none."""
-    if not profile(target).emits(MS, "RotaryEmbedding", opset=0):
+    if not get_target(target).emits(MS, "RotaryEmbedding", opset=0):
         return []
     return list(_RotateHalf.rule().commute())  # x·cos / cos·x, both Add orders

@@ -15,8 +15,8 @@ from __future__ import annotations
 import onnx_ir as ir
 from onnxscript.rewriter import MatchResult, pattern
 
-from deployfuse.rewrite.profiles import MS
 from deployfuse.rewrite.rules._common import FusionRule, Lowering, const_1d, last_dim
+from deployfuse.targets import MS, ORT_CPU, Target, get_target
 
 FAMILY = "skip_layernorm"
 
@@ -28,7 +28,7 @@ def _same_shape(a: ir.Value, b: ir.Value) -> bool:
 class SkipNorm(FusionRule):
     """Add (+ bias) feeding LayerNormalization (rms=False) or SimplifiedLayerNormalization (rms=True)."""
 
-    def __init__(self, target: str, rms: bool, has_beta: bool, has_bias: bool) -> None:
+    def __init__(self, target: str | Target, rms: bool, has_beta: bool, has_bias: bool) -> None:
         super().__init__("skip_rmsnorm" if rms else "skip_layernorm", target)
         self.rms, self.has_beta, self.has_bias = rms, has_beta, has_bias
 
@@ -55,7 +55,7 @@ class SkipNorm(FusionRule):
             return fail(f"the norm is over axis {axis}, not the last one", node)
         if node.attributes.get_int("stash_type", 1) != 1:
             return fail("the norm's stash_type is not float", node)
-        if self.profile.target == "ort-cpu" and len(total.uses()) > 1:
+        if self.target == ORT_CPU and len(total.uses()) > 1:
             return fail("the residual sum has other consumers: on CPU that form measured slower", total)
         if not _same_shape(x, skip):
             return fail(f"input {x.shape} and skip {skip.shape} are not the same [B, S, H] / [N, H] shape", [x, skip])
@@ -80,9 +80,9 @@ class SkipNorm(FusionRule):
         return out, total
 
 
-def rules(target: str) -> list[pattern.RewriteRule]:
-    """Skip-norm rules; none for tensorrt."""
-    if target == "tensorrt":
+def rules(target: str | Target) -> list[pattern.RewriteRule]:
+    """Skip-norm rules; none for a target without the com.microsoft skip norms (tensorrt)."""
+    if not get_target(target).emits(MS, "SkipLayerNormalization", opset=0):
         return []
     out: list[pattern.RewriteRule] = []
     for has_bias in (True, False):
