@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 
 class DeployfuseError(Exception):
     """Base class: a one-line message meant for the user, and an exit code."""
@@ -31,3 +34,17 @@ class Interrupted(KeyboardInterrupt):
     def __init__(self, signum: int):
         super().__init__(f"signal {signum}")
         self.exit_code = 128 + signum
+
+
+def first_line(exc: BaseException, *, typed: bool = False, limit: int = 300) -> str:
+    """The first line of `exc`'s message for a one-line error (terminal colours removed, cut at
+    `limit` characters; a SyntaxError also says where); with `typed`, prefixed by the exception's
+    type ("ValueError: ..."). An empty message gives the type's name."""
+    text = exc.msg if isinstance(exc, SyntaxError) and exc.msg else str(exc)
+    lines = re.sub(r"\x1b\[[0-9;]*m", "", text).strip().splitlines()
+    line = lines[0][:limit] if lines else ""
+    if isinstance(exc, SyntaxError) and exc.filename:
+        line += f" ({Path(exc.filename).name}, line {exc.lineno})"
+    if typed:
+        return f"{type(exc).__name__}: {line}" if line else type(exc).__name__
+    return line or type(exc).__name__

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from deployfuse.errors import UsageError
+from deployfuse.errors import UsageError, first_line
 from deployfuse.inputs import DynamicAxis, InputSpec, make_inputs
 
 BATCH, SEQUENCE = "batch_size", "sequence_length"  # Optimum's axis names
@@ -121,9 +121,9 @@ def _load(folder: Path, task: str | None, seed: int | None, transformers: Any) -
     try:
         model = auto.from_pretrained(str(folder), **options)
     except (ValueError, KeyError) as exc:  # transformers: this config has no class for that auto class
-        raise UsageError(f"{folder}: a {config.model_type} model has no {name} head ({spec.auto_class}): {_first_line(exc)}") from exc
+        raise UsageError(f"{folder}: a {config.model_type} model has no {name} head ({spec.auto_class}): {first_line(exc)}") from exc
     except Exception as exc:
-        raise UsageError(f"could not load {folder}: {type(exc).__name__}: {_first_line(exc)}") from exc
+        raise UsageError(f"could not load {folder}: {first_line(exc, typed=True)}") from exc
     if spec.encoder_only:
         model = model.get_encoder()
     model.eval()
@@ -163,7 +163,7 @@ def _config(folder: Path, transformers: Any) -> Any:
     try:
         return transformers.AutoConfig.from_pretrained(str(folder))
     except Exception as exc:
-        raise UsageError(f"{folder / 'config.json'} is not a transformers config: {type(exc).__name__}: {_first_line(exc)}") from exc
+        raise UsageError(f"{folder / 'config.json'} is not a transformers config: {first_line(exc, typed=True)}") from exc
 
 
 def _resolve_task(task: str | None, config: Any) -> str:
@@ -206,7 +206,7 @@ def _processor_input_names(folder: Path, config: Any, kind: str, transformers: A
         try:
             return list(getattr(transformers, auto).from_pretrained(str(folder)).model_input_names)
         except Exception as exc:
-            raise UsageError(f"could not load the {kind.replace('_', ' ')} saved in {folder}: {type(exc).__name__}: {_first_line(exc)}") from exc
+            raise UsageError(f"could not load the {kind.replace('_', ' ')} saved in {folder}: {first_line(exc, typed=True)}") from exc
     cls = _processor_class(config.model_type, kind)
     if cls is None:
         raise UsageError(f"transformers names no {kind.replace('_', ' ')} for model type {config.model_type!r}; save one beside the model")
@@ -261,10 +261,6 @@ def _shape_and_dtype(name: str, config: Any, names: list[str]) -> tuple[tuple[in
         # Speech encoders (Whisper) check the frame count: two per encoder position (stride-2 conv).
         return (DEFAULT_BATCH, config.num_mel_bins, 2 * config.max_source_positions), torch.float32
     return None
-
-
-def _first_line(exc: BaseException) -> str:
-    return (str(exc).strip().splitlines() or [""])[0][:300]
 
 
 __all__ = ["BATCH", "SEQUENCE", "SYNONYMS", "TASKS", "Pretrained", "Task", "TaskModel", "is_pretrained_folder", "load_pretrained", "task_model"]

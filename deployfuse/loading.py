@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from deployfuse.errors import UsageError
+from deployfuse.errors import UsageError, first_line
 from deployfuse.hf import is_pretrained_folder
 from deployfuse.inputs import DynamicAxis, InputSpec, Inputs, make_inputs
 
@@ -265,7 +265,7 @@ def _load_factory(spec: str) -> LoadedModel:
     except ImportError as exc:
         raise UsageError(f"cannot import {module_name!r} for {spec}: {exc}") from exc
     except Exception as exc:  # the user's module fails to compile or raises when imported
-        raise UsageError(f"importing {module_name!r} for {spec} failed: {_first_line(exc)}") from exc
+        raise UsageError(f"importing {module_name!r} for {spec} failed: {first_line(exc, typed=True)}") from exc
     for part in attr.split("."):
         if not hasattr(target, part):
             raise UsageError(f"{module_name} has no attribute {attr!r}")
@@ -275,7 +275,7 @@ def _load_factory(spec: str) -> LoadedModel:
     try:
         made = target() if not isinstance(target, torch.nn.Module) else target
     except Exception as exc:
-        raise UsageError(f"{spec} raised {_first_line(exc)}") from exc
+        raise UsageError(f"{spec} raised {first_line(exc, typed=True)}") from exc
     example = None
     if isinstance(made, tuple) and len(made) == 2 and isinstance(made[0], torch.nn.Module):
         made, example = made
@@ -288,13 +288,6 @@ def _import_from_cwd() -> None:
     """Let user modules in the current folder be imported, as `python -m` does."""
     if os.getcwd() not in sys.path and "" not in sys.path:
         sys.path.insert(0, os.getcwd())
-
-
-def _first_line(exc: BaseException) -> str:
-    """`Type: first line of the message`; a SyntaxError also says where."""
-    where = f" ({Path(exc.filename).name}, line {exc.lineno})" if isinstance(exc, SyntaxError) and exc.filename else ""
-    text = exc.msg if isinstance(exc, SyntaxError) else str(exc)
-    return f"{type(exc).__name__}: {(text.strip().splitlines() or [''])[0]}{where}"
 
 
 def _finish(module: torch.nn.Module, form: str, example: object) -> LoadedModel:

@@ -9,7 +9,6 @@ What the tracer could not record (a branch on tensor values) is recorded with th
 from __future__ import annotations
 
 import io
-import re
 import warnings
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -17,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 import onnx
 import torch
 
-from deployfuse.errors import DeployfuseError
+from deployfuse.errors import DeployfuseError, first_line
 from deployfuse.export.data_dependence import DataDependence, DataDependenceSpy, dynamo_data_dependence
 from deployfuse.inputs import DynamicAxis, Inputs
 from deployfuse.loading import LoadedModel
@@ -131,7 +130,7 @@ def to_onnx(
                 else:
                     model = _torchscript(loaded, inputs, dynamic, output_names, opset, spy)
         except Exception as exc:  # exporters raise anything from torch internals
-            attempts.append(ExportAttempt(exporter, dynamo_data_dependence(exc) or _first_line(exc)))
+            attempts.append(ExportAttempt(exporter, dynamo_data_dependence(exc) or first_line(exc, typed=True, limit=400)))
             continue
         attempts.append(ExportAttempt(exporter, data_dependent=list(spy.found)))
         return model, attempts
@@ -139,6 +138,3 @@ def to_onnx(
     raise DeployfuseError(f"no exporter could export the model ({detail})")
 
 
-def _first_line(exc: BaseException) -> str:
-    text = re.sub(r"\x1b\[[0-9;]*m", "", str(exc)).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0] if text else ''}"[:400]

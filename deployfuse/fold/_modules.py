@@ -20,6 +20,7 @@ from torch import fx, nn
 from torch.nn.modules.batchnorm import _BatchNorm
 from torch.nn.utils import parametrize
 
+from deployfuse.errors import first_line
 from deployfuse.fold._aten import is_batch_norm, producer_of
 from deployfuse.fold._report import FoldReport
 from deployfuse.fold._weights import batchnorm_scale_shift, fold_weights, output_channels
@@ -62,14 +63,14 @@ def fold_modules(module: nn.Module, example_inputs: ExampleInputs | None = None)
     except Exception as fx_error:  # symbolic tracing fails on data-dependent Python; many exception types
         if example_inputs is None:
             for path in batchnorms:
-                report.skip(path, f"torch.fx cannot trace the model ({_first_line(fx_error)}); give example inputs to trace it with torch.export")
+                report.skip(path, f"torch.fx cannot trace the model ({first_line(fx_error, typed=True)}); give example inputs to trace it with torch.export")
             return report
         try:
             links, calls = _links_export(module, args, kwargs)
             report.method = "torch.export"
         except Exception as export_error:  # noqa: BLE001 - any tracing failure means: fold nothing, say why
             for path in batchnorms:
-                report.skip(path, f"neither torch.fx ({_first_line(fx_error)}) nor torch.export ({_first_line(export_error)}) can trace the model")
+                report.skip(path, f"neither torch.fx ({first_line(fx_error, typed=True)}) nor torch.export ({first_line(export_error, typed=True)}) can trace the model")
             return report
     ranks = _output_ranks(module, {link.layer for link in links if link.layer}, args, kwargs) if example_inputs is not None else {}
     shared = _shared_parameters(module)
@@ -97,11 +98,6 @@ def _split(example_inputs: ExampleInputs | None) -> tuple[tuple[Any, ...], dict[
     if isinstance(example_inputs, torch.Tensor):
         return (example_inputs,), {}
     return tuple(example_inputs), {}
-
-
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip().splitlines()
-    return f"{type(error).__name__}: {text[0]}" if text else type(error).__name__
 
 
 def _links_fx(module: nn.Module, paths: dict[int, str]) -> tuple[list[_Link], Counter[str]]:

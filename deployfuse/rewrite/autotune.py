@@ -31,7 +31,7 @@ import numpy as np
 import onnx
 
 from deployfuse.backends import ort as ort_backend
-from deployfuse.rewrite.guard import first_line
+from deployfuse.errors import first_line
 from deployfuse.targets import CUDA_PROVIDER, ORT_CUDA, Target, get_target
 
 THRESHOLD = 0.02

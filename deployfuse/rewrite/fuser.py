@@ -15,7 +15,7 @@ from onnxscript.rewriter import pattern
 from onnxscript.rewriter._basics import MatchInfo
 from onnxscript.rewriter._rewrite_rule import RULE_NAME_TAG
 
-from deployfuse.errors import UsageError
+from deployfuse.errors import UsageError, first_line
 from deployfuse.rewrite import autotune as tuning, guard, rules as rule_families
 from deployfuse.rewrite.report import FamilyResult, FusionReport
 from deployfuse.rewrite.rules._common import dtype_name
@@ -82,7 +82,7 @@ def fuse(
             result.rolled_back, result.reason = True, str(exc)
             continue
         except Exception as exc:  # a rule's own bug must not stop the export: roll back, report
-            result.rolled_back, result.reason = True, f"rule error: {type(exc).__name__}: {guard.first_line(exc)}"
+            result.rolled_back, result.reason = True, f"rule error: {first_line(exc, typed=True)}"
             continue
         if autotune:
             decision = tuning.time_family(current, candidate, target, feeds[0])

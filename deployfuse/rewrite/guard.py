@@ -17,6 +17,7 @@ import numpy as np
 import onnx
 
 from deployfuse.backends import ort as ort_backend
+from deployfuse.errors import first_line
 from deployfuse.targets import CUDA_PROVIDER, Target, ort_private
 
 _ORT_PRIVATE = "deployfuse.ort_onnx_domain"
@@ -124,7 +125,3 @@ def _compare(name: str, feed: int, ref: np.ndarray, out: np.ndarray) -> None:
         raise GuardFailure(f"output {name!r} (feed {feed}): max abs error {err.max():.3e}, {worst:.1f}x the tolerance")
 
 
-def first_line(exc: BaseException) -> str:
-    """The first line of an exception's message (at most 300 characters)."""
-    text = str(exc).strip().splitlines()
-    return text[0][:300] if text else type(exc).__name__

@@ -48,8 +48,8 @@ class FusionReport:
     families: list[FamilyResult] = field(default_factory=list)
 
     def counts(self) -> dict[str, int]:
-        """Kept rewrites per rule name, summed over the families that run it (the attention
-        family runs the rotary rule first; rolled-back and reverted families count 0)."""
+        """Kept rewrites per rule name, summed over the families that run it (rolled-back and
+        reverted families count 0)."""
         counts: dict[str, int] = {}
         for f in self.families:
             for rule, n in f.matches.items():

@@ -3,7 +3,8 @@
 Families run in this order; each module exposes `FAMILY: str` and
 `rules(target) -> list[RewriteRule]` (empty when it has nothing for that target). The order
 matters: BatchNorm folds first (Conv + activation rules then see the folded Conv), norms and GELU are recognised first so that attention, skip-norm, bias+activation and
-norm+activation rules can match the fused forms; bias_gelu runs before bias_act so ONNX Runtime
+norm+activation rules can match the fused forms; rotary runs right before attention (its 3-D
+outputs let Q and K feed the fused node without a re-merge); bias_gelu runs before bias_act so ONNX Runtime
 gets its own BiasGelu kernel and bias_act keeps the remaining epilogues.
 """
 
@@ -17,10 +18,10 @@ FAMILY_MODULES: tuple[str, ...] = (
     "layernorm",
     "gelu",
     "rmsnorm",
+    "rotary",
     "attention",
     "grouped_attention",
     "packed_qkv",
-    "rotary",
     "skip_layernorm",
     "bias_gelu",
     "bias_act",

@@ -29,7 +29,6 @@ import numpy as np
 import onnx_ir as ir
 from onnxscript.rewriter import MatchResult, pattern
 
-from deployfuse.rewrite.rules import rotary
 from deployfuse.rewrite.rules._attention_core import Core, read_core
 from deployfuse.rewrite.rules._attention_shapes import (
     DimOf,
@@ -286,10 +285,10 @@ class _MergeRoundTrip(pattern.RewriteRuleClassBase):
 
 
 def rules(target: str | Target) -> list[pattern.RewriteRule]:
-    """Attention rules for `target`: rotary first (its 3-D outputs let Q and K feed the fused node
-    without a re-merge), then the merged form, the bare core, and the round-trip cleanup."""
+    """Attention rules for `target`: the merged form, the bare core, and the round-trip cleanup
+    (the rotary family runs just before, so Q and K arrive already rotated)."""
     lowering = get_target(target).lowering("attention")
     if not lowering or not get_target(target).emits(lowering[0].domain, lowering[0].op_type, opset=0):
         return []
     found = [_Attention.rule(target, guard, merged) for merged in (True, False) for guard in (True, False)]
-    return [*rotary.rules(target), *found, _MergeRoundTrip.rule()]
+    return [*found, _MergeRoundTrip.rule()]
