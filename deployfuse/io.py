@@ -14,7 +14,7 @@ import contextlib
 import os
 import stat
 import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from pathlib import Path
 
 from deployfuse.errors import UsageError
@@ -58,12 +58,31 @@ def _same_file(a: Path, b: Path) -> bool:
         return a.resolve() == b.resolve()
 
 
-def check_outputs(outputs: Mapping[str, PathLike | None], inputs: Mapping[str, PathLike | None] | None = None) -> dict[str, Path]:
+def check_writable_folder(path: PathLike, flag: str = "output") -> Path:
+    """Return `path` as a Path after checking that it can be created or replaced as a folder:
+    its parent exists and is writable, and it is not an existing file."""
+    target = Path(path)
+    parent = target.resolve().parent
+    if not parent.is_dir():
+        raise UsageError(f"{flag} {target}: the folder to create it in does not exist: {parent}")
+    if target.exists() and not target.is_dir():
+        raise UsageError(f"{flag} {target}: exists and is not a folder")
+    try:
+        with tempfile.TemporaryFile(dir=parent):
+            pass
+    except OSError as exc:
+        raise UsageError(f"{flag} {target}: cannot write in {parent} ({exc.strerror})") from exc
+    return target
+
+
+def check_outputs(outputs: Mapping[str, PathLike | None], inputs: Mapping[str, PathLike | None] | None = None, folders: Collection[str] = ()) -> dict[str, Path]:
     """Check every output path of one run before any work; return them as Paths by flag.
 
     Args:
         outputs: flag -> path to be written (None: not asked for), e.g. {"-o": ..., "--report": ...}.
         inputs: flag -> path the run reads (None or a non-path such as `pkg.mod:fn`: skipped).
+        folders: the output flags that name a folder the run creates or replaces (`--triton`):
+            an input inside it would be deleted with it.
 
     Raises:
         UsageError: an output is not writable (see `check_writable_target`), names one of the
@@ -74,12 +93,14 @@ def check_outputs(outputs: Mapping[str, PathLike | None], inputs: Mapping[str, P
     for flag, path in outputs.items():
         if path is None:
             continue
-        target = check_writable_target(path, flag)
+        target = check_writable_folder(path, flag) if flag in folders else check_writable_target(path, flag)
         for in_flag, source in (inputs or {}).items():
             if source is None or not Path(source).exists():
                 continue
             if _same_file(target, Path(source)):
                 raise UsageError(f"{flag} {target} is the {in_flag} of this run: it would be overwritten; choose another path")
+            if flag in folders and Path(source).resolve().is_relative_to(target.resolve()):
+                raise UsageError(f"{flag} {target} holds the {in_flag} of this run: replacing the folder would delete it; choose another folder")
             if Path(source).is_dir() and target.exists() and target.resolve().is_relative_to(Path(source).resolve()):
                 raise UsageError(f"{flag} {target} is a file of the {in_flag} folder of this run: it would be overwritten; choose another path")
         for other_flag, other in checked.items():

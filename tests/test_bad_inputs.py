@@ -1,4 +1,4 @@
-"""More than forty bad inputs across export, compare, build and plugins, as a careful user and a
+"""More than forty bad inputs across export, compare, build, plugins, package and serve, as a careful user and a
 hostile one would give them. Each row checks the exit code, a one-line message without a
 traceback, that no file in the folder changed or appeared (inputs hashed before and after),
 and, where one is promised, that the report was written."""
@@ -190,6 +190,11 @@ ROWS = [
     ("plugins", [], 2, "required", ()),
     ("plugins", ["build", "--cuda", "maybe"], 2, "invalid choice: 'maybe'", ()),
     ("plugins", ["remove"], 2, "invalid choice: 'remove'", ()),
+    # package, serve: their output paths (checked before anything is written or started)
+    ("package", ["small.onnx", "--triton", ".", "--force"], 2, "--triton . holds the ARTEFACT of this run: replacing the folder would delete it", ()),
+    ("package", ["small.onnx", "--triton", "notes.txt"], 2, "--triton notes.txt: exists and is not a folder", ()),
+    ("serve", ["small.onnx", "--log-file", "small.onnx"], 2, "--log-file small.onnx is the ARTEFACT of this run", ()),
+    ("serve", ["small.onnx", "--log-file", "no_such_dir/triton.log"], 2, "output directory does not exist", ()),
 ]
 
 
@@ -199,7 +204,7 @@ def _row_id(row) -> str:
 
 
 def test_the_table_is_large_enough():
-    assert len(ROWS) >= 40 and {r[0] for r in ROWS} == {E, C, B, "plugins"}
+    assert len(ROWS) >= 40 and {r[0] for r in ROWS} == {E, C, B, "plugins", "package", "serve"}
 
 
 @pytest.mark.parametrize(("command", "args", "code", "message", "written"), ROWS, ids=[_row_id(r) for r in ROWS])

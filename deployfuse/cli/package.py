@@ -38,8 +38,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Write the repository and print what is in it."""
+    from deployfuse.io import check_outputs
     from deployfuse.serve import package_triton
 
+    check_outputs({"--triton": args.triton}, {"ARTEFACT": args.artefact, "--onnx": args.onnx}, folders={"--triton"})
     result = package_triton(
         args.artefact, args.triton, name=args.name, max_batch_size=args.max_batch_size, instances=args.instances,
         device=args.device, dynamic_batching=args.dynamic_batching, force=args.force, source_onnx=args.onnx,

@@ -27,8 +27,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Start, print the endpoints, block until Ctrl-C, stop."""
+    from deployfuse.io import check_outputs
     from deployfuse.runtime import CPU, CUDA
     from deployfuse.serve.server import LocalServer
+
+    check_outputs({"--log-file": args.log_file}, {"ARTEFACT": args.artefact})
 
     providers = {"auto": None, "cpu": [CPU], "cuda": [CUDA, CPU]}[args.device]
     server = LocalServer(args.artefact, name=args.name, max_batch_size=args.max_batch_size, host=args.host, port=args.port, providers=providers,
