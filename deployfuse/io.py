@@ -16,8 +16,12 @@ import stat
 import tempfile
 from collections.abc import Collection, Iterator, Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from deployfuse.errors import UsageError
+from deployfuse.errors import UsageError, first_line
+
+if TYPE_CHECKING:
+    import onnx
 
 PathLike = str | os.PathLike[str]
 
@@ -108,6 +112,19 @@ def check_outputs(outputs: Mapping[str, PathLike | None], inputs: Mapping[str, P
                 raise UsageError(f"{flag} and {other_flag} both name {target}: give each output its own path")
         checked[flag] = target
     return checked
+
+
+def load_onnx(path: PathLike, *, weights: bool = True) -> onnx.ModelProto:
+    """The ONNX model at `path` (without its external weights unless `weights`: enough for
+    metadata, nodes and the signature); UsageError naming the file when it is missing or not ONNX."""
+    import onnx
+
+    if not Path(path).is_file():
+        raise UsageError(f"no such ONNX file: {path}")
+    try:
+        return onnx.load(os.fspath(path), load_external_data=weights)
+    except Exception as exc:  # protobuf raises DecodeError and friends
+        raise UsageError(f"{path} is not a readable ONNX model: {first_line(exc, typed=True)}") from exc
 
 
 @contextlib.contextmanager

@@ -22,6 +22,7 @@ import onnx
 
 from deployfuse import metadata
 from deployfuse.errors import UsageError
+from deployfuse.io import load_onnx
 
 LOG = logging.getLogger("deployfuse.runtime")
 DEPLOYFUSE_DOMAIN = "deployfuse"
@@ -185,12 +186,7 @@ class InferenceSession:
 
 def _load_header(path: str | os.PathLike[str]) -> onnx.ModelProto:
     """The model without its external weights (enough for metadata and nodes)."""
-    if not Path(path).is_file():
-        raise UsageError(f"no such ONNX file: {path}")
-    try:
-        return onnx.load(os.fspath(path), load_external_data=False)
-    except Exception as exc:  # protobuf raises DecodeError and friends
-        raise UsageError(f"{path} is not a readable ONNX model: {type(exc).__name__}") from exc
+    return load_onnx(path, weights=False)
 
 
 def input_shapes(model: onnx.ModelProto, given: Mapping[str, Sequence[int]] | None = None) -> dict[str, tuple[int, ...]]:

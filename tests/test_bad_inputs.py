@@ -159,8 +159,8 @@ ROWS = [
     # export: a real mismatch (no file, the report says why)
     (E, ["bad_factories:noisy", "-o", "out/m.onnx", "-q", "--report", "out/r.json"], 1, "differs from PyTorch beyond tolerance", ("out/r.json",)),
     # compare
-    (C, ["small.ts", "missing.onnx", "-q"], 2, "ONNX file not found", ()),
-    (C, ["small.ts", "notes.txt", "-q"], 2, "is not an ONNX model", ()),
+    (C, ["small.ts", "missing.onnx", "-q"], 2, "no such ONNX file: missing.onnx", ()),
+    (C, ["small.ts", "notes.txt", "-q"], 2, "notes.txt is not a readable ONNX model", ()),
     (C, ["missing.pt", "small.onnx", "-q"], 2, "model not found", ()),
     (C, [*COMPARE, "--json", "small.onnx"], 2, "--json small.onnx is the ONNX of this run", ()),
     (C, [*COMPARE, "--save-results", "small.ts"], 2, "--save-results small.ts is the MODEL of this run", ()),

@@ -24,7 +24,7 @@ from deployfuse.compare.result import BackendAccuracy, CompareResult
 from deployfuse.compare.tolerances import Tolerances
 from deployfuse.errors import UsageError
 from deployfuse.inputs import DynamicAxis, InputSpec
-from deployfuse.io import check_outputs
+from deployfuse.io import check_outputs, load_onnx
 from deployfuse.loading import LoadedModel, load_model
 
 BACKENDS = ("torch", "ort-cpu", "ort-cuda", "trt")
@@ -56,15 +56,6 @@ def _check_backends(backends: Sequence[str]) -> list[str]:
     if len(chosen) < 2:
         raise UsageError(f"--backends needs at least two backends to compare (got {', '.join(chosen) or 'none'})")
     return chosen
-
-
-def _load_onnx(path: Path) -> onnx.ModelProto:
-    if not path.is_file():
-        raise UsageError(f"ONNX file not found: {path}")
-    try:
-        return onnx.load(str(path))
-    except Exception as exc:
-        raise UsageError(f"{path} is not an ONNX model: {(str(exc).splitlines() or [''])[0]}") from exc
 
 
 def _output_dtypes(model: onnx.ModelProto) -> dict[str, str]:
@@ -194,7 +185,7 @@ def compare(
         except ImportError:
             raise UsageError("--report draws its plots with matplotlib: pip install matplotlib") from None
     onnx_file = Path(onnx_path)
-    onnx_model = _load_onnx(onnx_file)
+    onnx_model = load_onnx(onnx_file)
     loaded = load_model(model, trust_pickle=trust_pickle)
     if not inputs and example_inputs is None and loaded.example_inputs is None:
         inputs = _recorded_inputs(onnx_model)
@@ -239,7 +230,7 @@ def compare(
                 reference_file = _derive_reference(model, onnx_model, feeds[failing], dynamic, trust_pickle, workdir)
             say("localising: fused-node outputs against the unfused graph")
             expected = run_results[chosen.index("torch")][1][failing] if "torch" in chosen else None
-            result.localization = localize(onnx_model, _load_onnx(reference_file), feeds[failing], tolerances,
+            result.localization = localize(onnx_model, load_onnx(reference_file), feeds[failing], tolerances,
                                            str(reference_file) if reference_onnx is not None else "(derived: unfused export of MODEL)", custom_ops,
                                            expected=expected, weight_names=loaded.module.state_dict().keys())
         elif not result.passed and localize_failures:

@@ -16,6 +16,7 @@ import onnx
 
 from deployfuse import metadata
 from deployfuse.errors import UsageError
+from deployfuse.io import load_onnx
 
 # A dim: an int for a static axis, a label (or None when unnamed) for a dynamic one.
 Dim = int | str | None
@@ -82,11 +83,7 @@ class Signature:
 
 def onnx_signature(path: str | os.PathLike[str]) -> Signature:
     """The signature of an ONNX model (weights are not loaded)."""
-    try:
-        model = onnx.load(os.fspath(path), load_external_data=False)
-    except Exception as exc:  # protobuf raises DecodeError and friends
-        raise UsageError(f"{path} is not a readable ONNX model: {type(exc).__name__}") from exc
-    return signature_of(model)
+    return signature_of(load_onnx(path, weights=False))
 
 
 def signature_of(model: onnx.ModelProto) -> Signature:
