@@ -189,7 +189,7 @@ def _guard(load: Any, text: str) -> Any:
     except UsageError:
         raise
     except Exception as exc:  # a corrupt archive surfaces as many exception types
-        raise UsageError(f"could not load {text}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from exc
+        raise UsageError(f"could not load {text}: {first_line(exc, typed=True)}") from exc
 
 
 def _load_exported_program(path: Path) -> LoadedModel:
@@ -203,7 +203,7 @@ def _load_exported_program(path: Path) -> LoadedModel:
     try:
         program = torch.export.load(str(path))
     except Exception as exc:
-        reason = reasons[-1].strip().splitlines()[-1] if reasons else str(exc).splitlines()[0]
+        reason = reasons[-1].strip().splitlines()[-1] if reasons else first_line(exc)
         raise UsageError(f"could not load the exported program {path}: {reason}") from exc
     finally:
         logger.removeHandler(handler)
@@ -250,7 +250,7 @@ def _load_pickle(path: Path, trust_pickle: bool) -> LoadedModel:
             ) from exc
         content = _guard(lambda: torch.load(str(path), map_location="cpu", weights_only=False), str(path))
     except Exception as exc:
-        raise UsageError(f"could not load {path}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from exc
+        raise UsageError(f"could not load {path}: {first_line(exc, typed=True)}") from exc
     if not isinstance(content, torch.nn.Module):
         kind = "weights (a state dict)" if isinstance(content, Mapping) else f"a {type(content).__name__}"
         raise UsageError(f"{path} holds {kind}, not a model; save the module itself or give package.module:callable")

@@ -26,7 +26,7 @@ import torch
 
 from deployfuse import metadata
 from deployfuse.backends import ort as ort_backend
-from deployfuse.errors import AccuracyError, DeployfuseError, UsageError
+from deployfuse.errors import AccuracyError, DeployfuseError, UsageError, first_line
 from deployfuse.export import EXPORTERS, clean, flatten_outputs, to_onnx
 from deployfuse.inputs import DynamicAxis, InputSpec, Inputs, checked_dynamic, make_inputs, resized, specs_of
 from deployfuse.io import check_outputs, check_writable_target, write_text_atomic
@@ -435,7 +435,7 @@ def _reference_run(loaded: LoadedModel, inputs: Inputs) -> dict[str, torch.Tenso
         outputs = flatten_outputs(loaded(inputs))
     except Exception as exc:
         shapes = ", ".join(f"{k}:{'x'.join(map(str, v.shape))}:{str(v.dtype).removeprefix('torch.')}" for k, v in inputs.items())
-        raise UsageError(f"the model rejects inputs {shapes}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from exc
+        raise UsageError(f"the model rejects inputs {shapes}: {first_line(exc, typed=True)}") from exc
     if not outputs:
         raise UsageError("the model returned no tensors")
     return {k: v.clone() for k, v in outputs.items()}

@@ -21,7 +21,7 @@ from typing import Any
 import onnx
 
 from deployfuse import metadata
-from deployfuse.errors import UsageError
+from deployfuse.errors import UsageError, first_line
 from deployfuse.io import load_onnx
 
 LOG = logging.getLogger("deployfuse.runtime")
@@ -159,8 +159,8 @@ class InferenceSession:
                 options.register_custom_ops_library(str(library))
             except Exception as exc:  # onnxruntime's own error types; dlopen failed (say, no CUDA runtime here)
                 if custom_ops_library is not True:
-                    raise UsageError(f"cannot load the custom-op library {library}: {str(exc).splitlines()[0]}") from exc
-                LOG.warning("deployfuse.* nodes run as their ONNX function bodies: %s does not load here (%s)", library, str(exc).splitlines()[0])
+                    raise UsageError(f"cannot load the custom-op library {library}: {first_line(exc)}") from exc
+                LOG.warning("deployfuse.* nodes run as their ONNX function bodies: %s does not load here (%s)", library, first_line(exc))
                 library = None
         self.custom_ops_library: Path | None = library
         self.providers = resolve_providers(model, list(providers) if providers is not None else default_providers(), provider_options)

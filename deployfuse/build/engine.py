@@ -27,7 +27,7 @@ from deployfuse.build.inspect import network_record, record_path
 from deployfuse.build.preflight import Preflight, check_nodes, split_overloads, walk_nodes
 from deployfuse.build.profiles import ShapeProfile, export_shapes, model_inputs, resolve_optimization_profiles
 from deployfuse.build.progress import progress_monitor
-from deployfuse.errors import DeployfuseError, UsageError
+from deployfuse.errors import DeployfuseError, UsageError, first_line
 from deployfuse.io import atomic_path, check_outputs
 
 PRECISIONS = ("fp32", "fp16", "bf16")
@@ -202,7 +202,7 @@ def _load_onnx(path: Path) -> onnx.ModelProto:
     try:
         return onnx.load(os.fspath(path))
     except Exception as exc:  # protobuf raises DecodeError, external data raises anything
-        raise UsageError(f"{path} is not a readable ONNX model: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from exc
+        raise UsageError(f"{path} is not a readable ONNX model: {first_line(exc, typed=True)}") from exc
 
 
 def _parse_capability(text: str | None, builder: str, trt: Any) -> tuple[int, int] | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import sys
 import warnings
 from collections.abc import Sequence
@@ -63,15 +64,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point: parse, run, and turn every outcome into one line and an exit code."""
     from deployfuse.cli import _outcome
 
-    if list(sys.argv[1:] if argv is None else argv) == ["--version"]:  # without importing every command (torch)
-        print(_version())
-        return 0
     command = "deployfuse"
     from deployfuse import provenance
 
     provenance.record_command(["deployfuse", *(sys.argv[1:] if argv is None else argv)])  # for the reports
     with _outcome.signals_as_exceptions():
         try:
+            if list(sys.argv[1:] if argv is None else argv) == ["--version"]:  # without importing every command (torch)
+                print(_version())
+                return 0
             args = build_parser().parse_args(argv)  # imports torch: a Ctrl-C there is caught below too
             command = f"deployfuse {args.command}"
             if not getattr(args, "verbose", False):
@@ -84,6 +85,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             return exc.exit_code
         except KeyboardInterrupt as exc:
             return _outcome.interrupted(command, exc)
+        except BrokenPipeError:  # the reader went away (`deployfuse inspect e.plan | head`): not a failure of ours
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the interpreter's final flush stays quiet
+            return 141  # 128 + SIGPIPE, as a shell reports it
         except Exception as exc:
             return _outcome.internal_failure(command, argv, exc)
 

@@ -8,7 +8,7 @@ import time
 import numpy as np
 
 from deployfuse.cli._args import argument_type
-from deployfuse.errors import UsageError
+from deployfuse.errors import UsageError, first_line
 from deployfuse.inputs import InputSpec
 
 
@@ -49,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         outputs = session.run(None, feed)
     except Exception as exc:  # onnxruntime raises its own types; the first line says what is wrong
-        raise UsageError(f"the model rejects these inputs: {str(exc).splitlines()[0]}") from exc
+        raise UsageError(f"the model rejects these inputs: {first_line(exc)}") from exc
     for _ in range(args.warmup):
         session.run(None, feed)
     times = []

@@ -15,7 +15,7 @@ from pathlib import Path
 import onnx
 
 from deployfuse import metadata
-from deployfuse.errors import UsageError
+from deployfuse.errors import UsageError, first_line
 from deployfuse.io import load_onnx
 
 # A dim: an int for a static axis, a label (or None when unnamed) for a dynamic one.
@@ -119,7 +119,7 @@ def engine_signature(path: str | os.PathLike[str]) -> Signature:
         try:
             trt = builders.activate(name)
         except Exception as exc:  # not installed
-            errors.append(f"{name}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}")
+            errors.append(f"{name}: {first_line(exc)}")
             continue
         engine = _deserialize(trt, data)
         if engine is not None:
