@@ -35,6 +35,7 @@ from deployfuse.ops.functions import function_body
 from deployfuse.ops.models import example_inputs
 from deployfuse.ops.schema import OpSpec
 from deployfuse.ops.specs import OP_MODULES, SPECS
+from deployfuse.targets import BY_NAME
 from tests.ops.cases import CASES
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -151,8 +152,9 @@ def _native_pieces(spec: OpSpec, folder: str) -> list[str]:
 def _elsewhere_pieces(spec: OpSpec) -> list[str]:
     missing = []
     emits = re.compile(rf"[\"']{spec.name}[\"']|\bop\.{spec.name}\(")
-    if not spec.users_only and not any("DEPLOYFUSE" in s and emits.search(s) for s in (p.read_text() for p in RULES.glob("*.py"))):
-        missing.append("a rewrite rule emitting it (deployfuse/rewrite/rules/) or users_only=True in its spec")
+    lowered = {(lowering.domain, lowering.op_type) for target in BY_NAME.values() for choices in target.lowerings.values() for lowering in choices}
+    if not spec.users_only and (spec.domain, spec.name) not in lowered and not any("DEPLOYFUSE" in s and emits.search(s) for s in (p.read_text() for p in RULES.glob("*.py"))):
+        missing.append("a target lowering to it (deployfuse/targets.py) or a rewrite rule emitting it (deployfuse/rewrite/rules/), or users_only=True in its spec")
     if not re.search(rf'^\| `{spec.name}` \|', _read(PLUGINS / "README.md"), flags=re.M):
         missing.append("a row in plugins/README.md")
     if f'("{spec.name}",' not in _read(ROOT / "bench" / "ops_gpu.py"):
