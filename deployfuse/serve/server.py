@@ -26,8 +26,8 @@ from typing import Any
 import numpy as np
 
 from deployfuse.errors import UsageError
-from deployfuse.serve.signature import Signature, TensorSpec, onnx_signature
-from deployfuse.serve.triton_config import check_model_name
+from deployfuse.serve.signature import Signature, onnx_signature
+from deployfuse.serve.triton_config import check_model_name, served_dims
 
 LOG = logging.getLogger("deployfuse.serve")
 
@@ -152,8 +152,8 @@ class LocalServer:
             self._triton.bind(
                 model_name=self.name,
                 infer_func=_Infer(self.session, self.signature, batching),
-                inputs=[Tensor(name=t.name, dtype=t.numpy_dtype, shape=_served_shape(t, batching)) for t in self.signature.inputs],
-                outputs=[Tensor(name=t.name, dtype=t.numpy_dtype, shape=_served_shape(t, batching)) for t in self.signature.outputs],
+                inputs=[Tensor(name=t.name, dtype=t.numpy_dtype, shape=tuple(served_dims(t, batching))) for t in self.signature.inputs],
+                outputs=[Tensor(name=t.name, dtype=t.numpy_dtype, shape=tuple(served_dims(t, batching))) for t in self.signature.outputs],
                 config=ModelConfig(
                     batching=batching, max_batch_size=max(self.max_batch_size, 1),
                     batcher=DynamicBatcher(max_queue_delay_microseconds=self.max_queue_delay_us),
@@ -206,11 +206,6 @@ def _stub_environment() -> Iterator[None]:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
-
-
-def _served_shape(tensor: TensorSpec, batching: bool) -> tuple[int, ...]:
-    dims = tensor.dims[1:] if batching else tensor.dims
-    return tuple(d if isinstance(d, int) else -1 for d in dims)
 
 
 class _Infer:

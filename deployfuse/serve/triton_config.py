@@ -150,7 +150,8 @@ def _common_head(name: str, platform: str, filename: str, max_batch_size: int) -
     return [f"name: {_q(name)}", f"platform: {_q(platform)}", f"default_model_filename: {_q(filename)}", f"max_batch_size: {max_batch_size}"]
 
 
-def _served_dims(tensor: TensorSpec, batched: bool) -> list[int]:
+def served_dims(tensor: TensorSpec, batched: bool) -> list[int]:
+    """The dims Triton is told: without the batch axis when batching, -1 on dynamic axes."""
     dims = tensor.dims[1:] if batched else tensor.dims
     return [d if isinstance(d, int) else -1 for d in dims]
 
@@ -160,7 +161,7 @@ def _tensors(signature: Signature, max_batch_size: int) -> list[str]:
     for field_name, tensors in (("input", signature.inputs), ("output", signature.outputs)):
         lines.append(f"{field_name} [")
         for i, tensor in enumerate(tensors):
-            dims = _served_dims(tensor, max_batch_size > 0)
+            dims = served_dims(tensor, max_batch_size > 0)
             lines += ["  {", f"    name: {_q(tensor.name)}", f"    data_type: {tensor.triton_type}"]
             if dims:
                 lines.append(f"    dims: [ {', '.join(map(str, dims))} ]")
