@@ -214,7 +214,7 @@ def export(
                            task, static)
         fusion = _run(request, out_path, report, steps, checking)
     except Exception as exc:  # the report says which step failed, for a deployfuse bug too
-        report.error = str(exc) if isinstance(exc, DeployfuseError) else f"internal error: {type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"
+        report.error = str(exc) if isinstance(exc, DeployfuseError) else f"internal error: {first_line(exc, typed=True)}"
         if report_file is not None and not isinstance(exc, UsageError):
             write_text_atomic(report_file, json.dumps(report.to_dict(), indent=2))
         raise

@@ -62,18 +62,18 @@ def _version() -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point: parse, run, and turn every outcome into one line and an exit code."""
+    from deployfuse import provenance
     from deployfuse.cli import _outcome
 
     command = "deployfuse"
-    from deployfuse import provenance
-
-    provenance.record_command(["deployfuse", *(sys.argv[1:] if argv is None else argv)])  # for the reports
+    given = list(sys.argv[1:] if argv is None else argv)
+    provenance.record_command(["deployfuse", *given])  # for the reports
     with _outcome.signals_as_exceptions():
         try:
-            if list(sys.argv[1:] if argv is None else argv) == ["--version"]:  # without importing every command (torch)
+            if given == ["--version"]:  # without importing every command (torch)
                 print(_version())
                 return 0
-            args = build_parser().parse_args(argv)  # imports torch: a Ctrl-C there is caught below too
+            args = build_parser().parse_args(given)  # imports torch: a Ctrl-C there is caught below too
             command = f"deployfuse {args.command}"
             if not getattr(args, "verbose", False):
                 # torch and transformers warn about deprecations on every load and export; users act on our errors.
@@ -89,7 +89,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the interpreter's final flush stays quiet
             return 141  # 128 + SIGPIPE, as a shell reports it
         except Exception as exc:
-            return _outcome.internal_failure(command, argv, exc)
+            return _outcome.internal_failure(command, given, exc)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ import tempfile
 import traceback
 from collections.abc import Iterator, Sequence
 
-from deployfuse.errors import INTERNAL_ERROR_EXIT_CODE, Interrupted
+from deployfuse.errors import INTERNAL_ERROR_EXIT_CODE, Interrupted, first_line
 
 # SIGTERM (kill, timeouts, container stops) and SIGHUP (a closed terminal) would end the
 # process at once, leaving half-written temporaries; as exceptions, finally-blocks run.
@@ -46,12 +46,11 @@ def interrupted(command: str, exc: KeyboardInterrupt) -> int:
     return getattr(exc, "exit_code", 130)
 
 
-def internal_failure(command: str, argv: Sequence[str] | None, exc: BaseException) -> int:
+def internal_failure(command: str, argv: Sequence[str], exc: BaseException) -> int:
     """Write the traceback to a log file, print one line naming it, return exit code 3."""
     fd, log = tempfile.mkstemp(prefix="deployfuse-", suffix=".log")
     with os.fdopen(fd, "w") as out:
-        out.write(f"{command} {' '.join(sys.argv[1:] if argv is None else argv)}\n\n")
+        out.write(f"{command} {' '.join(argv)}\n\n")
         out.write("".join(traceback.format_exception(exc)))
-    first = (str(exc).strip().splitlines() or [""])[0][:300]
-    print(f"{command}: internal error (a deployfuse bug, please report it): {type(exc).__name__}: {first}; traceback in {log}", file=sys.stderr)
+    print(f"{command}: internal error (a deployfuse bug, please report it): {first_line(exc, typed=True)}; traceback in {log}", file=sys.stderr)
     return INTERNAL_ERROR_EXIT_CODE
