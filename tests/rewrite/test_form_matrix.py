@@ -21,7 +21,7 @@ from zoo import ZOO
 
 from deployfuse.backends import ort as ort_backend
 from deployfuse.rewrite import TARGETS
-from deployfuse.rewrite.profiles import profile
+from deployfuse.targets import get_target
 
 OPSET = 20
 DTYPES = {"fp32": "float", "fp16": "float16", "bf16": "bfloat16"}
@@ -34,7 +34,7 @@ MODEL_EXCEPTIONS = {
 
 def _emits(target: str, kind: str, dtype: str) -> bool:
     domain, _, op = kind.rpartition("::")
-    return profile(target).emits(domain, op, OPSET, dtype)
+    return get_target(target).emits(domain, op, OPSET, dtype)
 
 
 def excused(model: str, form: Form, target: str, kind: str) -> str | None:

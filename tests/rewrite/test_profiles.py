@@ -7,7 +7,7 @@ from onnxruntime.capi import onnxruntime_pybind11_state as C
 
 from deployfuse.errors import UsageError
 from deployfuse.rewrite import TARGETS, fuse
-from deployfuse.rewrite.profiles import PROFILES
+from deployfuse.targets import BY_NAME
 
 
 def _registry(provider: str) -> dict[tuple[str, str], set[str]]:
@@ -23,37 +23,37 @@ def _registry(provider: str) -> dict[tuple[str, str], set[str]]:
 
 def test_cpu_profile_matches_kernel_registry():
     registry = _registry("CPUExecutionProvider")
-    for (domain, op), dtypes in PROFILES["ort-cpu"].kernels.items():
+    for (domain, op), dtypes in BY_NAME["ort-cpu"].kernels.items():
         assert (domain, op) in registry, f"{domain}::{op} has no CPU kernel"
         assert dtypes <= registry[(domain, op)], f"{domain}::{op}: {sorted(dtypes - registry[(domain, op)])} have no CPU kernel"
 
 
 def test_cpu_profile_refuses_kernel_less_ops():
-    cpu = PROFILES["ort-cpu"]
+    cpu = BY_NAME["ort-cpu"]
     for op in ("GroupNorm", "BiasAdd", "BiasSplitGelu", "SkipGroupNorm"):
         assert not cpu.emits("com.microsoft", op, 18)
     assert not cpu.emits("com.microsoft", "BiasGelu", 18, "float16")  # float-only CPU kernel
-    assert not PROFILES["ort-cuda"].emits("com.microsoft", "GroupQueryAttention", 18, "float")
+    assert not BY_NAME["ort-cuda"].emits("com.microsoft", "GroupQueryAttention", 18, "float")
 
 
 def test_layernorm_below_opset_17_is_onnx_runtimes_own():
     """ORT registers an ONNX-domain LayerNormalization for opsets 1-16; TensorRT gets only the standard one (17 on)."""
     for target in ("ort-cpu", "ort-cuda"):
-        assert PROFILES[target].emits("", "LayerNormalization", 16) and PROFILES[target].emits("", "LayerNormalization", 17)
-    assert not PROFILES["tensorrt"].emits("", "LayerNormalization", 16) and PROFILES["tensorrt"].emits("", "LayerNormalization", 17)
-    assert not PROFILES["tensorrt"].emits("", "SimplifiedLayerNormalization", 23)  # ORT's own, at every opset
+        assert BY_NAME[target].emits("", "LayerNormalization", 16) and BY_NAME[target].emits("", "LayerNormalization", 17)
+    assert not BY_NAME["tensorrt"].emits("", "LayerNormalization", 16) and BY_NAME["tensorrt"].emits("", "LayerNormalization", 17)
+    assert not BY_NAME["tensorrt"].emits("", "SimplifiedLayerNormalization", 23)  # ORT's own, at every opset
 
 
 @pytest.mark.skipif("CUDAExecutionProvider" not in ort.get_available_providers(), reason="needs a CUDA build of ONNX Runtime")
 def test_cuda_profile_matches_kernel_registry():
     registry = _registry("CUDAExecutionProvider")
-    for (domain, op), dtypes in PROFILES["ort-cuda"].kernels.items():
+    for (domain, op), dtypes in BY_NAME["ort-cuda"].kernels.items():
         assert (domain, op) in registry and dtypes <= registry[(domain, op)], f"{domain}::{op}"
 
 
 def test_tensorrt_profile_emits_no_contrib_op():
-    assert PROFILES["tensorrt"].kernels == {}
-    assert not PROFILES["tensorrt"].emits("com.microsoft", "Gelu", 20)
+    assert BY_NAME["tensorrt"].kernels == {}
+    assert not BY_NAME["tensorrt"].emits("com.microsoft", "Gelu", 20)
     for name, exporter in [("bert", "dynamo"), ("gpt2", "dynamo"), ("llama", "dynamo"), ("resnet18", "dynamo"), ("hand_norms", "torchscript")]:
         model, _, _ = fused(name, exporter, "tensorrt")
         assert not [n.op_type for n in model.graph.node if n.domain == "com.microsoft"], name

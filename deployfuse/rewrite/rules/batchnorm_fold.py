@@ -47,10 +47,10 @@ def _static_tail(value: ir.Value) -> tuple[int, ...] | None:
 
 
 class _Layer:
-    """The layer feeding the BN: its node, the channel axis of its output, and an optional bias Add."""
+    """The layer feeding the BN (its output's channels on axis 1) and an optional bias Add."""
 
-    def __init__(self, node: ir.Node, channel_axis: int, add: ir.Node | None = None) -> None:
-        self.node, self.channel_axis, self.add = node, channel_axis, add
+    def __init__(self, node: ir.Node, add: ir.Node | None = None) -> None:
+        self.node, self.add = node, add
 
     @property
     def output(self) -> ir.Value:
@@ -72,16 +72,16 @@ def _layer(value: ir.Value) -> _Layer | str:
     if not _is(node, *_LAYERS):
         return "the BN input is not a Conv, ConvTranspose, Gemm or MatMul output (through a Reshape / Flatten)"
     if node.op_type in ("Conv", "ConvTranspose"):
-        return _Layer(node, 1)
+        return _Layer(node)
     out = node.outputs[0]
     if out.shape is None or len(out.shape) != 2:
         return "the Gemm / MatMul output is not 2-D (BN normalises axis 1, which is then not the feature axis)"
-    return _Layer(node, 1, add)
+    return _Layer(node, add)
 
 
-def _channel_scale(bn_scale: np.ndarray, z: ir.Value, y: ir.Value, channel_axis: int) -> np.ndarray | str:
-    """The per-channel factor on the layer output `y` that a per-channel factor on z (axis 1)
-    becomes through the reshape y → z; else why there is none."""
+def _channel_scale(bn_scale: np.ndarray, z: ir.Value, y: ir.Value) -> np.ndarray | str:
+    """The per-channel factor on the layer output `y` (axis 1) that a per-channel factor on z
+    (axis 1) becomes through the reshape y → z; else why there is none."""
     if z is y:
         return bn_scale
     z_tail, y_tail = _static_tail(z), _static_tail(y)
@@ -90,7 +90,7 @@ def _channel_scale(bn_scale: np.ndarray, z: ir.Value, y: ir.Value, channel_axis:
     if z_tail[0] != bn_scale.size:
         return "the BN's channels are not axis 1 of its input"
     field = np.broadcast_to(bn_scale.reshape((-1,) + (1,) * (len(z_tail) - 1)), z_tail).reshape(y_tail)
-    field = np.moveaxis(field, channel_axis - 1, 0).reshape(y_tail[channel_axis - 1], -1)
+    field = field.reshape(y_tail[0], -1)
     if not (field == field[:, :1]).all():
         return "through the reshape, the BN's scale is not one value per channel of the layer"
     return field[:, 0]
@@ -127,8 +127,8 @@ class FoldBatchNorm(pattern.RewriteRuleClassBase):
         gamma64, beta64, mean64, var64 = (s.astype(np.float64).reshape(-1) for s in stats)
         scale = gamma64 / np.sqrt(var64 + node.attributes.get_float("epsilon", 1e-5))
         shift = beta64 - mean64 * scale
-        channel_scale = _channel_scale(scale, z, y, layer.channel_axis)
-        channel_shift = _channel_scale(shift, z, y, layer.channel_axis)
+        channel_scale = _channel_scale(scale, z, y)
+        channel_shift = _channel_scale(shift, z, y)
         if isinstance(channel_scale, str) or isinstance(channel_shift, str):
             return fail(channel_scale if isinstance(channel_scale, str) else channel_shift, z)
         folded = _fold(layer, channel_scale, channel_shift)
