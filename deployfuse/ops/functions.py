@@ -19,7 +19,8 @@ import onnx
 from onnx import helper
 
 from deployfuse.ops.body import MIN_OPSET, Body
-from deployfuse.ops.specs import DOMAIN, SPECS, VERSION, OpSpec
+from deployfuse.ops.schema import DOMAIN, VERSION, OpSpec
+from deployfuse.ops.specs import SPECS
 
 __all__ = ["MIN_OPSET", "attach_functions", "function_body"]
 

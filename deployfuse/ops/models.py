@@ -14,7 +14,8 @@ import onnx
 from onnx import helper
 
 from deployfuse.ops.functions import attach_functions
-from deployfuse.ops.specs import DOMAIN, SPECS
+from deployfuse.ops.schema import DOMAIN
+from deployfuse.ops.specs import SPECS
 
 _ONNX_TYPES = {np.dtype(np.float32): onnx.TensorProto.FLOAT, np.dtype(np.float16): onnx.TensorProto.FLOAT16, np.dtype(np.float64): onnx.TensorProto.DOUBLE}
 

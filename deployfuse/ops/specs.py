@@ -14,7 +14,7 @@ from __future__ import annotations
 from types import ModuleType
 
 from deployfuse.ops.defs import bias_act, fused_mha, group_norm_act, layer_norm_gelu
-from deployfuse.ops.schema import ACTIVATIONS, DOMAIN, VERSION, Attr, OpSpec, apply_activation
+from deployfuse.ops.schema import OpSpec
 
 OP_MODULES: tuple[ModuleType, ...] = (layer_norm_gelu, group_norm_act, bias_act, fused_mha)
 """Each defines SPEC, torch_op (``deployfuse::<module name>``) and to_onnx (its translation);
@@ -23,4 +23,4 @@ the module name is also the op's folder under plugins/."""
 SPECS: dict[str, OpSpec] = {module.SPEC.name: module.SPEC for module in OP_MODULES}
 
 
-__all__ = ["ACTIVATIONS", "DOMAIN", "OP_MODULES", "SPECS", "VERSION", "Attr", "OpSpec", "apply_activation"]
+__all__ = ["OP_MODULES", "SPECS"]
