@@ -24,9 +24,10 @@ from pathlib import Path
 import onnx
 
 from deployfuse.errors import UsageError
+from deployfuse.io import load_onnx
 from deployfuse.serve import triton_config
 from deployfuse.serve.readme import repository_readme
-from deployfuse.serve.signature import Signature, engine_signature, engine_signature_from_onnx, onnx_signature
+from deployfuse.serve.signature import Signature, engine_signature, engine_signature_from_onnx, signature_of
 
 ONNX_SUFFIXES = (".onnx",)
 ENGINE_SUFFIXES = (".plan", ".engine", ".trt")
@@ -122,9 +123,9 @@ def package_triton(
     library: Path | None = None
     unsupported: dict[str, str] = {}
     if kind == "onnx":
-        signature = onnx_signature(source)
+        header = load_onnx(source, weights=False)
+        signature = signature_of(header)
         triton_config.check_options(signature, options)
-        header = onnx.load(os.fspath(source), load_external_data=False)
         from deployfuse.runtime import artefact_provider_options, native_library_for
 
         cuda = triton_config.map_cuda_options(artefact_provider_options(header))
@@ -137,11 +138,12 @@ def package_triton(
         files = [(source, Path("1") / "model.onnx")] + [(source.parent / loc, Path("1") / loc) for loc in _external_files(header)]
         platform = triton_config.ONNX_PLATFORM
     else:
-        signature = _engine_signature(source, source_onnx, profiles)
+        built_from = load_onnx(source_onnx, weights=False) if source_onnx is not None else None
+        signature = _engine_signature(source, built_from, profiles)
         triton_config.check_options(signature, options)
         config = triton_config.tensorrt_config(signature, options)
         files = [(source, Path("1") / "model.plan")]
-        library = _trt_plugin_library(source_onnx)
+        library = _trt_plugin_library(built_from)
         platform = triton_config.TENSORRT_PLATFORM
     triton_config.validate(config)
     if library is not None:
@@ -179,24 +181,21 @@ def _external_files(model: onnx.ModelProto) -> list[str]:
     return sorted(locations)
 
 
-def _engine_signature(engine: Path, source_onnx: str | os.PathLike[str] | None, profiles: Sequence[object]) -> Signature:
-    if source_onnx is None:
+def _engine_signature(engine: Path, built_from: onnx.ModelProto | None, profiles: Sequence[object]) -> Signature:
+    if built_from is None:
         return engine_signature(engine)
     from deployfuse.build.profiles import export_shapes, model_inputs, resolve_profiles
 
-    if not Path(source_onnx).is_file():
-        raise UsageError(f"no such ONNX file: {source_onnx}")
-    model = onnx.load(os.fspath(source_onnx), load_external_data=False)
-    resolved = resolve_profiles(model_inputs(model), list(profiles), export_shapes(model))  # type: ignore[arg-type]
-    return engine_signature_from_onnx(source_onnx, {p.name: (p.min, p.opt, p.max) for p in resolved})
+    resolved = resolve_profiles(model_inputs(built_from), list(profiles), export_shapes(built_from))  # type: ignore[arg-type]
+    return engine_signature_from_onnx(built_from, {p.name: (p.min, p.opt, p.max) for p in resolved})
 
 
-def _trt_plugin_library(source_onnx: str | os.PathLike[str] | None) -> Path | None:
+def _trt_plugin_library(built_from: onnx.ModelProto | None) -> Path | None:
     """deployfuse's TensorRT plugin library when it is built (and, when the source model is
     known, only if it has deployfuse.* nodes): an engine that uses the plugins needs it loaded."""
     from deployfuse.ops import trt_plugins_library
 
-    if source_onnx is not None and not _uses_deployfuse(onnx.load(os.fspath(source_onnx), load_external_data=False)):
+    if built_from is not None and not _uses_deployfuse(built_from):
         return None
     try:
         return trt_plugins_library(build=False)

@@ -166,13 +166,13 @@ def _trt_elem_type(trt, dtype) -> int:
     return table[dtype]
 
 
-def engine_signature_from_onnx(onnx_path: str | os.PathLike[str], profiles: Mapping[str, tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]]) -> Signature:
-    """The signature of an engine built from `onnx_path` with these min/opt/max profiles.
+def engine_signature_from_onnx(model: onnx.ModelProto, profiles: Mapping[str, tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]]) -> Signature:
+    """The signature of an engine built from `model` with these min/opt/max profiles.
 
     An axis whose min equals its max is static in the engine; the largest batch is the
     smallest max of axis 0 over the inputs.
     """
-    base = onnx_signature(onnx_path)
+    base = signature_of(model)
     inputs, highs = [], []
     for tensor in base.inputs:
         profile = profiles.get(tensor.name)
