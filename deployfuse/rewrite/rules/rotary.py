@@ -158,7 +158,7 @@ class _RotateHalf(pattern.RewriteRuleClassBase):
     def __init__(self) -> None:
         super().__init__(name="rotary_embedding")
         self._caches: tuple[str, tuple] | None = None
-        self._split: tuple[int, ir.Value | None] = (0, None)
+        self._split: tuple[int, ir.Value | None, int] = (0, None, 0)  # heads, merged [B, S, H·D] source, D
         self._expand_angles = False
 
     def pattern(self, op, x, cos, sin, s1, e1, a1, st1, s2, e2, a2, st2, axis):
@@ -180,7 +180,7 @@ class _RotateHalf(pattern.RewriteRuleClassBase):
         ends = _ints(e2)
         if _ints(s1) != [0] or _ints(e1) != [half] or _ints(s2) != [half] or ends is None or ends[0] < head_dim:
             return result.fail("x is not cut into two equal halves", x)
-        self._split = (source[1], source[0]) if source else (0, None)
+        self._split = (source[1], source[0], head_dim) if source else (0, None, head_dim)
         cos_angles, sin_angles = _angles(cos, "Cos"), _angles(sin, "Sin")
         if cos_angles is not None and sin_angles is not None:
             if cos_angles[0] is not sin_angles[0] or cos_angles[1:] != sin_angles[1:]:
@@ -243,12 +243,11 @@ class _RotateHalf(pattern.RewriteRuleClassBase):
         return caches, positions
 
     def _emit(self, op, x, caches, positions):
-        heads, merged = self._split
+        heads, merged, head_dim = self._split
         if merged is None:
             out = op.RotaryEmbedding(x, positions, *caches, interleaved=0, _domain=MS)
             out.dtype, out.shape = x.dtype, x.shape
             return out
-        head_dim = static_dim(x, 3) or split_heads_source(x)[2]
         rotated = op.RotaryEmbedding(merged, positions, *caches, interleaved=0, num_heads=heads, _domain=MS)
         rotated.dtype, rotated.shape = merged.dtype, merged.shape
         split = op.Reshape(rotated, _i64(op, 0, 0, heads, head_dim))
