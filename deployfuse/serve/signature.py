@@ -14,7 +14,7 @@ from pathlib import Path
 
 import onnx
 
-from deployfuse import metadata
+from deployfuse.build.profiles import export_shapes
 from deployfuse.errors import UsageError, first_line
 from deployfuse.io import load_onnx
 
@@ -94,11 +94,10 @@ def signature_of(model: onnx.ModelProto) -> Signature:
         dims = tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in value.type.tensor_type.shape.dim)
         return TensorSpec(value.name, value.type.tensor_type.elem_type, dims)
 
-    recorded = metadata.read(model, metadata.INPUT_SHAPES) or {}
     return Signature(
         inputs=tuple(spec(v) for v in model.graph.input if v.name not in initializers),
         outputs=tuple(spec(v) for v in model.graph.output),
-        example_shapes={str(k): tuple(v) for k, v in recorded.items()},  # type: ignore[attr-defined]  # a JSON object
+        example_shapes=export_shapes(model),
     )
 
 
