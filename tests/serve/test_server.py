@@ -4,6 +4,7 @@ load run loses nothing, and `deployfuse serve` stops cleanly on Ctrl-C."""
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import socket
@@ -33,11 +34,16 @@ def server(mlp_onnx, tmp_path_factory):
         local.stop()
 
 
-def ort_outputs(model, x: np.ndarray) -> np.ndarray:
-    """What `deployfuse compare`'s ONNX Runtime CPU runner computes (its session, with the custom-op library)."""
+@functools.cache
+def _ort_session(model):
     from deployfuse.ops import ort_custom_ops_library
 
-    outputs = run(session(model, custom_ops_library=ort_custom_ops_library()), {"input": x})
+    return session(model, custom_ops_library=ort_custom_ops_library())
+
+
+def ort_outputs(model, x: np.ndarray) -> np.ndarray:
+    """What `deployfuse compare`'s ONNX Runtime CPU runner computes (its session, with the custom-op library; made once)."""
+    outputs = run(_ort_session(model), {"input": x})
     return next(iter(outputs.values()))
 
 
