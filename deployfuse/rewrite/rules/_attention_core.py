@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import onnx_ir as ir
 
 from deployfuse.rewrite.rules._attention_shapes import DimOf, rank, reshape_target, same_dim, scalar, split_heads_source, split_source, static_dim
+from deployfuse.rewrite.rules._common import is_op
 
 
 @dataclass
@@ -49,16 +50,12 @@ class Core:
     value_head_dim: int
 
 
-def _is(node: ir.Node | None, op_type: str) -> bool:
-    return node is not None and node.op_type == op_type and node.domain in ("", "ai.onnx")
-
-
 def _peel_scale(value: ir.Value) -> tuple[ir.Value, float]:
     """`(x, f)` with value = x·f, peeling Mul / Div by scalar constants."""
     factor = 1.0
     while True:
         node = value.producer()
-        if _is(node, "Mul"):
+        if is_op(node, "Mul"):
             a, b = node.inputs
             if scalar(b) is not None:
                 value, factor = a, factor * scalar(b)
@@ -66,7 +63,7 @@ def _peel_scale(value: ir.Value) -> tuple[ir.Value, float]:
             if scalar(a) is not None:
                 value, factor = b, factor * scalar(a)
                 continue
-        if _is(node, "Div") and scalar(node.inputs[1]) not in (None, 0.0):
+        if is_op(node, "Div") and scalar(node.inputs[1]) not in (None, 0.0):
             value, factor = node.inputs[0], factor / scalar(node.inputs[1])
             continue
         return value, factor
@@ -84,20 +81,20 @@ def _matches(entries: list, wanted: list[DimOf]) -> int:
 def _untranspose_key(key_t: ir.Value) -> tuple[ir.Value, str] | None:
     """K and its layout from Kᵀ ([B, H, D, L]), or None when Kᵀ is not provably a transpose."""
     node = key_t.producer()
-    if _is(node, "Transpose"):
+    if is_op(node, "Transpose"):
         perm = _perm(node)
         if perm == [0, 1, 3, 2]:
             return node.inputs[0], "bhsd"
         if perm == [0, 2, 3, 1]:
             return node.inputs[0], "bshd"
         return None
-    if not _is(node, "Reshape"):
+    if not is_op(node, "Reshape"):
         return None
     transpose = node.inputs[0].producer()
-    if not _is(transpose, "Transpose") or _perm(transpose) != [0, 2, 1]:
+    if not is_op(transpose, "Transpose") or _perm(transpose) != [0, 2, 1]:
         return None
     flatten = transpose.inputs[0].producer()
-    if not _is(flatten, "Reshape"):
+    if not is_op(flatten, "Reshape"):
         return None
     key = flatten.inputs[0]
     key_rank = rank(key)
@@ -138,17 +135,17 @@ def read_core(scores: ir.Value, value: ir.Value) -> Core | str:
     """The attention core whose Softmax input is `scores` and whose P @ V uses `value`; or why not."""
     mask = None
     node = scores.producer()
-    if _is(node, "Add"):
+    if is_op(node, "Add"):
         for side in (0, 1):
             inner, _ = _peel_scale(node.inputs[side])
-            if _is(inner.producer(), "MatMul"):
+            if is_op(inner.producer(), "MatMul"):
                 scores, mask = node.inputs[side], node.inputs[1 - side]
                 break
         else:
             return "Softmax input is an Add without a Q·Kᵀ MatMul operand"
     product, score_scale = _peel_scale(scores)
     matmul = product.producer()
-    if not _is(matmul, "MatMul"):
+    if not is_op(matmul, "MatMul"):
         return "Softmax input is not (scaled, masked) Q·Kᵀ"
     if len(product.uses()) != 1:
         return "the attention scores have other consumers"

@@ -12,6 +12,11 @@ from onnxscript.rewriter import MatchResult, pattern
 from deployfuse.targets import Lowering, Target, get_target
 
 
+def is_op(node: ir.Node | None, *op_types: str) -> bool:
+    """True when `node` is a standard-domain node of one of `op_types`."""
+    return node is not None and node.op_type in op_types and node.domain in ("", "ai.onnx")
+
+
 def scalar(value: ir.Value | None) -> float | None:
     """The value of a one-element constant tensor, else None."""
     if value is None:

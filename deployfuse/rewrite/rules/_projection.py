@@ -19,6 +19,7 @@ import numpy as np
 import onnx_ir as ir
 
 from deployfuse.rewrite.rules._attention_shapes import DimOf, constant, rank, same_dim, scalar, static_dim
+from deployfuse.rewrite.rules._common import is_op
 
 
 class Linear(NamedTuple):
@@ -28,10 +29,6 @@ class Linear(NamedTuple):
     weight_value: ir.Value
     weight: np.ndarray
     bias: np.ndarray | None
-
-
-def _is(node: ir.Node | None, op_type: str) -> bool:
-    return node is not None and node.op_type == op_type and node.domain in ("", "ai.onnx")
 
 
 def _gemm(node: ir.Node) -> Linear | str:
@@ -57,18 +54,18 @@ def linear(value: ir.Value, exclusive: bool = True) -> Linear | str:
     """`value` = x·W [+ b] as MatMul [+ Add] or Gemm, W (2-D) and b constants; or why not.
     `exclusive`: the MatMul's output may have no other consumer than the bias Add."""
     node = value.producer()
-    if _is(node, "Gemm"):
+    if is_op(node, "Gemm"):
         return _gemm(node)
     bias = None
-    if _is(node, "Add"):
+    if is_op(node, "Add"):
         for side in (0, 1):
             inner = node.inputs[side].producer()
-            if _is(inner, "MatMul") and constant(node.inputs[1 - side]) is not None:
+            if is_op(inner, "MatMul") and constant(node.inputs[1 - side]) is not None:
                 bias, value, node = constant(node.inputs[1 - side]), node.inputs[side], inner
                 break
         else:
             return "not x·W + b with b a constant"
-    if not _is(node, "MatMul"):
+    if not is_op(node, "MatMul"):
         return "not a MatMul [+ Add] or Gemm projection"
     if exclusive and len(value.uses()) != 1:
         return "x·W has other consumers"
@@ -84,7 +81,7 @@ def reshaped_from(value: ir.Value, exclusive: bool = True) -> ir.Value | None:
     """`y` when `value` comes from `y` through Reshapes alone (each input read once unless not
     `exclusive`): element order never changes, so that is Reshape(y, value's shape); else None."""
     node, inner = value.producer(), None
-    while _is(node, "Reshape") and (not exclusive or len(node.inputs[0].uses()) == 1):
+    while is_op(node, "Reshape") and (not exclusive or len(node.inputs[0].uses()) == 1):
         inner = node.inputs[0]
         node = inner.producer()
     return inner
@@ -95,7 +92,7 @@ def tokens(x: ir.Value, out: ir.Value) -> ir.Value | None:
     Reshape(·, [B·S, Din]) flattened into `x`), when `out` [B, S, D] has its B and S: then
     Reshape(x·W + b, out's shape) is that tensor's projection, token for token. Else None."""
     node = x.producer()
-    if rank(x) == 2 and _is(node, "Reshape"):
+    if rank(x) == 2 and is_op(node, "Reshape"):
         source = node.inputs[0]
         if rank(source) != 3 or static_dim(source, 2) is None or static_dim(x, 1) != static_dim(source, 2):
             return None
@@ -114,7 +111,7 @@ def projection(value: ir.Value, exclusive: bool = True) -> Linear | str:
     node, factor = value.producer(), None
     if exclusive and len(value.uses()) != 1:
         return "the projection has other consumers"
-    if _is(node, "Mul"):
+    if is_op(node, "Mul"):
         side = 0 if scalar(node.inputs[1]) is not None else 1 if scalar(node.inputs[0]) is not None else None
         if side is None or (exclusive and len(node.inputs[side].uses()) != 1):
             return "a Mul on the projection is not an exclusive scale by a constant"

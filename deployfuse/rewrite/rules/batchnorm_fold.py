@@ -25,14 +25,11 @@ import onnx_ir as ir
 from onnxscript.rewriter import MatchResult, pattern
 
 from deployfuse.rewrite.rules._attention_shapes import constant
+from deployfuse.rewrite.rules._common import is_op
 
 FAMILY = "batchnorm_fold"
 
 _LAYERS = ("Conv", "ConvTranspose", "Gemm", "MatMul")
-
-
-def _is(node: ir.Node | None, *op_types: str) -> bool:
-    return node is not None and node.op_type in op_types and node.domain in ("", "ai.onnx")
 
 
 def _only_use(value: ir.Value) -> bool:
@@ -61,15 +58,15 @@ def _layer(value: ir.Value) -> _Layer | str:
     """The layer whose output is `value` (Conv, ConvTranspose, Gemm, MatMul [+ Add b]); else why not."""
     node = value.producer()
     add = None
-    if _is(node, "Add"):
+    if is_op(node, "Add"):
         for side in (0, 1):
             inner = node.inputs[side].producer()
-            if _is(inner, "MatMul") and constant(node.inputs[1 - side]) is not None and _only_use(node.inputs[side]):
+            if is_op(inner, "MatMul") and constant(node.inputs[1 - side]) is not None and _only_use(node.inputs[side]):
                 add, node = node, inner
                 break
         else:
             return "the BN input is an Add that is not MatMul + constant bias"
-    if not _is(node, *_LAYERS):
+    if not is_op(node, *_LAYERS):
         return "the BN input is not a Conv, ConvTranspose, Gemm or MatMul output (through a Reshape / Flatten)"
     if node.op_type in ("Conv", "ConvTranspose"):
         return _Layer(node)
@@ -113,7 +110,7 @@ class FoldBatchNorm(pattern.RewriteRuleClassBase):
         stats = [constant(v) for v in (gamma, beta, mean, var)]
         if any(s is None for s in stats):
             return fail("the BN's scale, bias, mean or variance is not a constant", normed)
-        reshape = z.producer() if _is(z.producer(), "Reshape", "Flatten") else None
+        reshape = z.producer() if is_op(z.producer(), "Reshape", "Flatten") else None
         y = reshape.inputs[0] if reshape is not None else z
         if reshape is not None and not _only_use(y):
             return fail("the layer output before the reshape feeds something else", y)

@@ -32,7 +32,7 @@ import onnx_ir as ir
 from onnxscript.rewriter import MatchResult, pattern
 
 from deployfuse.rewrite.rules._attention_shapes import constant, rank
-from deployfuse.rewrite.rules._common import FusionRule, Lowering
+from deployfuse.rewrite.rules._common import FusionRule, Lowering, is_op
 from deployfuse.rewrite.rules._projection import projection
 from deployfuse.targets import MS, Target, get_target
 
@@ -41,10 +41,6 @@ FAMILY = "packed_qkv"
 _MHA_ATTRIBUTES = {"num_heads", "scale"}
 
 _Parts = tuple[ir.Value, np.ndarray, np.ndarray, str]  # x, packed W [Din, 3D], packed b [3D], a name
-
-
-def _is(node: ir.Node | None, op_type: str) -> bool:
-    return node is not None and node.op_type == op_type and node.domain in ("", "ai.onnx")
 
 
 def _from_projections(query: ir.Value, key: ir.Value, value: ir.Value) -> _Parts | str:
@@ -70,7 +66,7 @@ def _split_thirds(query: ir.Value, key: ir.Value, value: ir.Value) -> ir.Value |
     """The tensor Q, K, V were cut from when they are outputs 0, 1, 2 of one Split into thirds
     of its last axis, each read once; None when Q is no Split output; else why not."""
     node = query.producer()
-    if not _is(node, "Split"):
+    if not is_op(node, "Split"):
         return None
     if list(node.outputs) != [query, key, value]:
         return "Q, K, V are not outputs 0, 1, 2 of one Split"
