@@ -154,3 +154,8 @@ def write_text_atomic(path: PathLike, text: str) -> None:
     """Write `text` to `path` atomically."""
     with atomic_path(path) as tmp:
         tmp.write_text(text)
+
+
+def default_opset(model: onnx.ModelProto) -> int | None:
+    """The model's opset of the default ONNX domain (None when it imports none)."""
+    return next((i.version for i in model.opset_import if i.domain in ("", "ai.onnx")), None)

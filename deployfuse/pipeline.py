@@ -29,7 +29,7 @@ from deployfuse.backends import ort as ort_backend
 from deployfuse.errors import AccuracyError, DeployfuseError, UsageError, first_line
 from deployfuse.export import EXPORTERS, clean, flatten_outputs, to_onnx
 from deployfuse.inputs import DynamicAxis, InputSpec, Inputs, checked_dynamic, make_inputs, resized, specs_of
-from deployfuse.io import check_outputs, check_writable_target, write_text_atomic
+from deployfuse.io import check_outputs, check_writable_target, default_opset, write_text_atomic
 from deployfuse.loading import LoadedModel, given_inputs, load_model
 from deployfuse.report import ExportReport, Step
 from deployfuse.rewrite import FusionReport, fuse as fuse_graph
@@ -469,11 +469,6 @@ def _shape_text(inputs: Inputs) -> str:
     return ", ".join(f"{k}={'x'.join(map(str, v.shape))}" for k, v in inputs.items())
 
 
-def default_opset(model: onnx.ModelProto) -> int | None:
-    """The model's opset of the default ONNX domain."""
-    return next((i.version for i in model.opset_import if i.domain in ("", "ai.onnx")), None)
-
-
 def _at_opset(model: onnx.ModelProto, opset: int, exporter: str) -> onnx.ModelProto:
     """`model` at `opset`: the dynamo exporter writes 18 when asked for less than 17, and the
     TorchScript exporter at most 20, so their graphs go through the ONNX version converter."""
@@ -510,7 +505,7 @@ def _verify(model: onnx.ModelProto, draws: list[_Draw], references: list[dict[st
     try:
         session = ort_backend.session(model)
     except Exception as exc:
-        raise AccuracyError(f"ONNX Runtime cannot load the exported model: {str(exc).splitlines()[0]}") from exc
+        raise AccuracyError(f"ONNX Runtime cannot load the exported model: {first_line(exc)}") from exc
     for index, (draw, reference) in enumerate(zip(draws, references)):
         outputs = ort_backend.run(session, {k: to_numpy(v) for k, v in draw.inputs.items()})
         missing = [k for k in reference if k not in outputs]

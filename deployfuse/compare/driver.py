@@ -24,7 +24,7 @@ from deployfuse.compare.result import BackendAccuracy, CompareResult
 from deployfuse.compare.tolerances import Tolerances
 from deployfuse.errors import UsageError
 from deployfuse.inputs import DynamicAxis, InputSpec
-from deployfuse.io import check_outputs, load_onnx
+from deployfuse.io import check_outputs, default_opset, load_onnx
 from deployfuse.loading import LoadedModel, load_model
 
 BACKENDS = ("torch", "ort-cpu", "ort-cuda", "trt")
@@ -105,7 +105,7 @@ def _derive_reference(model: Any, onnx_model: onnx.ModelProto, feed: Mapping[str
 
     dynamic = dynamic or [DynamicAxis(name, axis, label) for name, (_, dims) in feed_lib.graph_inputs(onnx_model).items() if name in feed
                           for axis, label in enumerate(dims) if isinstance(label, str) and label != "?"]
-    opset = next((i.version for i in onnx_model.opset_import if i.domain in ("", "ai.onnx")), None)
+    opset = default_opset(onnx_model)
     floats = [v.dtype for v in feed.values() if np.issubdtype(v.dtype, np.floating)]
     precision = "fp16" if floats and floats[0] == np.float16 else "fp32"
     source = copy.deepcopy(model) if isinstance(model, torch.nn.Module) else model  # folding changes a module in place

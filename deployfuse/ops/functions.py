@@ -18,6 +18,7 @@ from typing import Any
 import onnx
 from onnx import helper
 
+from deployfuse.io import default_opset
 from deployfuse.ops.body import MIN_OPSET, Body
 from deployfuse.ops.schema import DOMAIN, VERSION, OpSpec
 from deployfuse.ops.specs import SPECS
@@ -55,11 +56,6 @@ def _graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
                 yield from _graphs(sub)
 
 
-def _default_opset(model: onnx.ModelProto) -> int:
-    for imp in model.opset_import:
-        if imp.domain in ("", "ai.onnx"):
-            return imp.version
-    raise ValueError("the model imports no default-domain ONNX opset")
 
 
 def attach_functions(model: onnx.ModelProto) -> None:
@@ -70,7 +66,9 @@ def attach_functions(model: onnx.ModelProto) -> None:
     IR version >= 10 (needed for overloads). Idempotent: existing deployfuse functions are
     replaced. Raises ValueError for an unknown deployfuse op or a bad attribute value.
     """
-    opset = _default_opset(model)
+    opset = default_opset(model)
+    if opset is None:
+        raise ValueError("the model imports no default-domain ONNX opset")
     wanted: dict[tuple[str, str], tuple[OpSpec, dict[str, Any]]] = {}
     for graph in _graphs(model.graph):
         for node in graph.node:

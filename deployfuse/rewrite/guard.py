@@ -18,6 +18,7 @@ import onnx
 
 from deployfuse.backends import ort as ort_backend
 from deployfuse.errors import first_line
+from deployfuse.io import default_opset
 from deployfuse.targets import CUDA_PROVIDER, Target, ort_private
 
 _ORT_PRIVATE = "deployfuse.ort_onnx_domain"
@@ -88,7 +89,7 @@ def _without_ort_onnx_domain_ops(model: onnx.ModelProto) -> onnx.ModelProto:
     """`model`, with ORT's schema-less ONNX-domain contrib ops (at the model's opset) moved to a
     private domain so that onnx.checker and shape inference check everything else instead of
     stopping at them."""
-    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+    opset = default_opset(model) or 0
 
     def private(node: onnx.NodeProto) -> bool:
         return node.domain in ("", "ai.onnx") and ort_private(node.op_type, opset)
