@@ -7,8 +7,8 @@ from typing import TYPE_CHECKING
 from deployfuse._lazy import lazy_getattr
 
 if TYPE_CHECKING:
-    from deployfuse.build import BuildResult, build_engine
     from deployfuse.compare import CompareResult, compare
+    from deployfuse.engine import BuildResult, build_engine
     from deployfuse.errors import AccuracyError, DeployfuseError, UsageError
     from deployfuse.inputs import DynamicAxis, InputSpec
     from deployfuse.ops import ort_custom_ops_library
@@ -20,8 +20,8 @@ if TYPE_CHECKING:
 # CLI, whose first import is this package) stays light, so a Ctrl-C while torch loads reaches
 # the CLI's handler instead of printing a traceback.
 _LAZY = {
-    "BuildResult": "deployfuse.build",
-    "build_engine": "deployfuse.build",
+    "BuildResult": "deployfuse.engine",
+    "build_engine": "deployfuse.engine",
     "CompareResult": "deployfuse.compare",
     "compare": "deployfuse.compare",
     "AccuracyError": "deployfuse.errors",

@@ -36,7 +36,7 @@ def _source_copy(target: Path) -> Path:
     for name in ("pyproject.toml", "setup.py", "MANIFEST.in", "README.md", "LICENSE"):
         shutil.copy2(ROOT / name, target / name)
 
-    def skip(folder: str, names: list[str]) -> list[str]:  # plugins/build holds built libraries; deployfuse/build is a package
+    def skip(folder: str, names: list[str]) -> list[str]:  # plugins/build holds built libraries
         return [n for n in names if n == "__pycache__" or (n == "build" and Path(folder) == ROOT / "plugins")]
 
     for folder in ("deployfuse", "plugins"):

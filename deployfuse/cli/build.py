@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from deployfuse.build import BUILDERS, build_engine
-from deployfuse.build.profiles import parse_profile
+from deployfuse.engine import BUILDERS, build_engine
+from deployfuse.engine.profiles import parse_profile
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

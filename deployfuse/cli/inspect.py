@@ -24,7 +24,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Print the report; errors reach the CLI as DeployfuseError."""
-    from deployfuse.build.inspect import inspect_engine
+    from deployfuse.engine.inspect import inspect_engine
 
     report = inspect_engine(args.engine, plugins=args.plugins)
     print(json.dumps(report.to_json(), indent=1) if args.json else report.to_text())

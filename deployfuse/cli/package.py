@@ -9,7 +9,7 @@ from deployfuse.cli._args import argument_type
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the `package` command."""
-    from deployfuse.build.profiles import ShapeProfile
+    from deployfuse.engine.profiles import ShapeProfile
 
     parser = subparsers.add_parser(
         "package", help="write a Triton model repository for an ONNX artefact or a TensorRT engine",

@@ -90,7 +90,7 @@ def _engine_for(onnx_path: Path, engine: str | os.PathLike[str] | None, plugins:
         if not Path(engine).is_file():
             raise UsageError(f"--engine {engine}: no such file")
         return Path(engine)
-    from deployfuse.build import build_engine
+    from deployfuse.engine import build_engine
 
     say("building a TensorRT engine (no --engine given)")
     return build_engine(onnx_path, workdir / "model.plan", plugins=plugins).engine

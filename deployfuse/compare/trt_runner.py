@@ -69,7 +69,7 @@ class TrtRunner(BaseRunner):
     def activate_impl(self) -> None:
         import torch
 
-        from deployfuse.build import builders, plugins as plugin_libs
+        from deployfuse.engine import builders, plugins as plugin_libs
 
         if not torch.cuda.is_available():
             raise UsageError("trt: running a TensorRT engine needs a CUDA GPU, and this machine has none")
@@ -87,7 +87,7 @@ class TrtRunner(BaseRunner):
         names = [engine.get_tensor_name(i) for i in range(engine.num_io_tensors)]
         self.inputs = [n for n in names if engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT]
         self.outputs = [n for n in names if engine.get_tensor_mode(n) == trt.TensorIOMode.OUTPUT]
-        from deployfuse.build.inspect import engine_profiles
+        from deployfuse.engine.inspect import engine_profiles
 
         self.profiles = engine_profiles(engine, [n for n in self.inputs if any(d < 0 for d in engine.get_tensor_shape(n))])
         self.profile = 0

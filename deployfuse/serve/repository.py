@@ -184,7 +184,7 @@ def _external_files(model: onnx.ModelProto) -> list[str]:
 def _engine_signature(engine: Path, built_from: onnx.ModelProto | None, profiles: Sequence[object]) -> Signature:
     if built_from is None:
         return engine_signature(engine)
-    from deployfuse.build.profiles import export_shapes, model_inputs, resolve_profiles
+    from deployfuse.engine.profiles import export_shapes, model_inputs, resolve_profiles
 
     resolved = resolve_profiles(model_inputs(built_from), list(profiles), export_shapes(built_from))  # type: ignore[arg-type]
     return engine_signature_from_onnx(built_from, {p.name: (p.min, p.opt, p.max) for p in resolved})

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import onnx
 
-from deployfuse.build.profiles import export_shapes
+from deployfuse.engine.profiles import export_shapes
 from deployfuse.errors import UsageError, first_line
 from deployfuse.io import load_onnx
 
@@ -110,7 +110,7 @@ def engine_signature(path: str | os.PathLike[str]) -> Signature:
     Raises:
         UsageError: no runtime, or the engine cannot be opened on this machine.
     """
-    from deployfuse.build import builders
+    from deployfuse.engine import builders
 
     data = Path(path).read_bytes()
     errors = []
@@ -128,7 +128,7 @@ def engine_signature(path: str | os.PathLike[str]) -> Signature:
 
 
 def _deserialize(trt, data: bytes):  # -> trt.ICudaEngine | None
-    from deployfuse.build import plugins as plugin_libs
+    from deployfuse.engine import plugins as plugin_libs
 
     try:
         own = plugin_libs.deployfuse_plugin_library()

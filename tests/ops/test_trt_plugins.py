@@ -41,7 +41,7 @@ def library():
 def _engine_model(tmp_path, op: str, shape: tuple[int, ...], attrs: dict) -> tuple:
     """A one-node model whose weights (Scale, Bias, Mask) are initializers, as after an export;
     returns its path and a fixed-shape profile per graph input."""
-    from deployfuse.build import ShapeProfile
+    from deployfuse.engine import ShapeProfile
 
     attrs = dict(attrs)
     xs = [x for x in example_inputs(op, shape, **attrs) if x is not None]
@@ -58,8 +58,8 @@ def _engine_model(tmp_path, op: str, shape: tuple[int, ...], attrs: dict) -> tup
 
 
 def test_library_registers_one_creator_per_op(library):
-    from deployfuse.build import plugins
-    from deployfuse.build.builders import activate
+    from deployfuse.engine import plugins
+    from deployfuse.engine.builders import activate
 
     trt = activate("tensorrt-rtx")
     plugins.load_libraries(trt, [library])
@@ -72,7 +72,7 @@ def test_library_registers_one_creator_per_op(library):
 
 @pytest.mark.parametrize("op,shape,attrs,precision", ENGINES, ids=[e[0] for e in ENGINES])
 def test_engine_with_plugin_builds_for_cc89(library, tmp_path, op, shape, attrs, precision):
-    from deployfuse.build import build_engine
+    from deployfuse.engine import build_engine
 
     path, profiles = _engine_model(tmp_path, op, shape, attrs)
     result = build_engine(path, tmp_path / "e.plan", precision=precision, profiles=profiles, compute_capability="8.9", builder="tensorrt-rtx")
@@ -84,7 +84,7 @@ def test_engine_with_plugin_builds_for_cc89(library, tmp_path, op, shape, attrs,
 
 
 def test_bad_attribute_fails_the_build(library, tmp_path):
-    from deployfuse.build import build_engine
+    from deployfuse.engine import build_engine
 
     path, profiles = _engine_model(tmp_path, "GroupNormAct", (1, 4, 2, 2), {"num_groups": 2, "activation": "gelu"})
     model = onnx.load(path)

@@ -16,7 +16,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, numpy_helper
 
-from deployfuse.build.preflight import walk_nodes
+from deployfuse.engine.preflight import walk_nodes
 
 PRECISIONS = {"fp16": TensorProto.FLOAT16, "bf16": TensorProto.BFLOAT16}
 _FLOAT32_INPUTS = {("", "Resize"): (1, 2), ("", "Upsample"): (1,)}

@@ -126,7 +126,7 @@ def _read_record(engine: Path) -> dict[str, Any] | None:
 
 def _from_runtime(path: Path, builder: str | None, libraries: list[Path]) -> tuple[EngineReport | None, str]:
     """The report from a deserialized engine, or None and why not."""
-    from deployfuse.build import builders, plugins as plugin_libs
+    from deployfuse.engine import builders, plugins as plugin_libs
 
     installed = builders.installed_builders()
     if builder is not None and builder not in installed:

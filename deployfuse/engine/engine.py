@@ -22,11 +22,11 @@ from typing import Any
 
 import onnx
 
-from deployfuse.build import builders, plugins as plugin_libs, precision as lowp
-from deployfuse.build.inspect import network_record, record_path
-from deployfuse.build.preflight import Preflight, check_nodes, split_overloads, walk_nodes
-from deployfuse.build.profiles import ShapeProfile, export_shapes, model_inputs, resolve_optimization_profiles
-from deployfuse.build.progress import progress_monitor
+from deployfuse.engine import builders, plugins as plugin_libs, precision as lowp
+from deployfuse.engine.inspect import network_record, record_path
+from deployfuse.engine.preflight import Preflight, check_nodes, split_overloads, walk_nodes
+from deployfuse.engine.profiles import ShapeProfile, export_shapes, model_inputs, resolve_optimization_profiles
+from deployfuse.engine.progress import progress_monitor
 from deployfuse.errors import DeployfuseError, UsageError, first_line
 from deployfuse.io import atomic_path, check_outputs
 
@@ -97,9 +97,9 @@ def build_engine(
         model: an ONNX file, ideally exported with `--target tensorrt`.
         output: where the serialized engine goes (written atomically).
         precision: "fp32", "fp16" or "bf16"; the lower ones rewrite the graph (see
-            `deployfuse.build.precision`), the engine's inputs and outputs stay float32.
+            `deployfuse.engine.precision`), the engine's inputs and outputs stay float32.
         profiles: the optimisation profiles, each a list of min/opt/max shapes for dynamic
-            inputs (the inputs a profile leaves out are derived, see `deployfuse.build.profiles`);
+            inputs (the inputs a profile leaves out are derived, see `deployfuse.engine.profiles`);
             a flat list of ShapeProfile is one profile.
         plugins: TensorRT plugin libraries to load.
         deployfuse_plugins: also load deployfuse's own plugin library when the model has

@@ -9,7 +9,7 @@ from __future__ import annotations
 import onnx
 import pytest
 
-from deployfuse.build import ShapeProfile, build_engine
+from deployfuse.engine import ShapeProfile, build_engine
 
 CC = ("--compute-capability", "8.9")
 BERT_PROFILE = ("--profile", "input_ids:1x8:2x16:4x32")
@@ -94,8 +94,8 @@ def test_compare_trt_backend_picks_the_profile_that_holds_the_feed(bert_onnx, tm
     batch 1 runs on profile 1, batch 6 on profile 2, batch 2 on none (a one-line error)."""
     import json
 
-    from deployfuse.build.inspect import record_path
     from deployfuse.compare.trt_runner import choose_profile
+    from deployfuse.engine.inspect import record_path
     from deployfuse.errors import UsageError
 
     engine = tmp_path / "bert.plan"

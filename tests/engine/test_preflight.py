@@ -12,8 +12,8 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
 
-from deployfuse.build import build_engine
-from deployfuse.build.preflight import check_nodes, split_overloads
+from deployfuse.engine import build_engine
+from deployfuse.engine.preflight import check_nodes, split_overloads
 from deployfuse.errors import UsageError
 
 
@@ -36,7 +36,7 @@ def _bias_act_model(overloads: list[tuple[str, str]], wanted: str) -> onnx.Model
 
 
 def _trt_activations(model: onnx.ModelProto) -> list[str]:
-    from deployfuse.build.builders import activate
+    from deployfuse.engine.builders import activate
 
     trt = activate("tensorrt-rtx")
     logger = trt.Logger(trt.Logger.ERROR)
@@ -100,7 +100,7 @@ def test_unknown_custom_op_names_node_and_fix(tmp_path):
 def test_function_bodies_build_without_plugins(tmp_path):
     model = _bias_act_model([("relu", "Relu"), ("sigmoid", "Sigmoid")], "sigmoid")
     onnx.save(model, tmp_path / "m.onnx")
-    from deployfuse.build import ShapeProfile
+    from deployfuse.engine import ShapeProfile
 
     result = build_engine(tmp_path / "m.onnx", tmp_path / "m.plan", compute_capability="8.9", profiles=[ShapeProfile.parse("x:1x8:4x8:16x8")], deployfuse_plugins=False)
     assert result.preflight.function == {"deployfuse.BiasAct__sigmoid": 1}

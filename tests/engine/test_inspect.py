@@ -9,8 +9,8 @@ import shutil
 
 import pytest
 
-from deployfuse.build import build_engine
-from deployfuse.build.profiles import parse_profile
+from deployfuse.engine import build_engine
+from deployfuse.engine.profiles import parse_profile
 
 
 @pytest.fixture(scope="module")

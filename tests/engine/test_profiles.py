@@ -7,8 +7,8 @@ import json
 import onnx
 import pytest
 
-from deployfuse.build import EXPORT_SHAPES_KEY, ShapeProfile
-from deployfuse.build.profiles import export_shapes, model_inputs, parse_profile, resolve_optimization_profiles, resolve_profiles
+from deployfuse.engine import EXPORT_SHAPES_KEY, ShapeProfile
+from deployfuse.engine.profiles import export_shapes, model_inputs, parse_profile, resolve_optimization_profiles, resolve_profiles
 from deployfuse.errors import UsageError
 
 TEXT = {"input_ids": ("batch", "seq"), "attention_mask": ("batch", "seq")}
