@@ -1,1 +1,1 @@
-"""Runtimes deployfuse drives: ONNX Runtime sessions (and TensorRT engines)."""
+"""Runtimes deployfuse drives: ONNX Runtime sessions (`ort`) and TensorRT engines (`trt`)."""

@@ -67,9 +67,9 @@ def _runners(backends: Sequence[str], loaded: LoadedModel, onnx_path: Path, feed
              custom_ops: str | os.PathLike[str] | None, plugins: Sequence[str | os.PathLike[str]], torch_device: str) -> list[Any]:
     from polygraphy.common import TensorMetadata
 
+    from deployfuse.backends.trt import TrtRunner
     from deployfuse.compare.ort_runner import OrtRunner
     from deployfuse.compare.torch_runner import TorchRunner
-    from deployfuse.compare.trt_runner import TrtRunner
 
     made = []
     for backend in backends:

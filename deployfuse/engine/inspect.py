@@ -126,49 +126,25 @@ def _read_record(engine: Path) -> dict[str, Any] | None:
 
 def _from_runtime(path: Path, builder: str | None, libraries: list[Path]) -> tuple[EngineReport | None, str]:
     """The report from a deserialized engine, or None and why not."""
-    from deployfuse.engine import builders, plugins as plugin_libs
+    from deployfuse.backends.trt import load_engine
+    from deployfuse.engine import builders
 
     installed = builders.installed_builders()
     if builder is not None and builder not in installed:
         return None, f"it was built by {builder}, which is not installed here"
     if not installed:
         return None, "neither TensorRT nor TensorRT-RTX is installed"
-    trt = builders.activate(builder or installed[0])
-    plugin_libs.load_libraries(trt, [p for p in libraries if p.is_file()])
-
-    class _Collect(trt.ILogger):  # type: ignore[name-defined]
-        def __init__(self) -> None:
-            trt.ILogger.__init__(self)
-            self.errors: list[str] = []
-
-        def log(self, severity: Any, msg: str) -> None:
-            if severity in (trt.ILogger.Severity.ERROR, trt.ILogger.Severity.INTERNAL_ERROR):
-                self.errors.append(msg)
-
-    logger = _Collect()
-    runtime = trt.Runtime(logger)
-    engine = runtime.deserialize_cuda_engine(path.read_bytes())
-    if engine is None:
-        last = logger.errors[-1] if logger.errors else "no reason given"
-        return None, f"{trt.__name__} {trt.__version__} could not deserialize it: {last.strip()}"
-    return _report(trt, path, engine), ""
-
-
-def engine_profiles(engine: Any, dynamic_inputs: list[str]) -> list[list[dict[str, Any]]]:
-    """A deserialized engine's optimisation profiles in the build record's form: per profile,
-    {name, min, opt, max} of each dynamic input."""
-    profiles = []
-    for p in range(engine.num_optimization_profiles):
-        entries = []
-        for name in dynamic_inputs:
-            low, opt, high = engine.get_tensor_profile_shape(name, p)
-            entries.append({"name": name, "min": list(low), "opt": list(opt), "max": list(high)})
-        profiles.append(entries)
-    return profiles
+    try:
+        loaded = load_engine(path, builders.activate(builder or installed[0]), [p for p in libraries if p.is_file()], own_plugins=False)
+    except UsageError as exc:
+        return None, str(exc)
+    return _report(loaded.trt, path, loaded.engine), ""
 
 
 def _report(trt: Any, path: Path, engine: Any) -> EngineReport:
     """Bindings, profiles and the inspector's layers of a deserialized engine (needs a GPU)."""
+    from deployfuse.backends.trt import engine_profiles
+
     names = [engine.get_tensor_name(i) for i in range(engine.num_io_tensors)]
     bindings = [{"name": n, "mode": "input" if engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT else "output",
                  "dtype": _dtype(engine.get_tensor_dtype(n)), "shape": [int(d) for d in engine.get_tensor_shape(n)]} for n in names]

@@ -110,34 +110,19 @@ def engine_signature(path: str | os.PathLike[str]) -> Signature:
     Raises:
         UsageError: no runtime, or the engine cannot be opened on this machine.
     """
+    from deployfuse.backends.trt import load_engine
     from deployfuse.engine import builders
 
     data = Path(path).read_bytes()
     errors = []
     for name in ("tensorrt", "tensorrt-rtx"):
         try:
-            trt = builders.activate(name)
-        except Exception as exc:  # not installed
+            loaded = load_engine(data, builders.activate(name))
+        except Exception as exc:  # not installed; no GPU, wrong generation, missing plugin: each raises its own type
             errors.append(f"{name}: {first_line(exc)}")
             continue
-        engine = _deserialize(trt, data)
-        if engine is not None:
-            return _signature_from_engine(trt, engine)
-        errors.append(f"{name}: cannot deserialize it on this machine")
+        return _signature_from_engine(loaded.trt, loaded.engine)
     raise UsageError(f"cannot read the engine's inputs and outputs here ({'; '.join(errors)}): give --onnx MODEL.onnx, the model it was built from")
-
-
-def _deserialize(trt, data: bytes):  # -> trt.ICudaEngine | None
-    from deployfuse.engine import plugins as plugin_libs
-
-    try:
-        own = plugin_libs.deployfuse_plugin_library()
-        if own is not None:
-            plugin_libs.load_libraries(trt, [own])
-        runtime = trt.Runtime(trt.Logger(trt.Logger.INTERNAL_ERROR))  # our message says why, not its CUDA errors
-        return runtime.deserialize_cuda_engine(data)
-    except Exception:  # no GPU, wrong generation, missing plugin: each raises its own type
-        return None
 
 
 def _signature_from_engine(trt, engine) -> Signature:

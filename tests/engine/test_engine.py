@@ -94,7 +94,7 @@ def test_compare_trt_backend_picks_the_profile_that_holds_the_feed(bert_onnx, tm
     batch 1 runs on profile 1, batch 6 on profile 2, batch 2 on none (a one-line error)."""
     import json
 
-    from deployfuse.compare.trt_runner import choose_profile
+    from deployfuse.backends.trt import choose_profile
     from deployfuse.engine.inspect import record_path
     from deployfuse.errors import UsageError
 
