@@ -23,6 +23,7 @@ from deployfuse.inputs import DynamicAxis, InputSpec, make_inputs
 
 BATCH, SEQUENCE = "batch_size", "sequence_length"  # Optimum's axis names
 DEFAULT_BATCH, DEFAULT_SEQUENCE, DEFAULT_SAMPLES = 2, 16, 1600  # 1600 samples: 0.1 s of 16 kHz audio
+NEW_WEIGHTS_SEED = 0  # the seed of weights a task's head adds to a folder that lacks them
 
 
 @dataclass(frozen=True)
@@ -119,7 +120,11 @@ def _load(folder: Path, task: str | None, seed: int | None, transformers: Any) -
     auto = getattr(transformers, spec.auto_class)
     options: dict[str, Any] = {"use_cache": False} if name == "text-generation" else {}
     try:
-        model = auto.from_pretrained(str(folder), **options)
+        # Weights the folder lacks (a head the saved architecture has not, e.g. token-classification
+        # on a masked-LM checkpoint) are drawn from one seed: export and compare load one model.
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(NEW_WEIGHTS_SEED)
+            model = auto.from_pretrained(str(folder), **options)
     except (ValueError, KeyError) as exc:  # transformers: this config has no class for that auto class
         raise UsageError(f"{folder}: a {config.model_type} model has no {name} head ({spec.auto_class}): {first_line(exc)}") from exc
     except Exception as exc:

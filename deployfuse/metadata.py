@@ -4,7 +4,9 @@ INPUT_SHAPES: JSON map input name -> the shape the model was exported with (Tens
 profiles default to it). CUDA_PROVIDER_OPTIONS: JSON map of CUDA execution provider options
 the artefact was tuned with (deployfuse's sessions apply them). WEIGHTS_SHA256: the
 `weights_digest` of the model as loaded (before folding and casting), so `deployfuse compare`
-can tell an ONNX file exported from other weights from a broken fusion.
+can tell an ONNX file exported from other weights from a broken fusion. TASK: the Hugging Face
+task (Optimum's name) a `save_pretrained` folder was exported for, so `deployfuse compare`
+loads the folder with the same head, inputs and outputs.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import torch
 INPUT_SHAPES = "deployfuse.input_shapes"
 CUDA_PROVIDER_OPTIONS = "deployfuse.cuda_provider_options"
 WEIGHTS_SHA256 = "deployfuse.weights_sha256"
+TASK = "deployfuse.task"
 
 
 def read(model: onnx.ModelProto, key: str) -> object | None:

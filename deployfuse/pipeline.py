@@ -320,6 +320,8 @@ def _run(request: _Request, out_path: Path, report: ExportReport, steps: _Steps,
         steps.skip("fuse", "--no-fuse")
     metadata.write(onnx_model, metadata.INPUT_SHAPES, {k: list(v.shape) for k, v in example.items()})
     metadata.write(onnx_model, metadata.WEIGHTS_SHA256, weights)
+    if loaded.task is not None:
+        metadata.write(onnx_model, metadata.TASK, loaded.task)  # compare loads the folder for the same task
     if request.target == ORT_CUDA:
         timer = None
         if request.autotune:

@@ -185,3 +185,34 @@ def test_optimum_older_task_names_are_accepted(folders):
 
     loaded = load_pretrained(folders / "gpt2", "causal-lm")
     assert loaded.task == "text-generation" and not loaded.module.model.config.use_cache
+
+
+@pytest.mark.parametrize(("save", "task", "recorded", "inputs", "output"), [
+    # GPT-2 saved as the bare model (feature-extraction by its architecture); its LM head is tied to the embeddings, so nothing is new.
+    (lambda: T.GPT2Model(T.GPT2Config(vocab_size=99, n_embd=32, n_layer=1, n_head=2, n_positions=64, bos_token_id=0, eos_token_id=0)),
+     "causal-lm", "text-generation", ["input_ids", "attention_mask"], "logits"),
+    # BERT saved as a masked LM: the token-classification head is new, drawn from a fixed seed on every load.
+    (lambda: T.BertForMaskedLM(T.BertConfig(vocab_size=99, max_position_embeddings=64, **TINY)),
+     "token-classification", "token-classification", ["input_ids", "attention_mask", "token_type_ids"], "logits"),
+])
+def test_compare_loads_the_folder_for_the_task_the_export_recorded(cli, tmp_path, save, task, recorded, inputs, output):
+    folder, out, report = tmp_path / "model", tmp_path / "m.onnx", tmp_path / "cmp.json"
+    torch.manual_seed(1)
+    save().save_pretrained(folder)
+    code, _, stderr = cli("export", folder, "-o", out, "--task", task, "-q")
+    assert code == 0, stderr
+    model = onnx.load(out)
+    assert {p.key: json.loads(p.value) for p in model.metadata_props}["deployfuse.task"] == recorded
+    assert [v.name for v in model.graph.output] == [output]
+
+    # No --task: compare reads it from the ONNX file, so PyTorch runs the same head on the same input names.
+    code, stdout, stderr = cli("compare", folder, out, "--iterations", "0", "--json", report)
+    assert code == 0, stdout + stderr
+    data = json.loads(report.read_text())
+    assert data["passed"] and all(list(a["shapes"]) == inputs for a in data["accuracy"])
+    assert {o["name"] for a in data["accuracy"] for o in a["outputs"]} == {output}
+    assert max(o["max_abs_error"] for a in data["accuracy"] for o in a["outputs"]) < 1e-3
+
+    # The architecture's own task is another model: compare says so instead of passing.
+    code, stdout, stderr = cli("compare", folder, out, "--iterations", "0", "--task", "feature-extraction" if task == "causal-lm" else "fill-mask")
+    assert code == 1 and "beyond tolerance" in stderr

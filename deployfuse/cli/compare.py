@@ -8,6 +8,7 @@ import sys
 from deployfuse.cli._args import add_model_input_arguments, argument_type
 from deployfuse.compare import BACKENDS, Tolerances, compare
 from deployfuse.compare.tolerances import parse_tolerance
+from deployfuse.hf import SYNONYMS, TASKS
 
 EPILOG = """\
 examples:
@@ -42,9 +43,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "compare every output with the first backend, time each backend, and localise a failure to a fused node.",
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("model", metavar="MODEL", help="the PyTorch model: file or package.module:callable")
+    p.add_argument("model", metavar="MODEL", help="the PyTorch model: file, package.module:callable or a Hugging Face folder (save_pretrained)")
     p.add_argument("onnx", metavar="ONNX", help="the ONNX model to check")
     add_model_input_arguments(p)
+    p.add_argument("--task", choices=[*TASKS, *SYNONYMS], metavar="TASK",
+                   help="Hugging Face folder: the task to load it for (default: the task the export recorded in ONNX, else the saved architecture's)")
     p.add_argument("--backends", default="torch,ort-cpu", metavar="B,B,...",
                    help=f"comma-separated, from {', '.join(BACKENDS)}; the first is the reference (default: torch,ort-cpu)")
     p.add_argument("--engine", metavar="PLAN", help="a TensorRT engine for the trt backend (built from ONNX when absent)")
@@ -77,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--iterations and --warmup must be >= 0 (got {args.iterations}, {args.warmup})")
     result = compare(
         args.model, args.onnx, backends=args.backends.split(","), inputs=args.inputs, example_inputs=args.example_inputs,
-        dynamic=args.dynamic, trust_pickle=args.trust_pickle, atol=Tolerances.parse(args.atol, args.rtol),
+        dynamic=args.dynamic, trust_pickle=args.trust_pickle, task=args.task, atol=Tolerances.parse(args.atol, args.rtol),
         iterations=args.iterations, warmup=args.warmup, engine=args.engine, custom_ops=args.custom_ops, plugins=args.plugins,
         reference_onnx=args.reference_onnx, localize_failures=not args.no_localize, torch_device=args.torch_device, seed=args.seed,
         json_path=args.json, report_path=args.report, save_results=args.save_results, verbose=args.verbose,

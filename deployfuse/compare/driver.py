@@ -97,7 +97,7 @@ def _engine_for(onnx_path: Path, engine: str | os.PathLike[str] | None, plugins:
 
 
 def _derive_reference(model: Any, onnx_model: onnx.ModelProto, feed: Mapping[str, np.ndarray], dynamic: Sequence[DynamicAxis],
-                      trust_pickle: bool, workdir: Path) -> Path:
+                      trust_pickle: bool, task: str | None, workdir: Path) -> Path:
     """Export MODEL again without fusions, as `deployfuse export --no-fuse --no-verify` would,
     with the ONNX file's symbolic axes when no --dynamic is given: the same export then names
     its tensors the same, which localisation pairs them by."""
@@ -111,7 +111,8 @@ def _derive_reference(model: Any, onnx_model: onnx.ModelProto, feed: Mapping[str
     source = copy.deepcopy(model) if isinstance(model, torch.nn.Module) else model  # folding changes a module in place
     example = {k: torch.from_numpy(v.astype(np.float32) if v.dtype == np.float16 else v) for k, v in feed.items()}
     path = workdir / "unfused.onnx"
-    export(source, path, example_inputs=example, dynamic=dynamic, precision=precision, opset=opset, fuse=False, verify=False, trust_pickle=trust_pickle)
+    export(source, path, example_inputs=example, dynamic=dynamic, precision=precision, opset=opset, fuse=False, verify=False, trust_pickle=trust_pickle,
+           task=task)
     return path
 
 
@@ -124,6 +125,7 @@ def compare(
     example_inputs: Any = None,
     dynamic: Sequence[DynamicAxis] = (),
     trust_pickle: bool = False,
+    task: str | None = None,
     atol: float | Mapping[str, float] | Tolerances | None = None,
     rtol: float | Mapping[str, float] | None = None,
     iterations: int = 20,
@@ -148,6 +150,8 @@ def compare(
         onnx_path: the ONNX artefact.
         backends: among "torch", "ort-cpu", "ort-cuda", "trt"; the first is the reference.
         inputs, example_inputs, dynamic, trust_pickle: as for `deployfuse.export`.
+        task: for a Hugging Face folder, the task to load it for; default: the task the export
+            recorded in the ONNX file (metadata `deployfuse.task`), else the saved architecture's.
         atol, rtol: one value for every output, a mapping output -> value ("" = the rest), or a
             `Tolerances` as `atol` (then `rtol` is ignored); unset ones default by output dtype.
         iterations, warmup: timed and untimed runs per backend; 0 iterations skips latency.
@@ -186,7 +190,7 @@ def compare(
             raise UsageError("--report draws its plots with matplotlib: pip install matplotlib") from None
     onnx_file = Path(onnx_path)
     onnx_model = load_onnx(onnx_file)
-    loaded = load_model(model, trust_pickle=trust_pickle)
+    loaded = load_model(model, trust_pickle=trust_pickle, task=task or _recorded_task(onnx_model, model))
     if not inputs and example_inputs is None and loaded.example_inputs is None:
         inputs = _recorded_inputs(onnx_model)
     dynamic = _with_shared_axes(dynamic, onnx_model)
@@ -227,7 +231,7 @@ def compare(
                 reference_file = Path(reference_onnx)
             else:
                 say("exporting the unfused reference graph for localisation")
-                reference_file = _derive_reference(model, onnx_model, feeds[failing], dynamic, trust_pickle, workdir)
+                reference_file = _derive_reference(model, onnx_model, feeds[failing], dynamic, trust_pickle, loaded.task, workdir)
             say("localising: fused-node outputs against the unfused graph")
             expected = run_results[chosen.index("torch")][1][failing] if "torch" in chosen else None
             result.localization = localize(onnx_model, load_onnx(reference_file), feeds[failing], tolerances,
@@ -249,6 +253,17 @@ def _other_weights(onnx_model: onnx.ModelProto, loaded: LoadedModel) -> str | No
         return None
     return (f"the ONNX file was exported from other weights than MODEL (weights SHA-256 {recorded[:12]} in the file, "
             f"{ours[:12]} for MODEL): it is not an export of this model, so no fusion is to blame")
+
+
+def _recorded_task(onnx_model: onnx.ModelProto, model: str | os.PathLike[str] | torch.nn.Module) -> str | None:
+    """The task a Hugging Face folder was exported for (None for other models, or an ONNX file
+    that records none): the same head, inputs and outputs as the export."""
+    from deployfuse.hf import is_pretrained_folder
+
+    recorded = metadata.read(onnx_model, metadata.TASK)
+    if not isinstance(recorded, str) or isinstance(model, torch.nn.Module) or not is_pretrained_folder(Path(model)):
+        return None
+    return recorded
 
 
 def _with_shared_axes(dynamic: Sequence[DynamicAxis], model: onnx.ModelProto) -> list[DynamicAxis]:
