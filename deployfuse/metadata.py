@@ -6,7 +6,10 @@ the artefact was tuned with (deployfuse's sessions apply them). WEIGHTS_SHA256: 
 `weights_digest` of the model as loaded (before folding and casting), so `deployfuse compare`
 can tell an ONNX file exported from other weights from a broken fusion. TASK: the Hugging Face
 task (Optimum's name) a `save_pretrained` folder was exported for, so `deployfuse compare`
-loads the folder with the same head, inputs and outputs.
+loads the folder with the same head, inputs and outputs. QUANTIZATION: an int8/fp8 export's
+precision, quantization mode, calibration source and the layers its accuracy gate kept in fp32.
+ACCURACY_BUDGET: the gate's budget (`deployfuse.quantize.gate.Budget.to_dict`), which `deployfuse
+compare` judges the artefact by.
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ INPUT_SHAPES = "deployfuse.input_shapes"
 CUDA_PROVIDER_OPTIONS = "deployfuse.cuda_provider_options"
 WEIGHTS_SHA256 = "deployfuse.weights_sha256"
 TASK = "deployfuse.task"
+QUANTIZATION = "deployfuse.quantization"
+ACCURACY_BUDGET = "deployfuse.accuracy_budget"
 
 
 def read(model: onnx.ModelProto, key: str) -> object | None:

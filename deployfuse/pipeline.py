@@ -31,12 +31,16 @@ from deployfuse.export import EXPORTERS, clean, flatten_outputs, to_onnx
 from deployfuse.inputs import DynamicAxis, InputSpec, Inputs, checked_dynamic, make_inputs, resized, specs_of
 from deployfuse.io import check_outputs, check_writable_target, default_opset, write_text_atomic
 from deployfuse.loading import LoadedModel, given_inputs, load_model
+from deployfuse.quantize.calibration import RANDOM_WARNING, Calibration, load_calibration, random_calibration
+from deployfuse.quantize.gate import GATE_SAMPLES, GateResult
+from deployfuse.quantize.lowering import QuantizeOptions, check_options
 from deployfuse.report import ExportReport, Step
 from deployfuse.rewrite import FusionReport, fuse as fuse_graph
 from deployfuse.targets import ORT_CUDA, TARGETS, Target, get_target
 from deployfuse.verify import DEFAULT_RTOL, compare_outputs, to_numpy
 
-PRECISIONS = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+# The dtype each precision exports in: int8/fp8 export fp32, then quantize it (deployfuse.quantize).
+PRECISIONS = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16, "int8": torch.float32, "fp8": torch.float32}
 DEFAULT_OPSET = 20
 # Opsets an export honours (checked with torch 2.14, onnx 1.23, ONNX Runtime 1.32): the dynamo
 # exporter writes 18 to 25 (asked for less, it writes 18, or a 17 whose ReduceMean ONNX Runtime
@@ -49,13 +53,14 @@ Progress = Callable[[str, Step | None], None]  # (step name, None when it starts
 
 @dataclass
 class ExportResult:
-    """What `export` produced: the ONNX file, the report, where the report went, and the
-    fusion report (None with fuse=False)."""
+    """What `export` produced: the ONNX file, the report, where the report went, the fusion
+    report (None with fuse=False) and, for a quantized export, the accuracy gate's result."""
 
     onnx_path: Path
     report: ExportReport
     report_path: Path | None = None
     fusion: FusionReport | None = None
+    gate: GateResult | None = None  # int8/fp8: what the accuracy gate measured
 
 
 @dataclass(frozen=True)
@@ -80,6 +85,7 @@ class _Request:
     rtol: float | None
     task: str | None = None
     static: bool = False
+    quantize: QuantizeOptions | None = None
 
 
 class _Steps:
@@ -140,6 +146,9 @@ def export(
     progress: Progress | None = None,
     task: str | None = None,
     static: bool = False,
+    calibration_data: str | os.PathLike[str] | None = None,
+    accuracy_budget: str | None = None,
+    int8_mode: str | None = None,
 ) -> ExportResult:
     """Export `model` to a fused, verified ONNX file at `output`.
 
@@ -151,7 +160,8 @@ def export(
         example_inputs: a `torch.save`d tuple/dict of tensors, or the tensors themselves.
         dynamic: axes that vary at run time (`--dynamic`); verified at a second shape too.
         target: "ort-cpu", "ort-cuda" or "tensorrt": which ops the fusions may emit.
-        precision: "fp32", "fp16" or "bf16": the dtype the model is exported in.
+        precision: "fp32", "fp16" or "bf16": the dtype the model is exported in; "int8" or "fp8":
+            exported in fp32, then quantized and checked by the accuracy gate (`deployfuse.quantize`).
         opset: the ONNX opset; default 20.
         exporter: "auto" (dynamo, then TorchScript if dynamo fails), "dynamo" or "torchscript".
         fold, fuse, verify: run those steps.
@@ -176,11 +186,16 @@ def export(
             default: the task of the saved architecture.
         static: pin the axes a Hugging Face task makes dynamic by default (batch, sequence);
             `cuda_graph` pins them too.
+        calibration_data: int8/fp8: samples to calibrate on (a torch.save'd list of input dicts,
+            an .npz, or a folder of them); random inputs, with a warning, when None.
+        accuracy_budget: int8/fp8: the gate's budget, e.g. "cos=0.999,rel=2e-2" (the default).
+        int8_mode: int8 on ort-cpu: "dynamic" (default) or "static" activation scales.
 
     Raises:
         UsageError: bad input; nothing is written.
         AccuracyError: the export does not match PyTorch (or follows one branch of data-dependent
-            control flow); the ONNX file is not written.
+            control flow, or a quantized export stays over its accuracy budget); the ONNX file is
+            not written.
     """
     if isinstance(verify_draws, bool) or not isinstance(verify_draws, int) or verify_draws < 1:
         raise UsageError(f"--verify-draws {verify_draws!r}: give a whole number of input draws per shape, 1 or more")
@@ -202,17 +217,20 @@ def export(
         raise UsageError(f"--opset {opset} is not supported: choose {MIN_OPSET} to {MAX_OPSET} (default {DEFAULT_OPSET})")
     if opset is not None and opset < MIN_DYNAMO_OPSET and exporter == "dynamo":
         raise UsageError(f"--opset {opset}: the dynamo exporter writes opset {MIN_DYNAMO_OPSET} and newer; use --exporter torchscript (or auto) for {opset}")
+    quantize = check_options(precision, resolved, opset or DEFAULT_OPSET, None if calibration_data is None else str(calibration_data), accuracy_budget,
+                             int8_mode, rtol)
     model_file = None if isinstance(model, torch.nn.Module) else model
     example_file = example_inputs if isinstance(example_inputs, (str, os.PathLike)) else None
-    paths = check_outputs({"-o": output, "--report": report_path}, {"MODEL": model_file, "--example-inputs": example_file})
+    paths = check_outputs({"-o": output, "--report": report_path}, {"MODEL": model_file, "--example-inputs": example_file,
+                                                                   "--calibration-data": calibration_data})
     out_path, report_file = paths["-o"], paths.get("--report")
     report = ExportReport(str(model) if not isinstance(model, torch.nn.Module) else type(model).__name__, str(out_path), resolved.name, precision, opset or DEFAULT_OPSET)
     report.provenance["seed"] = seed
     steps = _Steps(report, progress)
     try:
         request = _Request(model, resolved, precision, inputs, example_inputs, dynamic, exporter, fold, fuse, verify, cuda_graph, tf32, autotune, debug, trust_pickle, rtol,
-                           task, static)
-        fusion = _run(request, out_path, report, steps, checking)
+                           task, static, quantize)
+        fusion, gate = _run(request, out_path, report, steps, checking)
     except Exception as exc:  # the report says which step failed, for a deployfuse bug too
         report.error = str(exc) if isinstance(exc, DeployfuseError) else f"internal error: {first_line(exc, typed=True)}"
         if report_file is not None and not isinstance(exc, UsageError):
@@ -220,7 +238,7 @@ def export(
         raise
     if report_file is not None:
         write_text_atomic(report_file, json.dumps(report.to_dict(), indent=2))
-    return ExportResult(out_path, report, report_file, fusion)
+    return ExportResult(out_path, report, report_file, fusion, gate)
 
 
 @dataclass(frozen=True)
@@ -243,7 +261,7 @@ class _Draw:
     seed: int
 
 
-def _run(request: _Request, out_path: Path, report: ExportReport, steps: _Steps, checking: _Checking) -> FusionReport | None:
+def _run(request: _Request, out_path: Path, report: ExportReport, steps: _Steps, checking: _Checking) -> tuple[FusionReport | None, GateResult | None]:
     with steps.step("load") as step:
         # Folding and casting happen in place: work on a copy of a module the caller handed us.
         loaded = load_model(copy.deepcopy(request.model) if isinstance(request.model, torch.nn.Module) else request.model, trust_pickle=request.trust_pickle, task=request.task)
@@ -268,6 +286,9 @@ def _run(request: _Request, out_path: Path, report: ExportReport, steps: _Steps,
             same_precision = [_reference_run(loaded, d.inputs) for d in draws]
         output_names = list(_reference_run(loaded, example))
         checks = [d.inputs for d in draws] or [example]
+        if request.quantize is not None:
+            calibration, gate_references = _calibration(loaded, example, request, checking)
+            step.detail += f"; calibration: {calibration.source}"
 
     if request.fold:
         with steps.step("fold") as step:
@@ -331,7 +352,13 @@ def _run(request: _Request, out_path: Path, report: ExportReport, steps: _Steps,
         metadata.write(onnx_model, metadata.CUDA_PROVIDER_OPTIONS, cuda_provider_options(onnx_model, request.cuda_graph, request.tf32, request.precision, timer))
     report.op_histogram = dict(Counter(f"{n.domain + '.' if n.domain else ''}{n.op_type}" for n in onnx_model.graph.node).most_common())
 
-    if request.verify:
+    gate = None
+    if request.quantize is not None:
+        with steps.step("quantize") as step:
+            onnx_model, gate = _quantized(onnx_model, request, calibration, gate_references, report)
+            step.detail = _quantize_detail(request.quantize, gate)
+        steps.skip("verify", "the accuracy gate (quantize step) judged the quantized model against PyTorch fp32" if gate else "--no-verify")
+    elif request.verify:
         with steps.step("verify") as step:
             tolerance = request.rtol if request.rtol is not None else DEFAULT_RTOL[request.precision]
             against = f"PyTorch fp32 (the model before the cast to {request.precision})" if same_precision else "PyTorch"
@@ -357,7 +384,55 @@ def _run(request: _Request, out_path: Path, report: ExportReport, steps: _Steps,
             raise RuntimeError(f"the model is at opset {default_opset(onnx_model)}, not the {report.opset} the report records")
         size = save_model(onnx_model, out_path)
         step.detail = f"{out_path.name}, {size / 1e6:.1f} MB"
-    return fusion
+    return fusion, gate
+
+
+def _calibration(loaded: LoadedModel, example: Inputs, request: _Request, checking: _Checking) -> tuple[Calibration, dict[str, list[dict[str, torch.Tensor]]] | None]:
+    """The calibration samples of a quantized export and, when it is verified, PyTorch fp32's
+    outputs on those the gate judges (from the model as loaded, before the fold)."""
+    options = request.quantize
+    assert options is not None
+    if options.calibration_data is not None:
+        calibration = load_calibration(options.calibration_data, example, request.dynamic)
+    else:
+        calibration = random_calibration(example, loaded.module, checking.seed if checking.seed is not None else 0)
+    if not request.verify:
+        return calibration, None
+    return calibration, {"calibration": [_reference_run(loaded, s) for s in calibration.samples[:GATE_SAMPLES]],
+                         "held-out": [_reference_run(loaded, s) for s in calibration.held_out[:GATE_SAMPLES]]}
+
+
+def _quantized(model: onnx.ModelProto, request: _Request, calibration: Calibration, references: dict[str, list[dict[str, torch.Tensor]]] | None,
+               report: ExportReport) -> tuple[onnx.ModelProto, GateResult | None]:
+    """`model` quantized as asked, gated against `references`; the report and the artefact's
+    metadata record the budget, the calibration source and the layers kept in fp32."""
+    from deployfuse.quantize.gate import GateFailed
+    from deployfuse.quantize.lowering import quantize
+
+    options = request.quantize
+    assert options is not None
+    report.quantization = {"precision": options.precision, "mode": options.mode, "budget": options.budget.to_dict(), "calibration": calibration.source,
+                           "warning": RANDOM_WARNING if calibration.random else None}
+    try:
+        quantized, gate = quantize(model, request.target, options, calibration, references)
+    except GateFailed as exc:
+        report.quantization["gate"] = exc.result.to_dict()
+        raise
+    if gate is not None:
+        report.quantization["gate"] = gate.to_dict()
+    metadata.write(quantized, metadata.QUANTIZATION, {"precision": options.precision, "mode": options.mode, "calibration": calibration.source,
+                                                     "fp32_layers": [layer.node for layer in gate.fp32_layers] if gate else []})
+    metadata.write(quantized, metadata.ACCURACY_BUDGET, options.budget.to_dict())
+    return quantized, gate
+
+
+def _quantize_detail(options: QuantizeOptions, gate: GateResult | None) -> str:
+    head = f"{options.precision} {options.mode}"
+    if gate is None:
+        return f"{head}; not gated (--no-verify)"
+    worst_cos, worst_rel = min(e.cos for e in gate.errors), max(e.rel for e in gate.errors)
+    return (f"{head}, {gate.quantized_layers - len(gate.fp32_layers)} of {gate.quantized_layers} layers quantized; gate passed: worst cosine "
+            f"{worst_cos:.6f}, rel {worst_rel:.2e} (budget {options.budget.text()})")
 
 
 def cuda_provider_options(model: onnx.ModelProto, cuda_graph: bool, tf32: bool = True, precision: str = "fp32", timer: Any = None) -> dict[str, str]:

@@ -38,6 +38,7 @@ class ExportReport:
     fusion: dict[str, Any] | None = None
     verify: list[dict[str, Any]] = field(default_factory=list)
     verification: dict[str, Any] | None = None  # draws per shape, the shapes, seeds, reference, rtol
+    quantization: dict[str, Any] | None = None  # int8/fp8: mode, budget, calibration source, the accuracy gate's result
     error: str | None = None
     provenance: dict[str, Any] = field(default_factory=provenance.collect)  # versions, device, threads, seed, command, UTC time
 

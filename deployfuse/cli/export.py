@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import sys
 
 from deployfuse.cli._args import add_model_input_arguments
 from deployfuse.export import EXPORTERS
 from deployfuse.hf import SYNONYMS, TASKS
 from deployfuse.pipeline import DEFAULT_OPSET, MAX_OPSET, MIN_OPSET, PRECISIONS, TARGETS, Progress, export
+from deployfuse.quantize.gate import BUDGET_HELP, table as gate_table
+from deployfuse.quantize.ort_int8 import MODES
 
 EPILOG = """\
 MODEL forms:
@@ -24,8 +27,14 @@ examples:
   deployfuse export resnet.ts -o resnet.onnx --input x:1x3x224x224 --dynamic x:0:batch
   deployfuse export bert.pt2 -o bert.onnx --dynamic input_ids:0:batch --dynamic input_ids:1:seq
   deployfuse export deployfuse.examples.tiny_bert:build -o bert.onnx --target ort-cuda --report bert.json
+  deployfuse export deployfuse.examples.tiny_bert:build -o bert-int8.onnx --precision int8 --calibration-data samples.npz
 
-exit codes: 0 exported and verified, 1 the export does not match PyTorch, 2 bad input,
+quantized exports (--precision int8 | fp8): exported in fp32, then quantized (ort-cpu int8: ONNX Runtime's
+int8 kernels; tensorrt / ort-cuda: QuantizeLinear/DequantizeLinear pairs) and judged by an accuracy gate
+against PyTorch fp32 instead of --rtol. Over --accuracy-budget, the most sensitive layers go back to fp32
+one at a time until it passes; the report lists them.
+
+exit codes: 0 exported and verified, 1 the export does not match PyTorch (or stays over its accuracy budget), 2 bad input,
 3 internal failure (the message names a log file with the traceback; --report is still
 written, with the failing step), 130 interrupted (143 on SIGTERM); no file is left half-written.
 """
@@ -46,7 +55,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    f"{', '.join(SYNONYMS)}); default: the saved architecture's")
     p.add_argument("--static", action="store_true", help="pin the batch and sequence axes a Hugging Face task makes dynamic by default")
     p.add_argument("--target", choices=TARGETS, default="ort-cpu", help="runtime the fusions lower for (default: ort-cpu)")
-    p.add_argument("--precision", choices=list(PRECISIONS), default="fp32", help="dtype to export in (default: fp32)")
+    p.add_argument("--precision", choices=list(PRECISIONS), default="fp32",
+                   help="dtype to export in; int8 and fp8 quantize the GEMM-bearing layers behind an accuracy gate (default: fp32)")
+    p.add_argument("--calibration-data", metavar="FILE", help="int8/fp8: samples to calibrate and gate on: a torch.save'd list of input dicts "
+                   "(name -> tensor), an .npz with one array per input (a leading sample axis), or a folder of .npz files; the last "
+                   "quarter is held out. Default: random inputs, with a warning")
+    p.add_argument("--accuracy-budget", metavar="BUDGET", help=BUDGET_HELP)
+    p.add_argument("--int8-mode", choices=MODES, help="--precision int8 --target ort-cpu: dynamic (activation scales computed at run time; "
+                   "the default) or static (fitted on --calibration-data)")
     p.add_argument("--opset", type=int, default=DEFAULT_OPSET, metavar="N", help=f"ONNX opset, {MIN_OPSET} to {MAX_OPSET} (default: {DEFAULT_OPSET})")
     p.add_argument("--exporter", choices=("auto", *EXPORTERS), default="auto",
                    help="auto: the dynamo exporter, then the TorchScript exporter if it fails (default: auto)")
@@ -89,10 +105,15 @@ def _export(args: argparse.Namespace, progress: Progress) -> int:
         verify=not args.no_verify, cuda_graph=args.cuda_graph, tf32=not args.no_tf32, autotune=args.autotune, debug=args.debug, trust_pickle=args.trust_pickle,
         report_path=args.report, rtol=args.rtol, task=args.task, static=args.static,
         verify_draws=args.verify_draws, seed=args.seed, allow_traced_control_flow=args.allow_traced_control_flow,
-        progress=progress,
+        calibration_data=args.calibration_data, accuracy_budget=args.accuracy_budget, int8_mode=args.int8_mode, progress=progress,
     )
+    warning = (result.report.quantization or {}).get("warning")
+    if warning:
+        print(warning, file=sys.stderr)  # even with --quiet
     if not args.quiet:
         print(result.report.table())
+        if result.gate is not None:
+            print(f"\n{gate_table(result.gate)}")
         if result.fusion is not None:
             print(f"\nfusions for {result.report.target}\n{result.fusion.table()}")
         print(f"\nwrote {result.onnx_path}" + (f" and {result.report_path}" if result.report_path else ""))

@@ -91,7 +91,7 @@ def _produced(model: onnx.ModelProto) -> set[str]:
     return {o for n in model.graph.node for o in n.output if o} | {o.name for o in model.graph.output}
 
 
-def _with_outputs(model: onnx.ModelProto, names: list[str]) -> onnx.ModelProto:
+def with_outputs(model: onnx.ModelProto, names: list[str]) -> onnx.ModelProto:
     """A copy of `model` that also returns `names` (ORT infers their types)."""
     marked = onnx.ModelProto()
     marked.CopyFrom(model)
@@ -157,8 +157,8 @@ def localize(
     graph_inputs = {i.name for i in fused.graph.input} | {t.name for t in fused.graph.initializer}
     upstream = [i for node, _, _ in boundary for i in node.input if i and i in common and i not in graph_inputs]
     names = list(dict.fromkeys([out for _, _, out in boundary] + upstream))
-    got = ort_backend.run(ort_backend.session(_with_outputs(fused, names), optimize=False, custom_ops_library=custom_ops), feed)
-    want = ort_backend.run(ort_backend.session(_with_outputs(reference, names), optimize=False), feed)
+    got = ort_backend.run(ort_backend.session(with_outputs(fused, names), optimize=False, custom_ops_library=custom_ops), feed)
+    want = ort_backend.run(ort_backend.session(with_outputs(reference, names), optimize=False), feed)
     off = [o for o, value in (expected or {}).items() if o in want and not _check(o, np.asarray(value), want[o], tolerances).passed]
     if off:
         return result.rule_out(f"the unfused export already differs from MODEL ({', '.join(off)}): {NOT_FROM_MODEL}")

@@ -1,0 +1,261 @@
+"""The accuracy gate: a quantized graph is judged against the fp32 PyTorch model, per output.
+
+Per output, on the calibration samples and on the held-out ones: max |error|, p99 |error|, the
+relative error max|error| / max|reference| (the measure `--rtol` uses) and the cosine similarity
+of the flattened outputs. A `Budget` bounds the worst of each over all samples. Over budget, the
+most sensitive quantized layer goes back to fp32 and the graph is quantized again, one layer at
+a time, until the gate passes or a quarter of the layers (at least 4) are back in fp32.
+
+A layer's sensitivity is the error it adds: the relative L2 error of its output in the quantized
+graph (against the same tensor of the fp32 graph, both run on the first calibration samples)
+minus the largest such error among its inputs. Later layers inherit the error of earlier ones;
+subtracting it ranks what each layer contributes. Quantizers keep each layer's output name
+(ONNX Runtime's and the Q/DQ placement's both do), which pairs the tensors.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+import onnx
+import torch
+
+from deployfuse.backends import ort as ort_backend
+from deployfuse.errors import AccuracyError, UsageError
+from deployfuse.quantize.calibration import Calibration
+
+log = logging.getLogger(__name__)
+PROBE_SAMPLES = 2  # calibration samples the per-layer sensitivity is measured on
+GATE_SAMPLES = 16  # at most this many calibration samples (and held-out samples) are judged
+BUDGET_HELP = ("accuracy budget of a quantized export, checked per output against PyTorch fp32 on calibration and held-out inputs: "
+               "comma-separated KEY=VALUE with cos (minimum cosine similarity), rel (maximum max|error| / max|reference|), "
+               "abs (maximum |error|), p99 (maximum 99th-percentile |error|); default cos=0.999,rel=2e-2")
+_KEYS = ("cos", "rel", "abs", "p99")
+
+
+@dataclass(frozen=True)
+class Budget:
+    """The worst each output may be: cosine at least `cos`, relative error at most `rel`, and,
+    when set, max |error| at most `abs` and p99 |error| at most `p99`."""
+
+    cos: float = 0.999
+    rel: float = 2e-2
+    abs: float | None = None
+    p99: float | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> Budget:
+        """`cos=0.999,rel=2e-2` (any of cos, rel, abs, p99; unnamed keys keep their defaults)."""
+        values: dict[str, float] = {}
+        for part in filter(None, (p.strip() for p in text.split(","))):
+            key, _, number = part.partition("=")
+            key = key.strip().lower()
+            try:
+                value = float(number)
+            except ValueError:
+                value = math.nan
+            if key not in _KEYS or not math.isfinite(value) or value < 0 or (key == "cos" and value > 1):
+                raise UsageError(f"--accuracy-budget {text!r}: expected KEY=VALUE pairs with KEY in {', '.join(_KEYS)} "
+                                 "(cos between 0 and 1, the others >= 0), e.g. cos=0.999,rel=2e-2")
+            values[key] = value
+        if not values:
+            raise UsageError(f"--accuracy-budget {text!r}: name at least one bound, e.g. cos=0.999,rel=2e-2")
+        return cls(**values)
+
+    def text(self) -> str:
+        return ",".join(f"{k}={v:g}" for k, v in asdict(self).items() if v is not None)
+
+    def to_dict(self) -> dict[str, float]:
+        return {k: v for k, v in asdict(self).items() if v is not None}
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]) -> Budget:
+        return cls(**{k: float(v) for k, v in values.items() if k in _KEYS})
+
+    def exceeded(self, error: OutputError) -> list[str]:
+        """What `error` breaks, e.g. ["cos 0.9981 < 0.999"]; empty within budget."""
+        broken = [f"cos {error.cos:.5f} < {self.cos:g}"] if not error.cos >= self.cos else []
+        broken += [f"rel {error.rel:.2e} > {self.rel:g}"] if not error.rel <= self.rel else []
+        broken += [f"abs {error.max_abs:.2e} > {self.abs:g}"] if self.abs is not None and not error.max_abs <= self.abs else []
+        broken += [f"p99 {error.p99_abs:.2e} > {self.p99:g}"] if self.p99 is not None and not error.p99_abs <= self.p99 else []
+        return broken
+
+
+@dataclass
+class OutputError:
+    """One output's worst error over a set of samples, against fp32."""
+
+    name: str
+    samples: str  # "calibration" or "held-out"
+    max_abs: float
+    p99_abs: float
+    rel: float
+    cos: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def output_error(name: str, samples: str, references: Sequence[np.ndarray], outputs: Sequence[np.ndarray]) -> OutputError:
+    """The worst max / p99 |error|, relative error and cosine of one output over sample pairs
+    (inf errors and cosine 0 where a shape differs or the output is not finite)."""
+    worst = OutputError(name, samples, 0.0, 0.0, 0.0, 1.0)
+    for ref_array, got_array in zip(references, outputs):
+        ref, got = ref_array.astype(np.float64).ravel(), np.asarray(got_array).astype(np.float64).ravel()
+        if ref.shape != got.shape or not np.isfinite(got).all():
+            return OutputError(name, samples, math.inf, math.inf, math.inf, 0.0)
+        diff = np.abs(got - ref)
+        scale = float(np.max(np.abs(ref))) if ref.size else 0.0
+        norms = float(np.linalg.norm(ref) * np.linalg.norm(got))
+        cos = float(ref @ got / norms) if norms else (1.0 if not diff.any() else 0.0)
+        worst.max_abs = max(worst.max_abs, float(diff.max()) if diff.size else 0.0)
+        worst.p99_abs = max(worst.p99_abs, float(np.percentile(diff, 99)) if diff.size else 0.0)
+        worst.rel = max(worst.rel, float(diff.max()) / scale if scale else float(diff.max()) if diff.size else 0.0)
+        worst.cos = min(worst.cos, cos)
+    return worst
+
+
+@dataclass
+class Layer:
+    """A layer kept in fp32 by the gate, with the error it added when quantized."""
+
+    node: str
+    op_type: str
+    added_error: float
+
+
+@dataclass
+class GateResult:
+    """What the gate measured on the artefact it let through (or the last one it tried)."""
+
+    budget: Budget
+    calibration: str
+    random_calibration: bool
+    quantized_layers: int
+    fp32_layers: list[Layer] = field(default_factory=list)
+    errors: list[OutputError] = field(default_factory=list)
+    attempts: list[dict[str, Any]] = field(default_factory=list)  # per attempt: layers in fp32, worst cos and rel
+    passed: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"budget": self.budget.to_dict(), "calibration": self.calibration, "random_calibration": self.random_calibration,
+                "quantized_layers": self.quantized_layers, "fp32_layers": [asdict(layer) for layer in self.fp32_layers],
+                "errors": [e.to_dict() for e in self.errors], "attempts": self.attempts, "passed": self.passed}
+
+
+class GateFailed(AccuracyError):
+    """The quantized model stays over budget; `result` holds what the gate measured (for the report)."""
+
+    def __init__(self, result: GateResult, message: str):
+        super().__init__(message)
+        self.result = result
+
+
+def layers_of(model: onnx.ModelProto, op_types: Collection[str]) -> dict[str, onnx.NodeProto]:
+    """The top-level nodes of `op_types` (the layers a quantizer may quantize), by name."""
+    return {n.name: n for n in model.graph.node if n.op_type in op_types and n.name}
+
+
+def sensitivities(float_model: onnx.ModelProto, quantized: onnx.ModelProto, layers: Mapping[str, onnx.NodeProto],
+                  feeds: Sequence[Mapping[str, np.ndarray]]) -> dict[str, float]:
+    """Per layer, the relative L2 error its output adds in `quantized` (see the module docstring);
+    layers whose output `quantized` does not keep are left out."""
+    from deployfuse.compare.localize import with_outputs
+
+    produced = {o for n in quantized.graph.node for o in n.output}
+    constants = {t.name for t in float_model.graph.initializer} | {i.name for i in float_model.graph.input}
+    tensors = list(dict.fromkeys(t for node in layers.values() for t in [node.output[0], *node.input]
+                                 if t and t in produced and t not in constants))
+    runs = []
+    for model in (float_model, quantized):
+        session = ort_backend.session(with_outputs(model, tensors), optimize=False)
+        runs.append([ort_backend.run(session, feed) for feed in feeds])
+    error: dict[str, float] = {}
+    for name in tensors:
+        pairs = [(f[name], q[name]) for f, q in zip(*runs) if name in f and name in q]
+        norms = [float(np.linalg.norm(f.astype(np.float64))) for f, _ in pairs]
+        error[name] = max((float(np.linalg.norm(q.astype(np.float64) - f)) / n if n else 0.0 for (f, q), n in zip(pairs, norms)), default=0.0)
+    return {layer: error[node.output[0]] - max((error.get(i, 0.0) for i in node.input), default=0.0)
+            for layer, node in layers.items() if node.output[0] in error}
+
+
+def measure(model: onnx.ModelProto, calibration: Calibration, references: Mapping[str, Sequence[dict[str, torch.Tensor]]]) -> list[OutputError]:
+    """The worst error of each output of `model` on the calibration and held-out samples, against
+    `references` (PyTorch fp32 outputs, keyed "calibration" and "held-out", in sample order)."""
+    session = ort_backend.session(model)
+    errors = []
+    for samples, feeds in (("calibration", calibration.feeds()[:GATE_SAMPLES]), ("held-out", calibration.feeds(held_out=True)[:GATE_SAMPLES])):
+        wanted = references[samples][: len(feeds)]
+        outputs = [ort_backend.run(session, feed) for feed in feeds]
+        for name, first in wanted[0].items() if wanted else ():
+            if not first.is_floating_point():
+                continue
+            if any(name not in out for out in outputs):
+                raise AccuracyError(f"the quantized model lacks output {name}")
+            errors.append(output_error(name, samples, [r[name].detach().float().numpy() for r in wanted], [out[name] for out in outputs]))
+    return errors
+
+
+def run_gate(float_model: onnx.ModelProto, quantize: Callable[[set[str]], onnx.ModelProto], layers: Mapping[str, onnx.NodeProto],
+             calibration: Calibration, references: Mapping[str, Sequence[dict[str, torch.Tensor]]], budget: Budget) -> tuple[onnx.ModelProto, GateResult]:
+    """Quantize `float_model` with `quantize(names of layers to keep in fp32)` and check it against
+    `budget`; over budget, keep the most sensitive of `layers` (the nodes `quantize` quantizes, by
+    name) in fp32 and try again.
+
+    Returns:
+        The quantized model that passed, and what the gate measured.
+
+    Raises:
+        GateFailed: still over budget with the bound on fp32 layers reached (the message names
+            the output and its numbers; the exception's `result` has the rest).
+    """
+    result = GateResult(budget, calibration.source, calibration.random, len(layers))
+    max_fallback = max(4, len(layers) // 4)
+    probe = calibration.feeds()[:PROBE_SAMPLES]
+    added: dict[str, float] = {}
+    while True:
+        kept = {layer.node for layer in result.fp32_layers}
+        quantized = quantize(kept)
+        result.errors = measure(quantized, calibration, references)
+        broken = {f"{e.name} ({e.samples})": b for e in result.errors if (b := budget.exceeded(e))}
+        result.attempts.append({"fp32_layers": len(kept), "worst_cos": min(e.cos for e in result.errors),
+                                "worst_rel": max(e.rel for e in result.errors), "passed": not broken})
+        log.info("accuracy gate, %d layer(s) in fp32: %s", len(kept), "; ".join(f"{k} {', '.join(v)}" for k, v in broken.items()) or "within budget")
+        if not broken:
+            result.passed = True
+            return quantized, result
+        if len(kept) < max_fallback:
+            added = sensitivities(float_model, quantized, {k: v for k, v in layers.items() if k not in kept}, probe)
+        candidates = sorted(added.items(), key=lambda item: -item[1])
+        if len(kept) >= max_fallback or not candidates:
+            worst = next(iter(broken.items()))
+            raise GateFailed(result, f"the quantized model is over the accuracy budget ({budget.text()}) even with {len(kept)} of {len(layers)} layers back "
+                                  f"in fp32 (the bound is {max_fallback}): {worst[0]} {', '.join(worst[1])}; loosen --accuracy-budget, give "
+                                  "representative --calibration-data, or export in fp16/fp32")
+        node = layers[candidates[0][0]]
+        result.fp32_layers.append(Layer(node.name, node.op_type, round(candidates[0][1], 6)))
+
+
+def table(result: GateResult) -> str:
+    """The gate's summary as the CLI prints it: budget, calibration, layers in fp32, errors per output."""
+    lines = [f"accuracy gate ({'passed' if result.passed else 'FAILED'}): budget {result.budget.text()} per output vs PyTorch fp32",
+             f"  calibration: {result.calibration}"]
+    kept = ", ".join(f"{layer.node} ({layer.op_type})" for layer in result.fp32_layers) or "none"
+    lines.append(f"  layers kept in fp32: {len(result.fp32_layers)} of {result.quantized_layers} ({kept})")
+    lines.append(f"  {'output':<28} {'samples':<12} {'max abs':>10} {'p99 abs':>10} {'rel':>10} {'cosine':>10}")
+    lines += [f"  {e.name:<28} {e.samples:<12} {e.max_abs:>10.3e} {e.p99_abs:>10.3e} {e.rel:>10.3e} {e.cos:>10.6f}" for e in result.errors]
+    return "\n".join(lines)
+
+
+def budget_of(text: str | None) -> Budget:
+    """`--accuracy-budget` parsed, the default budget when None."""
+    return Budget() if text is None else Budget.parse(text)
+
+
+__all__ = ["BUDGET_HELP", "Budget", "GateFailed", "GateResult", "Layer", "OutputError", "budget_of", "layers_of", "measure", "output_error", "run_gate",
+           "sensitivities", "table"]

@@ -1,0 +1,111 @@
+"""Which quantizer a precision and target get, the export options they take, and the gate around them.
+
+`int8` on ort-cpu goes through ONNX Runtime's quantizer (`ort_int8`: its int8 CPU kernels);
+`int8` and `fp8` on tensorrt and ort-cuda get standard QuantizeLinear/DequantizeLinear pairs
+(`qdq.place_qdq`), which TensorRT fuses into its int8/fp8 GEMMs. fp8 has no CPU kernel, so
+ort-cpu refuses it. Either way the accuracy gate (`gate.run_gate`) decides which layers stay fp32.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+import onnx
+import torch
+
+from deployfuse.errors import UsageError
+from deployfuse.quantize import ort_int8
+from deployfuse.quantize.calibration import Calibration
+from deployfuse.quantize.gate import Budget, GateResult, budget_of, layers_of, run_gate
+from deployfuse.targets import ORT_CPU, Target
+
+QUANTIZED = ("int8", "fp8")
+QDQ_OP_TYPES = ("MatMul", "Gemm", "Conv")  # the layers the Q/DQ placement quantizes, for the gate's ranking
+MIN_FP8_OPSET = 19  # float8 QuantizeLinear/DequantizeLinear
+
+
+@dataclass(frozen=True)
+class QuantizeOptions:
+    """What `deployfuse export` was asked about quantization, checked."""
+
+    precision: str
+    mode: str  # ort-cpu int8: "dynamic" or "static"; "qdq" elsewhere
+    budget: Budget
+    calibration_data: str | None = None
+
+
+def check_options(precision: str, target: Target, opset: int, calibration_data: str | None, accuracy_budget: str | None,
+                  int8_mode: str | None, rtol: float | None) -> QuantizeOptions | None:
+    """The quantization options for `precision` (None for float precisions), or a UsageError for
+    a combination that cannot work."""
+    if precision not in QUANTIZED:
+        given = [flag for flag, value in (("--calibration-data", calibration_data), ("--accuracy-budget", accuracy_budget), ("--int8-mode", int8_mode))
+                 if value is not None]
+        if given:
+            raise UsageError(f"{given[0]} applies to quantized exports: add --precision int8 or fp8")
+        return None
+    if rtol is not None:
+        raise UsageError(f"--rtol does not judge a {precision} export: its accuracy gate does, with --accuracy-budget (e.g. cos=0.999,rel=2e-2)")
+    if precision == "fp8" and target == ORT_CPU:
+        raise UsageError("--precision fp8 needs --target tensorrt or ort-cuda (Hopper-class fp8 GEMMs); ONNX Runtime's CPU has no fp8 kernels: use int8")
+    if precision == "fp8" and opset < MIN_FP8_OPSET:
+        raise UsageError(f"--precision fp8 needs --opset {MIN_FP8_OPSET} or newer (float8 QuantizeLinear/DequantizeLinear)")
+    if int8_mode is not None and (precision != "int8" or target != ORT_CPU):
+        raise UsageError("--int8-mode chooses ONNX Runtime's CPU quantization: it needs --precision int8 --target ort-cpu")
+    if int8_mode is not None and int8_mode not in ort_int8.MODES:
+        raise UsageError(f"--int8-mode {int8_mode!r}: choose {' or '.join(ort_int8.MODES)}")
+    if target != ORT_CPU and not _qdq_ready(precision):
+        raise UsageError(f"--precision {precision} --target {target.name} is not available yet (Q/DQ placement is being written); "
+                         "int8 runs on --target ort-cpu")
+    mode = (int8_mode or "dynamic") if target == ORT_CPU else "qdq"
+    return QuantizeOptions(precision, mode, budget_of(accuracy_budget), calibration_data)
+
+
+def quantize(model: onnx.ModelProto, target: Target, options: QuantizeOptions, calibration: Calibration,
+             references: Mapping[str, Sequence[dict[str, torch.Tensor]]] | None) -> tuple[onnx.ModelProto, GateResult | None]:
+    """`model` (fp32, fused for `target`) quantized, and the gate's result; without `references`
+    (no verification asked for) every layer is quantized and nothing is judged.
+
+    Raises:
+        GateFailed: over budget even with the bound on fp32 layers reached.
+    """
+    if target == ORT_CPU:
+        quantizer = ort_int8.quantizer(model, options.mode, calibration)
+        layers = ort_int8.layers(model, options.mode)
+    else:
+        quantizer, layers = _qdq_quantizer(model, options.precision, calibration), layers_of(model, QDQ_OP_TYPES)
+    if references is None:
+        quantized = quantizer(set())
+        result = None
+    else:
+        quantized, result = run_gate(model, quantizer, layers, calibration, references, options.budget)
+    quantized.metadata_props.clear()
+    quantized.metadata_props.extend(model.metadata_props)  # the export's facts, whatever the quantizer kept
+    return quantized, result
+
+
+def _qdq_ready(precision: str) -> bool:
+    """False while `place_qdq` is a placeholder (it raises NotImplementedError even on an empty graph)."""
+    from deployfuse.quantize.qdq import place_qdq
+
+    empty = onnx.helper.make_model(onnx.helper.make_graph([], "probe", [], []))
+    try:
+        place_qdq(empty, precision, Calibration([], [], "probe"), set())
+    except NotImplementedError:
+        return False
+    except Exception:  # a real placement may reject an empty graph: it exists
+        return True
+    return True
+
+
+def _qdq_quantizer(model: onnx.ModelProto, precision: str, calibration: Calibration) -> Callable[[set[str]], onnx.ModelProto]:
+    from deployfuse.quantize.qdq import place_qdq
+
+    def quantize(exclude: set[str]) -> onnx.ModelProto:
+        return place_qdq(model, precision, calibration, exclude)
+
+    return quantize
+
+
+__all__ = ["QUANTIZED", "QuantizeOptions", "check_options", "quantize"]
