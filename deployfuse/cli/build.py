@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 
 from deployfuse.engine import BUILDERS, build_engine
@@ -34,18 +35,29 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--workspace", type=int, metavar="MiB", help="cap on the builder's workspace memory")
     parser.add_argument("--compute-capability", metavar="X.Y", help="GPU generation to build for (TensorRT-RTX only), e.g. 8.9")
     parser.add_argument("--builder", choices=BUILDERS, default="auto", help="which TensorRT builds (default: TensorRT when installed, else TensorRT-RTX)")
+    parser.add_argument("--log-file", metavar="FILE", help="write a log of the build there: each phase, and TensorRT's and Polygraphy's "
+                        "own warnings and notes (which the terminal does not show; a failure's reason is in its one-line error)")
     parser.add_argument("-q", "--quiet", action="store_true", help="print only the summary")
     parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
     """Build and print the summary; errors reach the CLI as DeployfuseError."""
+    from deployfuse.cli._progress import log, log_to_file
+
     profiles = [parse_profile(p) for p in args.profile]
-    progress = None if args.quiet else (lambda line: print(line, file=sys.stderr, flush=True))
-    result = build_engine(
-        args.onnx, args.output, precision=args.precision, profiles=profiles, plugins=args.plugins,
-        timing_cache=args.timing_cache, workspace_mib=args.workspace, compute_capability=args.compute_capability,
-        builder=args.builder, progress=progress,
-    )
+
+    def progress(line: str) -> None:
+        log.info("%s", line.strip())
+        if not args.quiet:
+            print(line, file=sys.stderr, flush=True)
+
+    with log_to_file(args.log_file) if args.log_file else contextlib.nullcontext():
+        result = build_engine(
+            args.onnx, args.output, precision=args.precision, profiles=profiles, plugins=args.plugins,
+            timing_cache=args.timing_cache, workspace_mib=args.workspace, compute_capability=args.compute_capability,
+            builder=args.builder, progress=progress,
+        )
+        log.info("%s", result.summary())
     print(result.summary())
     return 0

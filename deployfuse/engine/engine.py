@@ -24,6 +24,7 @@ import onnx
 
 from deployfuse.engine import builders, plugins as plugin_libs, precision as lowp
 from deployfuse.engine.inspect import network_record, record_path
+from deployfuse.engine.messages import captured
 from deployfuse.engine.preflight import Preflight, check_nodes, split_overloads, walk_nodes
 from deployfuse.engine.profiles import ShapeProfile, export_shapes, model_inputs, resolve_optimization_profiles
 from deployfuse.engine.progress import progress_monitor
@@ -127,41 +128,40 @@ def build_engine(
     target, cache = paths["-o"], paths.get("--timing-cache")
     onnx_model = _load_onnx(Path(model))
     name = builders.resolve_builder(builder)
-    trt = builders.activate(name)
-    capability = _parse_capability(compute_capability, name, trt)
-    say(f"builder: {name} {trt.__version__}")
-    if cache is not None and name == "tensorrt-rtx":
-        say(f"timing cache {cache} not used: TensorRT-RTX has none (its timing cache calls are no-ops)")
-        cache = None
+    with captured() as errors:  # Polygraphy's and TensorRT's own messages: the log, not the terminal
+        trt = builders.activate(name)
+        capability = _parse_capability(compute_capability, name, trt)
+        say(f"builder: {name} {trt.__version__}")
+        if cache is not None and name == "tensorrt-rtx":
+            say(f"timing cache {cache} not used: TensorRT-RTX has none (its timing cache calls are no-ops)")
+            cache = None
 
-    libraries = [Path(p) for p in plugins]
-    own = plugin_libs.deployfuse_plugin_library() if deployfuse_plugins and _uses_domain(onnx_model, DEPLOYFUSE_DOMAIN) else None
-    if own is not None and own not in libraries:
-        libraries.append(own)
-    plugin_libs.load_libraries(trt, libraries)
-    registered = plugin_libs.registered_plugins(trt)
-    if not deployfuse_plugins:  # the registry is per process: ignore deployfuse creators loaded earlier
-        registered = {p for p in registered if p[1] != DEPLOYFUSE_DOMAIN}
+        libraries = [Path(p) for p in plugins]
+        own = plugin_libs.deployfuse_plugin_library() if deployfuse_plugins and _uses_domain(onnx_model, DEPLOYFUSE_DOMAIN) else None
+        if own is not None and own not in libraries:
+            libraries.append(own)
+        plugin_libs.load_libraries(trt, libraries)
+        registered = plugin_libs.registered_plugins(trt)
+        if not deployfuse_plugins:  # the registry is per process: ignore deployfuse creators loaded earlier
+            registered = {p for p in registered if p[1] != DEPLOYFUSE_DOMAIN}
 
-    split_overloads(onnx_model, registered)
-    if precision != "fp32":
-        lowp.lower_precision(onnx_model, precision)
-    preflight = check_nodes(onnx_model, _OperatorSupport(trt), registered)
-    preflight.raise_for_offenders()
-    shape_profiles = resolve_optimization_profiles(model_inputs(onnx_model), _as_profiles(profiles), export_shapes(onnx_model))
+        split_overloads(onnx_model, registered)
+        if precision != "fp32":
+            lowp.lower_precision(onnx_model, precision)
+        preflight = check_nodes(onnx_model, _OperatorSupport(trt), registered)
+        preflight.raise_for_offenders()
+        shape_profiles = resolve_optimization_profiles(model_inputs(onnx_model), _as_profiles(profiles), export_shapes(onnx_model))
 
-    from polygraphy.logger import G_LOGGER
-
-    with tempfile.TemporaryDirectory(prefix=".deployfuse-build.") as tmp, G_LOGGER.verbosity(G_LOGGER.WARNING):
-        prepared = Path(tmp) / "model.onnx"
-        onnx.save_model(onnx_model, prepared, save_as_external_data=True, all_tensors_to_one_file=True, location="model.onnx.data", size_threshold=1024)
-        network = _parse(trt, prepared, use_plugins=bool(preflight.plugin))
-        network_layers = network[1].num_layers
-        plugin_layers = sum(1 for i in range(network_layers) if "PLUGIN" in network[1].get_layer(i).type.name)
-        network_info = network_record(network[1])
-        say(f"parsed: {network_layers} layers ({plugin_layers} plugins); building for {precision}" + (f", compute capability {compute_capability}" if capability else ""))
-        config = _config(trt, name, shape_profiles, capability, cache, workspace_mib, progress_monitor(trt, say))
-        engine = _build(network, config, cache)
+        with tempfile.TemporaryDirectory(prefix=".deployfuse-build.") as tmp:
+            prepared = Path(tmp) / "model.onnx"
+            onnx.save_model(onnx_model, prepared, save_as_external_data=True, all_tensors_to_one_file=True, location="model.onnx.data", size_threshold=1024)
+            network = _parse(trt, prepared, use_plugins=bool(preflight.plugin), errors=errors)
+            network_layers = network[1].num_layers
+            plugin_layers = sum(1 for i in range(network_layers) if "PLUGIN" in network[1].get_layer(i).type.name)
+            network_info = network_record(network[1])
+            say(f"parsed: {network_layers} layers ({plugin_layers} plugins); building for {precision}" + (f", compute capability {compute_capability}" if capability else ""))
+            config = _config(trt, name, shape_profiles, capability, cache, workspace_mib, progress_monitor(trt, say))
+            engine = _build(network, config, cache, errors)
 
     result = BuildResult(
         engine=target, builder=name, builder_version=trt.__version__, precision=precision,
@@ -246,16 +246,23 @@ class _OperatorSupport:
         return self._cache[op_type]
 
 
-def _parse(trt: object, path: Path, use_plugins: bool) -> tuple:
+def _reason(exc: Exception, errors: list[str]) -> str:
+    """The first error TensorRT logged during the failed call (the cause; later ones follow from
+    it), else the exception's last line."""
+    return errors[0].splitlines()[0] if errors else str(exc).strip().splitlines()[-1]
+
+
+def _parse(trt: object, path: Path, use_plugins: bool, errors: list[str]) -> tuple:
     """Polygraphy's NetworkFromOnnxPath, strongly typed; plugins win over function bodies."""
     from polygraphy.backend.trt import NetworkFromOnnxPath
     from polygraphy.exception import PolygraphyException
 
     flags = [trt.OnnxParserFlag.ENABLE_PLUGIN_OVERRIDE] if use_plugins and hasattr(trt.OnnxParserFlag, "ENABLE_PLUGIN_OVERRIDE") else None  # type: ignore[attr-defined]
+    before = len(errors)
     try:
         return NetworkFromOnnxPath(os.fspath(path), flags=flags, strongly_typed=True)()
     except PolygraphyException as exc:
-        raise UsageError(f"TensorRT's ONNX parser rejected the model: {str(exc).strip().splitlines()[-1]}") from exc
+        raise UsageError(f"TensorRT's ONNX parser rejected the model: {_reason(exc, errors[before:])}") from exc
 
 
 def _config(trt, builder, shape_profiles, capability, cache, workspace_mib, monitor):
@@ -294,13 +301,14 @@ def _config(trt, builder, shape_profiles, capability, cache, workspace_mib, moni
     return checked
 
 
-def _build(network: tuple, config: object, cache: Path | None) -> object:
+def _build(network: tuple, config: object, cache: Path | None, errors: list[str]) -> object:
     from polygraphy.backend.trt import EngineBytesFromNetwork
     from polygraphy.exception import PolygraphyException
 
+    before = len(errors)
     try:
         with warnings.catch_warnings():  # Polygraphy always sets a timing cache, which TensorRT-RTX deprecates
             warnings.simplefilter("ignore", DeprecationWarning)
             return EngineBytesFromNetwork(network, config=config, save_timing_cache=os.fspath(cache) if cache is not None else None)()
     except PolygraphyException as exc:
-        raise DeployfuseError(f"TensorRT could not build the engine: {str(exc).strip().splitlines()[-1]}") from exc
+        raise DeployfuseError(f"TensorRT could not build the engine: {_reason(exc, errors[before:])}") from exc

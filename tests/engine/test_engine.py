@@ -16,14 +16,28 @@ BERT_PROFILE = ("--profile", "input_ids:1x8:2x16:4x32")
 
 
 def test_bert_dynamic_fp32_cli(bert_onnx, tmp_path, cli):
-    engine = tmp_path / "bert.plan"
-    code, out, err = cli("build", bert_onnx, "-o", engine, *BERT_PROFILE, *CC)
+    engine, log = tmp_path / "bert.plan", tmp_path / "build.log"
+    code, out, err = cli("build", bert_onnx, "-o", engine, *BERT_PROFILE, *CC, "--log-file", log)
     assert code == 0, err
     assert engine.stat().st_size > 100_000
     assert f"engine     {engine} (" in out and "tensorrt-rtx" in out and "compute capability 8.9" in out
     assert "profile    attention_mask:1x8:2x16:4x32" in out  # follows input_ids through the shared axes
     assert "Building engine" in err  # progress from TensorRT's phases
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["bert.plan", "bert.plan.build.json"]  # no temporaries left behind
+    # stdout is the summary alone: Polygraphy's and TensorRT's [W]/[I] lines went to the log
+    assert {line.split()[0] for line in out.splitlines()} <= {"engine", "builder", "precision", "layers", "nodes", "profile"}, out
+    assert "[W]" not in err and "[I]" not in err
+    written = log.read_text()
+    assert "deployfuse.tensorrt: Building engine with configuration:" in written and "parsed: " in written
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bert.plan", "bert.plan.build.json", "build.log"]  # no temporaries left behind
+
+
+def test_tensorrt_failure_is_one_line_with_its_reason(bert_onnx, tmp_path, cli):
+    """TensorRT's own error (logged, not raised) is the message: not Polygraphy's 'Invalid Engine'."""
+    code, out, err = cli("build", bert_onnx, "-o", tmp_path / "e.plan", *BERT_PROFILE, *CC, "--workspace", "1", "-q")
+    assert code == 2 and out == "", out
+    assert err.startswith("deployfuse build: error: TensorRT could not build the engine: ") and err.count("\n") == 1, err
+    assert "workspace" in err and "Invalid Engine" not in err
+    assert not list(tmp_path.iterdir())
 
 
 @pytest.mark.parametrize("precision", ["fp16", "bf16"])
