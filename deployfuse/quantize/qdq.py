@@ -1,19 +1,206 @@
 """QuantizeLinear/DequantizeLinear placement for the tensorrt and ort-cuda targets (int8, fp8).
 
-Placeholder: the QDQ placement is being written; until then export refuses these combinations.
+ONNX Runtime's static quantizer (`onnxruntime.quantization.quantize_static`, QDQ format) does
+the calibration and the placement; this module chooses its settings and mends the two places
+where its output is not what TensorRT and deployfuse's FP8 GEMM rule want:
+
+- only GEMM-bearing nodes with a constant weight are quantized (`quantizable_nodes`): MatMul
+  and Gemm (attention projections, MLPs, heads), and Conv in int8. Activation x activation
+  MatMuls (QK^T, PV), norms, softmax and residual sums stay in the float type;
+- scales are symmetric (zero point 0, which TensorRT requires) and biases stay float, so
+  TensorRT folds them into its GEMM epilogue; int8 weights are per output channel, fp8 weights
+  per tensor (the form the ort-cuda FP8 GEMM rule takes);
+- each quantized node gets its own Q -> DQ pair on its activation input and none on its output:
+  `Q(X, s_x, 0) -> DQ -> MatMul(., DQ(W_q, s_w, 0)) [-> Add bias] [-> activation]`, the pattern
+  TensorRT fuses into an int8/fp8 GEMM and `deployfuse/rewrite/rules/gemm_act.py` into GemmAct;
+- a tensor quantized for a GEMM reaches its other consumers (a residual Add) unquantized:
+  ONNX Runtime hands them the dequantized copy, `_unquantized_elsewhere` gives the original back;
+- fp8 activation scales are amax / 448 (E4M3's largest finite value), the max calibration of
+  TensorRT's own recipes and torchao's float8, instead of ONNX Runtime's only fp8 method, which
+  matches the standard deviation of the float8 grid and saturates outliers.
+
+Why not nvidia-modelopt's ONNX PTQ: it runs on a CPU, but pins onnx 1.21, onnxruntime-gpu 1.24
+and cupy for CUDA 12 (this project is on onnx 1.23, onnxruntime 1.32, CUDA 13), and it puts
+Q/DQ on residual Adds and attention MatMuls too, which the issue keeps in float.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import os
+import tempfile
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import onnx
+
+from deployfuse.io import default_opset
 
 if TYPE_CHECKING:
     from deployfuse.quantize.calibration import Calibration
 
+PRECISIONS = ("int8", "fp8")
+GEMM_OPS = {"int8": ("MatMul", "Gemm", "Conv"), "fp8": ("MatMul", "Gemm")}
+MIN_OPSET = {"int8": 13, "fp8": 19}  # per-axis DequantizeLinear (13), float8 types (19)
+FP8_E4M3_MAX = 448.0
+_EXTERNAL_DATA_THRESHOLD = 2 * 1024**3  # protobuf cannot serialise a model above 2 GiB
+
+
+def quantizable_nodes(model: onnx.ModelProto, precision: str = "int8") -> list[str]:
+    """Names of the nodes `place_qdq` quantizes in `precision`, in graph order: MatMul and Gemm
+    whose weight (input B) is an initializer, and for int8 Conv with an initializer kernel."""
+    _check_precision(precision)
+    weights = {t.name for t in model.graph.initializer}
+    ops = GEMM_OPS[precision]
+    return [n.name for n in model.graph.node if n.domain in ("", "ai.onnx") and n.op_type in ops and len(n.input) > 1 and n.input[1] in weights and n.name]
+
 
 def place_qdq(model: onnx.ModelProto, precision: str, calibration: Calibration, exclude: set[str]) -> onnx.ModelProto:
     """`model` with Q/DQ pairs on its GEMM-bearing nodes in `precision` ("int8" or "fp8"),
-    scales calibrated on `calibration.samples`, the nodes named in `exclude` left in float."""
-    raise NotImplementedError("Q/DQ placement for tensorrt and ort-cuda is not written yet")
+    scales calibrated on `calibration.samples`, the nodes named in `exclude` left in float.
+
+    The input model is not modified; the returned one keeps its opset and node names.
+
+    Names in `exclude` that `quantizable_nodes` does not list (an attention MatMul, a Conv in
+    fp8) are in float already.
+
+    Raises:
+        ValueError: an unknown precision, an opset too old for it, or `exclude` naming a node
+            the model does not have.
+    """
+    _check_precision(precision)
+    opset = default_opset(model)
+    if opset is None or opset < MIN_OPSET[precision]:
+        raise ValueError(f"{precision} Q/DQ needs opset {MIN_OPSET[precision]} or newer; the model is at opset {opset}")
+    unknown = set(exclude) - {n.name for n in model.graph.node}
+    if unknown:
+        raise ValueError(f"exclude names nodes the model does not have: {', '.join(sorted(unknown))}")
+    nodes = [n for n in quantizable_nodes(model, precision) if n not in exclude]
+    if not nodes:
+        return _copy(model)
+    samples = _samples(model, calibration.samples)
+    with tempfile.TemporaryDirectory(prefix="deployfuse-qdq.") as tmp:
+        source, target = Path(tmp) / "float.onnx", Path(tmp) / "qdq.onnx"
+        external = model.ByteSize() > _EXTERNAL_DATA_THRESHOLD
+        onnx.save_model(model, source, save_as_external_data=external, all_tensors_to_one_file=True, location="float.onnx.data")
+        overrides = _fp8_activation_scales(source, nodes, model, samples, Path(tmp)) if precision == "fp8" else {}
+        _quantize(source, target, precision, nodes, samples, overrides, external)
+        quantized = onnx.load(os.fspath(target))
+    if default_opset(quantized) != opset:  # the quantizer raises opsets it finds too old: never silently
+        raise ValueError(f"ONNX Runtime's quantizer moved the model from opset {opset} to {default_opset(quantized)}")
+    _unquantized_elsewhere(quantized, set(nodes))
+    return quantized
+
+
+def _check_precision(precision: str) -> None:
+    if precision not in PRECISIONS:
+        raise ValueError(f"unknown quantized precision {precision!r}; choose one of {', '.join(PRECISIONS)}")
+
+
+def _copy(model: onnx.ModelProto) -> onnx.ModelProto:
+    copied = onnx.ModelProto()
+    copied.CopyFrom(model)
+    return copied
+
+
+def _samples(model: onnx.ModelProto, samples: Iterable[Mapping[str, Any]]) -> list[dict[str, np.ndarray]]:
+    """The calibration inputs as numpy feeds for the model's inputs (torch tensors or arrays)."""
+    names = {i.name for i in model.graph.input} - {t.name for t in model.graph.initializer}
+    feeds = [{k: _array(v) for k, v in sample.items() if k in names} for sample in samples]
+    if not feeds:
+        raise ValueError("no calibration samples: Q/DQ scales need at least one input set")
+    return feeds
+
+
+def _array(value: Any) -> np.ndarray:
+    if hasattr(value, "detach"):  # a torch tensor; bf16 has no numpy type
+        from deployfuse.verify import to_numpy
+
+        return to_numpy(value)
+    return np.asarray(value)
+
+
+def _reader(samples: list[dict[str, np.ndarray]]) -> Any:
+    """An ONNX Runtime CalibrationDataReader over `samples` (a fresh one per calibration run)."""
+    from onnxruntime.quantization import CalibrationDataReader
+
+    class SampleReader(CalibrationDataReader):
+        def __init__(self) -> None:
+            self._feeds = iter(samples)
+
+        def get_next(self) -> dict[str, np.ndarray] | None:
+            return next(self._feeds, None)
+
+    return SampleReader()
+
+
+def _quantize(source: Path, target: Path, precision: str, nodes: list[str], samples: list[dict[str, np.ndarray]], overrides: dict[str, Any], external: bool) -> None:
+    from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
+
+    qtype = QuantType.QInt8 if precision == "int8" else QuantType.QFLOAT8E4M3FN
+    options = {
+        "ActivationSymmetric": True,  # zero point 0: TensorRT rejects any other
+        "WeightSymmetric": True,
+        "QuantizeBias": False,  # float bias: TensorRT and GemmAct add it in the GEMM epilogue
+        "DedicatedQDQPair": True,  # one Q -> DQ per GEMM, each a pattern of its own
+        "OpTypesToExcludeOutputQuantization": list(GEMM_OPS["int8"]),  # float GEMM outputs
+        "TensorQuantOverrides": overrides,
+    }
+    quantize_static(
+        os.fspath(source), os.fspath(target), _reader(samples), quant_format=QuantFormat.QDQ,
+        activation_type=qtype, weight_type=qtype, per_channel=precision == "int8",
+        op_types_to_quantize=list(GEMM_OPS[precision]), nodes_to_quantize=nodes,
+        # ONNX Runtime takes only its Distribution method for float8; the fp8 activation scales
+        # are overridden with max calibration (`_fp8_activation_scales`).
+        calibrate_method=CalibrationMethod.MinMax if precision == "int8" else CalibrationMethod.Distribution,
+        use_external_data_format=external, extra_options=options,
+    )
+
+
+def _fp8_activation_scales(source: Path, nodes: list[str], model: onnx.ModelProto, samples: list[dict[str, np.ndarray]], tmp: Path) -> dict[str, Any]:
+    """TensorQuantOverrides giving each quantized GEMM's activation input the scale amax / 448,
+    amax measured by ONNX Runtime's MinMax calibrator over the samples."""
+    from onnxruntime.quantization.calibrate import CalibrationMethod, create_calibrator
+
+    wanted = set(nodes)
+    activations = {n.input[0] for n in model.graph.node if n.name in wanted}
+    calibrator = create_calibrator(source, op_types_to_calibrate=list(GEMM_OPS["fp8"]), augmented_model_path=tmp / "augmented.onnx",
+                                   calibrate_method=CalibrationMethod.MinMax, extra_options={"symmetric": True})
+    calibrator.collect_data(_reader(samples))
+    ranges = calibrator.compute_data()
+    zero = np.array(0, dtype=_float8())
+    overrides = {}
+    for name in sorted(activations):
+        low, high = (float(np.asarray(v).max()) for v in ranges[name].range_value)
+        amax = max(abs(low), abs(high))
+        scale = np.array(amax / FP8_E4M3_MAX if amax > 0 else 1.0, dtype=np.float32)
+        overrides[name] = [{"scale": scale, "zero_point": zero}]
+    return overrides
+
+
+def _float8() -> Any:
+    import ml_dtypes
+
+    return ml_dtypes.float8_e4m3fn
+
+
+def _unquantized_elsewhere(model: onnx.ModelProto, quantized: set[str]) -> None:
+    """Rewire the consumers of a dequantized activation that are not quantized GEMMs (a residual
+    Add beside the GEMM that shares its input) to the float tensor the Q node read."""
+    graph = model.graph
+    weights = {t.name for t in graph.initializer}
+    producer = {o: n for n in graph.node for o in n.output}
+    restore: dict[str, str] = {}
+    for node in graph.node:
+        if node.op_type != "DequantizeLinear" or node.input[0] in weights:
+            continue
+        q = producer.get(node.input[0])
+        if q is not None and q.op_type == "QuantizeLinear":
+            restore[node.output[0]] = q.input[0]
+    for node in graph.node:
+        if node.name not in quantized and node.op_type not in ("QuantizeLinear", "DequantizeLinear"):
+            node.input[:] = [restore.get(i, i) for i in node.input]
+
+
+__all__ = ["FP8_E4M3_MAX", "PRECISIONS", "place_qdq", "quantizable_nodes"]
