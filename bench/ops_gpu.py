@@ -1,12 +1,16 @@
 """GPU check and benchmark of the deployfuse CUDA kernels (run on a CUDA machine by gpu_ops.sh).
 
-Correctness: every op in fp32/fp16/bf16 over awkward shapes, outputs poisoned with NaN before
-each launch, compared by ||out - ref|| / ||ref|| against the spec's PyTorch reference computed
-in float64. Speed: GPU time per call from CUDA-graph replays against a device copy of the same
-bytes, PyTorch eager and torch.compile of the same math.
+Correctness: every registered op (deployfuse/ops/specs.py) in fp32/fp16/bf16 over the cases of
+tests/ops/cases.py (CASES, every variant; GPU_CASES, the shapes of each kernel path), inputs
+from the op's example_inputs, outputs poisoned with NaN before each launch, compared by
+||out - ref|| / ||ref|| against the spec's PyTorch reference computed in float64. The kernels
+run through the library's generic C ABI (df_run: the op's TensorRT adapter), so a new op needs
+no change here. Speed: GPU time per call from CUDA-graph replays against a device copy of the
+same bytes, PyTorch eager (the spec's reference) and torch.compile of it.
 
     python bench/ops_gpu.py LIB.so [--ort libdeployfuse_ort.so] [--only FusedMHA,BiasAct]
     python bench/ops_gpu.py OTHER_LIB.so --time-only      # the benchmark shapes only, for A/B runs
+    python bench/ops_gpu.py --dry-run                     # no GPU: list the checks, build their inputs on the CPU
 """
 
 from __future__ import annotations
@@ -24,15 +28,19 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-# specs.py alone (torch only): the package __init__ pulls in modules this GPU check never needs.
-_spec = importlib.util.spec_from_file_location("deployfuse_specs", Path(__file__).parents[1] / "deployfuse/ops/specs.py")
-_specs = sys.modules["deployfuse_specs"] = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_specs)
-SPECS = _specs.SPECS
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from deployfuse.ops.specs import SPECS  # noqa: E402
+
+# tests/ops/cases.py by path: no `tests` package needs to be importable on the GPU machine.
+_cases_spec = importlib.util.spec_from_file_location("deployfuse_op_cases", ROOT / "tests/ops/cases.py")
+_cases = importlib.util.module_from_spec(_cases_spec)
+_cases_spec.loader.exec_module(_cases)
+CHECKS = _cases.CASES + _cases.GPU_CASES
 
 DT = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
-ACT = {"none": 0, "relu": 1, "gelu": 2, "gelu_tanh": 3, "silu": 4, "sigmoid": 5}
 TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
+INPUT_KEYS = ("mask", "mask_inf", "mask_layout", "misalign")  # case keys that describe the inputs, not op attributes
 
 
 class MhaShape(ctypes.Structure):
@@ -40,29 +48,35 @@ class MhaShape(ctypes.Structure):
                 ("head_dim", ctypes.c_int64), ("scale", ctypes.c_float), ("causal", ctypes.c_bool), ("mask_stride", ctypes.c_int64 * 4)]
 
 
-ARGS = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-ARGS.add_argument("lib", help="libdeployfuse_ops_cuda.so")
-ARGS.add_argument("--ort", metavar="LIB", help="libdeployfuse_ort.so: also check and time the ops through ORT's CUDA EP")
-ARGS.add_argument("--time-only", action="store_true", help="GPU ms of the benchmark shapes only (the other side of an A/B run)")
-ARGS.add_argument("--only", metavar="OPS", help="comma-separated op names to check and benchmark (default: all)")
-ARGS.add_argument("--check-only", action="store_true", help="no benchmarks (e.g. under compute-sanitizer)")
-ARGS.add_argument("--max-size", type=int, metavar="N", help="only the check cases whose shape's product (FusedMHA: b*sq*sk*hidden, its work) is at most N")
-ARGS = ARGS.parse_args()
+PARSER = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog="Exit status: 0 when every check is within tolerance, 1 otherwise, 2 for bad arguments.")
+PARSER.add_argument("lib", nargs="?", help="libdeployfuse_ops_cuda.so (plugins/build/gpu, built by bench/gpu_ops.sh)")
+PARSER.add_argument("--ort", metavar="LIB", help="libdeployfuse_ort.so: also check and time the ops through ORT's CUDA EP")
+PARSER.add_argument("--time-only", action="store_true", help="GPU ms of the benchmark shapes only (the other side of an A/B run)")
+PARSER.add_argument("--only", metavar="OPS", help="comma-separated op names to check and benchmark (default: all)")
+PARSER.add_argument("--check-only", action="store_true", help="no benchmarks (e.g. under compute-sanitizer)")
+PARSER.add_argument("--max-size", type=int, metavar="N", help="only the check cases whose shape's product (FusedMHA: b*sq*sk*hidden, its work) is at most N")
+PARSER.add_argument("--dry-run", action="store_true", help="no GPU, no library: list the checks and build each one's inputs on the CPU (attributes checked against the spec)")
+ARGS = PARSER.parse_args()
 ONLY = set(ARGS.only.split(",")) if ARGS.only else None
+if ONLY and ONLY - set(SPECS):
+    PARSER.error(f"--only names unknown ops {sorted(ONLY - set(SPECS))}; registered: {', '.join(SPECS)}")
+if not ARGS.lib and not ARGS.dry_run:
+    PARSER.error("give the library (plugins/build/gpu/libdeployfuse_ops_cuda.so) or --dry-run")
+DEVICE = "meta" if ARGS.dry_run else "cuda"  # a dry run builds shapes only
 
 
 def wanted(op):
     return ONLY is None or op in ONLY
 
 
-lib = ctypes.CDLL(ARGS.lib)
-P, I64, Fl = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
-for name, argtypes in (("df_layer_norm_gelu", [ctypes.c_int, P, P, P, P, P, I64, I64, Fl, ctypes.c_int]),
-                       ("df_group_norm_act", [ctypes.c_int, P, P, P, P, P, I64, I64, I64, I64, Fl, ctypes.c_int]),
-                       ("df_bias_act", [ctypes.c_int, P, P, P, P, I64, I64, ctypes.c_int]),
-                       ("df_fused_mha", [ctypes.c_int, P, P, P, P, P, P, ctypes.POINTER(MhaShape)])):
-    if hasattr(lib, name):  # with --only, a library of just those ops' launchers will do
-        getattr(lib, name).argtypes = argtypes
+lib = None
+if ARGS.lib:
+    lib = ctypes.CDLL(ARGS.lib)
+    P, I64 = ctypes.c_void_p, ctypes.c_int64
+    lib.df_run.argtypes = [ctypes.c_char_p, ctypes.c_int, P, ctypes.c_int, ctypes.POINTER(P), ctypes.POINTER(ctypes.POINTER(I64)),
+                           ctypes.POINTER(ctypes.c_int), P, ctypes.POINTER(ctypes.c_double), ctypes.POINTER(ctypes.c_char_p)]
+    lib.df_last_error.restype = ctypes.c_char_p
+    lib.df_fused_mha.argtypes = [ctypes.c_int, P, P, P, P, P, P, ctypes.POINTER(MhaShape)]
 
 
 def ptr(t):
@@ -73,49 +87,64 @@ def stream():
     return ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
 
 
-def ok(rc):
-    assert rc == 0, f"CUDA error {rc}"
+def op_attrs(attrs):
+    """The case's op attributes (its other keys describe the inputs)."""
+    return {k: v for k, v in attrs.items() if k not in INPUT_KEYS}
 
 
 def native(op, xs, attrs, y):
-    x = xs[0]
-    d = DT[x.dtype]
-    if op == "LayerNormGelu":
-        cols = xs[1].numel()
-        ok(lib.df_layer_norm_gelu(d, stream(), ptr(x), ptr(xs[1]), ptr(xs[2]), ptr(y), x.numel() // cols, cols, attrs.get("epsilon", 1e-5), attrs.get("approximate") == "tanh"))
-    elif op == "GroupNormAct":
-        n, c = x.shape[:2]
-        ok(lib.df_group_norm_act(d, stream(), ptr(x), ptr(xs[1]), ptr(xs[2]), ptr(y), n, c, x[0, 0].numel(), attrs["num_groups"], attrs.get("epsilon", 1e-5),
-                                 ACT[attrs.get("activation", "silu")]))
-    elif op == "BiasAct":
-        ok(lib.df_bias_act(d, stream(), ptr(x), ptr(xs[1]), ptr(y), x.numel(), x.shape[-1], ACT[attrs.get("activation", "gelu")]))
-    else:
-        q, k, v, mask = xs
-        heads = attrs["num_heads"]
-        hd = q.shape[2] // heads
-        strides = [0, 0, 0, 0]
-        if mask is not None:
-            m4 = mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))
-            strides = [0 if m4.shape[i] == 1 else m4.stride(i) for i in range(4)]
-        s = MhaShape(q.shape[0], q.shape[1], k.shape[1], heads, hd, attrs.get("scale", 0.0) or 1 / math.sqrt(hd), bool(attrs.get("causal", 0)), (ctypes.c_int64 * 4)(*strides))
-        ok(lib.df_fused_mha(d, stream(), ptr(q), ptr(k), ptr(v), ptr(mask), ptr(y), ctypes.byref(s)))
+    """y = op(xs) by the library: df_run with the attributes resolved in the spec's order; a
+    non-contiguous input (FusedMHA's strided masks, which no runtime passes) through df_fused_mha."""
+    spec = SPECS[op]
+    resolved = spec.resolve(**op_attrs(attrs))
+    tensors = [t for t in xs if t is not None]
+    if not all(t.is_contiguous() for t in tensors):
+        assert op == "FusedMHA", f"{op}: only FusedMHA has an entry for strided inputs"
+        return native_mha_strided(xs, resolved, y)
+    n = len(tensors)
+    dims = [(ctypes.c_int64 * t.dim())(*t.shape) for t in tensors]
+    numbers = [0.0 if spec.attrs[k].kind == "string" else float(v) for k, v in resolved.items()]
+    texts = [str(v).encode() if spec.attrs[k].kind == "string" else None for k, v in resolved.items()]
+    rc = lib.df_run(op.encode(), DT[tensors[0].dtype], stream(), n, (ctypes.c_void_p * n)(*[t.data_ptr() for t in tensors]),
+                    (ctypes.POINTER(ctypes.c_int64) * n)(*[ctypes.cast(d, ctypes.POINTER(ctypes.c_int64)) for d in dims]),
+                    (ctypes.c_int * n)(*[t.dim() for t in tensors]), ptr(y), (ctypes.c_double * len(numbers))(*numbers),
+                    (ctypes.c_char_p * len(texts))(*texts))
+    assert rc == 0, f"{op}: df_run returned {rc}: {lib.df_last_error().decode() or 'CUDA error'}"
+
+
+def native_mha_strided(xs, attrs, y):
+    q, k, v, mask = xs
+    heads = attrs["num_heads"]
+    hd = q.shape[2] // heads
+    m4 = mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape)) if mask.dim() < 4 else mask
+    strides = [0 if m4.shape[i] == 1 else m4.stride(i) for i in range(4)]
+    s = MhaShape(q.shape[0], q.shape[1], k.shape[1], heads, hd, attrs["scale"] or 1 / math.sqrt(hd), bool(attrs["causal"]), (ctypes.c_int64 * 4)(*strides))
+    rc = lib.df_fused_mha(DT[q.dtype], stream(), ptr(q), ptr(k), ptr(v), ptr(mask), ptr(y), ctypes.byref(s))
+    assert rc == 0, f"FusedMHA: CUDA error {rc}"
+
+
+def output(op, xs, attrs):
+    """An uninitialised output of the shape the spec's reference gives (computed on the meta device)."""
+    meta = SPECS[op].reference_fn(*[None if t is None else t.to("meta") for t in xs], **SPECS[op].resolve(**op_attrs(attrs)))
+    return torch.empty(meta.shape, dtype=xs[0].dtype, device=xs[0].device)
 
 
 def inputs(op, shape, dtype, attrs):
-    def g(*s, scale=1.0, shift=0.0):
-        t = (torch.randn(*s, device="cuda") * scale + shift).to(dtype)
+    """The op's example inputs (deployfuse/ops/defs/<op>.py) as tensors of `dtype` on the device;
+    FusedMHA's mask from mha_mask (mask kinds, -inf entries and layouts beyond the example's)."""
+
+    def rand(*s, scale=1.0, shift=0.0):
+        t = (torch.randn(*s, device=DEVICE) * scale + shift).to(dtype)
         if attrs.get("misalign"):  # storage one element off 16-byte alignment: the scalar paths
             t = torch.cat([t.new_zeros(1), t.flatten()])[1:].view(t.shape)
         return t
 
-    if op == "LayerNormGelu":
-        return [g(*shape, scale=2, shift=0.5), g(shape[-1], shift=1), g(shape[-1])]
-    if op == "GroupNormAct":
-        return [g(*shape, scale=2, shift=0.5), g(shape[1], shift=1), g(shape[1])]
-    if op == "BiasAct":
-        return [g(*shape), g(shape[-1])]
-    b, sq, sk, hid = shape
-    return [g(b, sq, hid), g(b, sk, hid), g(b, sk, hid), mha_mask(b, attrs["num_heads"], sq, sk, dtype, attrs)]
+    extra = {k: v for k, v in attrs.items() if k != "mask"} if op == "FusedMHA" else attrs
+    xs = SPECS[op].example_fn(shape, rand, extra)
+    if op == "FusedMHA":
+        b, sq, sk, _ = shape
+        xs[3] = mha_mask(b, attrs["num_heads"], sq, sk, dtype, attrs)
+    return xs
 
 
 def mha_mask(b, h, sq, sk, dtype, attrs):
@@ -135,7 +164,7 @@ def mha_mask(b, h, sq, sk, dtype, attrs):
     shape = [full[c] if c in dims else 1 for c in "bhqk"]
     while len(shape) > 2 and shape[0] == 1:
         shape.pop(0)
-    m = torch.randn(*shape, device="cuda")
+    m = torch.randn(*shape, device=DEVICE)
     if attrs.get("mask_inf"):
         m[torch.rand_like(m) < attrs["mask_inf"]] = float("-inf")
         if "q" in dims:
@@ -145,86 +174,16 @@ def mha_mask(b, h, sq, sk, dtype, attrs):
     if layout:
         nan = float("nan")
         if layout == "pad":
-            view = torch.full((*m.shape[:-1], (m.shape[-1] + 15) // 8 * 8), nan, dtype=dtype, device="cuda")[..., :m.shape[-1]]
+            view = torch.full((*m.shape[:-1], (m.shape[-1] + 15) // 8 * 8), nan, dtype=dtype, device=DEVICE)[..., :m.shape[-1]]
         elif layout == "offset":
-            view = torch.full((m.numel() + 1,), nan, dtype=dtype, device="cuda")[1:].view(m.shape)
+            view = torch.full((m.numel() + 1,), nan, dtype=dtype, device=DEVICE)[1:].view(m.shape)
         else:
             assert layout == "kstride", layout
-            view = torch.full((*m.shape, 2), nan, dtype=dtype, device="cuda")[..., 0]
+            view = torch.full((*m.shape, 2), nan, dtype=dtype, device=DEVICE)[..., 0]
         view.copy_(m)
         m = view
     return m
 
-
-CHECKS = [
-    ("LayerNormGelu", (1, 1, 7), {}), ("LayerNormGelu", (3, 77, 771), {"approximate": "tanh"}),
-    ("LayerNormGelu", (2, 5, 65537), {}), ("LayerNormGelu", (64, 512, 768), {"epsilon": 1e-3}),
-    ("GroupNormAct", (2, 12, 7, 9), {"num_groups": 4}), ("GroupNormAct", (4, 320, 33, 31), {"num_groups": 32, "activation": "gelu"}),
-    ("GroupNormAct", (1, 6, 1, 3), {"num_groups": 3, "activation": "none"}),
-    ("GroupNormAct", (2, 64, 16, 16), {"num_groups": 8}), ("GroupNormAct", (3, 96, 40, 40), {"num_groups": 32, "activation": "gelu"}),
-    ("GroupNormAct", (1, 32, 128, 128), {"num_groups": 4, "activation": "none"}),
-    ("GroupNormAct", (2, 16, 8, 8), {"num_groups": 4, "misalign": True}),
-    ("LayerNormGelu", (4, 3, 16384), {}), ("LayerNormGelu", (8, 32768), {"approximate": "tanh"}),
-    ("LayerNormGelu", (5, 4104), {}), ("LayerNormGelu", (6, 512), {"misalign": True}),
-    # warp-per-row path (<= 512 vectors: 4096 fp16/bf16, 2048 fp32 columns) and its edges; rows % 4 != 0
-    ("LayerNormGelu", (1027, 4096), {}), ("LayerNormGelu", (3, 7, 4088), {"approximate": "tanh"}),
-    ("LayerNormGelu", (5, 2056), {}), ("LayerNormGelu", (2, 2048), {"epsilon": 1e-3}),
-    ("LayerNormGelu", (9, 264), {}), ("LayerNormGelu", (1, 8), {}), ("LayerNormGelu", (6, 2052), {"approximate": "tanh"}),
-    # GroupNormAct persistent grid: more slices than resident blocks, slices of a partial piece, channels of 1 vector
-    ("GroupNormAct", (4, 512, 64, 64), {"num_groups": 32}), ("GroupNormAct", (16, 512, 16, 16), {"num_groups": 32, "activation": "gelu"}),
-    ("GroupNormAct", (3, 4, 1, 8), {"num_groups": 2}), ("GroupNormAct", (2, 24, 5, 8), {"num_groups": 3, "activation": "none"}),
-    # GroupNormAct shared-memory ring (sm_90): clusters of 4/8 blocks with a ragged last chunk and a
-    # partial last piece; 16-bit: two blocks an SM (Ring<2>), fp32: the largest slice (8 blocks of
-    # 128 KiB); one past it (fallback). (1, 32, 128, 128) above: fp32 on Ring<2>, 16-bit spread to 8 blocks.
-    ("GroupNormAct", (1, 10, 8, 1001), {"num_groups": 2, "activation": "gelu"}),
-    ("GroupNormAct", (1, 64, 128, 128), {"num_groups": 4}), ("GroupNormAct", (1, 64, 128, 130), {"num_groups": 2, "activation": "none"}),
-    ("BiasAct", (1, 3), {"activation": "relu"}), ("BiasAct", (5, 77, 1001), {"activation": "gelu"}),
-    ("BiasAct", (33, 512), {"activation": "gelu"}), ("BiasAct", (7, 3, 2048), {"activation": "gelu_tanh"}),
-    ("BiasAct", (9, 1024), {"activation": "silu", "misalign": True}),
-    ("BiasAct", (129, 4100), {"activation": "gelu_tanh"}), ("BiasAct", (64, 512, 3072), {"activation": "silu"}),
-    ("BiasAct", (3, 7, 13), {"activation": "sigmoid"}),
-    ("FusedMHA", (2, 7, 7, 24), {"num_heads": 3}), ("FusedMHA", (2, 33, 65, 128), {"num_heads": 2, "causal": 1, "mask": True, "scale": 0.3}),
-    ("FusedMHA", (1, 1, 1000, 640), {"num_heads": 5, "mask": True}), ("FusedMHA", (4, 300, 300, 1024), {"num_heads": 16, "causal": 1}),
-    ("FusedMHA", (1, 70, 70, 512), {"num_heads": 2}),
-    # tensor-core path (fp16/bf16, head_dim 32/64/96/128): tails, cross attention, masks, seq 1
-    ("FusedMHA", (2, 128, 128, 1024), {"num_heads": 16}), ("FusedMHA", (2, 200, 200, 512), {"num_heads": 16, "causal": 1}),
-    ("FusedMHA", (3, 77, 333, 256), {"num_heads": 2, "mask": "bhqk"}), ("FusedMHA", (2, 300, 45, 512), {"num_heads": 4, "causal": 1, "mask": "qk"}),
-    ("FusedMHA", (2, 64, 64, 384), {"num_heads": 4, "mask": "hqk", "mask_inf": 0.3}),
-    ("FusedMHA", (2, 150, 190, 256), {"num_heads": 8, "causal": 1, "mask": "bqk", "mask_inf": 0.5}),
-    ("FusedMHA", (2, 1, 1, 512), {"num_heads": 8}), ("FusedMHA", (3, 1, 257, 256), {"num_heads": 2, "mask": True}),
-    ("FusedMHA", (2, 257, 1, 128), {"num_heads": 4, "causal": 1}), ("FusedMHA", (1, 40, 520, 768), {"num_heads": 12, "scale": 0.05}),
-    ("FusedMHA", (2, 1000, 1000, 512), {"num_heads": 4, "causal": 1, "mask": "bk", "mask_inf": 0.1}),
-    ("FusedMHA", (1, 2048, 2048, 256), {"num_heads": 2}), ("FusedMHA", (1, 96, 96, 256), {"num_heads": 4, "misalign": True}),
-    ("FusedMHA", (2, 100, 130, 512), {"num_heads": 8, "causal": 1, "scale": -0.2}),
-    ("FusedMHA", (1, 50, 70, 256), {"num_heads": 2, "mask": "bhqk", "scale": -0.1}),
-    # tensor-core mask paths (fused_mha_tc.cu MaskMode). kTile (q-varying, key stride 1, rows 16-byte
-    # aligned: cp.async tile): 8 warps, k_seq % 64 != 0, rows past q_seq, a fully masked row; padded
-    # rows with k_seq % 8 != 0 (partial 16-byte chunk), causal; head_dim 128.
-    ("FusedMHA", (2, 200, 136, 512), {"num_heads": 8, "mask": "bhqk", "mask_inf": 0.2}),
-    ("FusedMHA", (2, 130, 70, 256), {"num_heads": 4, "causal": 1, "mask": "qk", "mask_layout": "pad"}),
-    ("FusedMHA", (1, 40, 100, 256), {"num_heads": 2, "mask": "hqk", "mask_layout": "pad", "mask_inf": 0.4}),
-    # kRow (broadcast over q). cp.async: [k] with k_seq % 8 != 0 (partial chunk), 8 warps;
-    # per-element: [b,1,1,k] with a row stride of 77 / a misaligned base / key stride 2, [b,h,1,1].
-    ("FusedMHA", (2, 96, 203, 256), {"num_heads": 4, "mask": "k"}),
-    ("FusedMHA", (3, 100, 77, 512), {"num_heads": 8, "mask": True, "mask_inf": 0.3}),
-    ("FusedMHA", (2, 150, 260, 512), {"num_heads": 8, "causal": 1, "mask": True, "mask_layout": "offset"}),
-    ("FusedMHA", (1, 64, 100, 128), {"num_heads": 4, "mask": True, "mask_layout": "kstride"}),
-    ("FusedMHA", (2, 90, 64, 256), {"num_heads": 4, "mask": "bh"}),
-    # kGlobal (per-element fallback): key stride 2; misaligned q-varying rows at 8 warps, head_dim 64.
-    ("FusedMHA", (2, 80, 90, 256), {"num_heads": 2, "mask": "bhqk", "mask_layout": "kstride"}),
-    ("FusedMHA", (2, 150, 100, 512), {"num_heads": 8, "mask": "bqk", "mask_layout": "offset", "mask_inf": 0.2}),
-    # Hopper path (fused_mha_sm90.cu: head_dim 64/128, positive scale): key tails of 1 and 127 past a
-    # 128-key tile, queries past the last 128/192-row block, a CTA with its second warpgroup idle
-    # (q_seq 64), causal with q_seq > k_seq and q_seq < k_seq, many tiles through the 2-stage ring.
-    ("FusedMHA", (3, 77, 257, 512), {"num_heads": 8}), ("FusedMHA", (2, 300, 383, 1024), {"num_heads": 8, "scale": 0.2}),
-    ("FusedMHA", (2, 64, 500, 512), {"num_heads": 4, "causal": 1}), ("FusedMHA", (2, 300, 190, 1024), {"num_heads": 8, "causal": 1}),
-    ("FusedMHA", (1, 1000, 3001, 256), {"num_heads": 2}), ("FusedMHA", (2, 640, 640, 2048), {"num_heads": 16, "causal": 1}),
-    ("FusedMHA", (1, 129, 129, 128), {"num_heads": 2, "causal": 1}),
-    # ... its TMA-staged masks (16-byte aligned, keys contiguous): per query with a fully masked row,
-    # head_dim 128, keys past the last tile; one row per batch with -inf entries, causal, 3 warpgroups.
-    ("FusedMHA", (2, 150, 264, 1024), {"num_heads": 8, "mask": "bhqk", "mask_inf": 0.3}),
-    ("FusedMHA", (3, 300, 136, 512), {"num_heads": 8, "mask": True, "mask_inf": 0.2, "causal": 1}),
-]
 
 
 def check():
@@ -235,37 +194,37 @@ def check():
         for dtype in DT:
             torch.manual_seed(zlib.crc32(repr((op, shape, str(dtype))).encode()))  # hash() of str varies per process
             xs = inputs(op, shape, dtype, attrs)
-            a = {k: v for k, v in attrs.items() if k not in ("mask", "mask_inf", "mask_layout", "misalign")}
-            y = torch.full_like(xs[0] if op != "FusedMHA" else xs[0], float("nan"))
+            a = op_attrs(attrs)
+            y = output(op, xs, a).fill_(float("nan"))
+            if ARGS.dry_run:
+                print(f"dry-run {op:13} {str(shape):22} {str(dtype):15} {[None if t is None else tuple(t.shape) for t in xs]} -> {tuple(y.shape)} {attrs}")
+                continue
             native(op, xs, a, y)
             torch.cuda.synchronize()
             ref = SPECS[op].reference_fn(*[None if t is None else t.double() for t in xs], **SPECS[op].resolve(**a))
-            if op == "FusedMHA":  # fully masked rows (mask_inf): NaN in the reference, 0 by the kernels' contract
+            if attrs.get("mask_inf"):  # fully masked rows: NaN in the reference, 0 by the kernels' contract
                 ref = torch.nan_to_num(ref, nan=0.0)
             assert not torch.isnan(y).any(), f"{op} {shape} {dtype}: unwritten/NaN outputs"
             rel = ((y.double() - ref).norm() / max(ref.norm().item(), 1e-30)).item()  # relu of 3 negatives: ref is 0
             status = "ok" if rel < TOL[dtype] else "FAIL"
             worst = max(worst, rel / TOL[dtype])
-            shown = {**a, **{k: attrs[k] for k in ("mask", "mask_inf", "mask_layout", "misalign") if k in attrs}}
+            shown = {**a, **{k: attrs[k] for k in INPUT_KEYS if k in attrs}}
             print(f"check {status:4} {op:13} {str(shape):22} {str(dtype):15} rel_err={rel:.2e} {shown}")
     return worst
 
 
 def ort_check(ort_lib):
-    """Every op through ONNX Runtime's CUDA EP (fp32, fp16): the native kernels of the custom-op
-    library (function bodies removed, so nothing else can run the node) and, without the library,
-    the ONNX function bodies; both against the float64 reference, fresh inputs each time."""
+    """Every op through ONNX Runtime's CUDA EP (fp32, fp16) over tests/ops/cases.py's CASES: the
+    native kernels of the custom-op library (function bodies removed, so nothing else can run the
+    node) and, without the library, the ONNX function bodies; both against the float64
+    reference, fresh inputs each time."""
     import numpy as np
     import onnxruntime as ort
 
     from deployfuse.ops.models import example_inputs, single_op_model
 
-    cases = [("LayerNormGelu", (4, 77, 771), {}), ("LayerNormGelu", (8, 64, 1024), {"approximate": "tanh"}),
-             ("GroupNormAct", (2, 64, 16, 16), {"num_groups": 8}), ("GroupNormAct", (2, 12, 7, 9), {"num_groups": 4, "activation": "gelu"}),
-             ("BiasAct", (4, 33, 3072), {"activation": "gelu"}), ("BiasAct", (3, 7, 13), {"activation": "sigmoid"}),
-             ("FusedMHA", (2, 33, 65, 128), {"num_heads": 2, "causal": 1, "mask": True}), ("FusedMHA", (2, 128, 128, 512), {"num_heads": 8})]
     worst = 0.0
-    for op, shape, attrs in cases:
+    for op, shape, attrs in _cases.CASES:
         if not wanted(op):
             continue
         for dtype, tol in ((np.float32, 1e-5), (np.float16, 2e-3)):
@@ -332,24 +291,19 @@ def bench():
     """Memory-bound ops against eager and torch.compile; every figure is GPU time per call from
     CUDA-graph replays (graph_ms), so Python and launch overhead stay out of the bandwidth."""
     rows = []
-    big = torch.empty(2 * 2**30, dtype=torch.uint8, device="cuda")
+    big = torch.empty(2 * 2**30, dtype=torch.uint8, device=DEVICE)
     dst = torch.empty_like(big)
     copy_ms = median_ms(functools.partial(dst.copy_, big), 20)  # ~1 ms a copy: launch cost is noise; a captured copy ran slower
     copy_bw = 2 * big.numel() / copy_ms / 1e6
     del big, dst
     print(f"copy bandwidth {copy_bw:.0f} GB/s (read+write, 2 GiB)")
-    eager_of = {
-        "LayerNormGelu": lambda x, w, b: F.gelu(F.layer_norm(x, (x.shape[-1],), w, b)),
-        "GroupNormAct": lambda x, w, b: F.silu(F.group_norm(x, 32, w, b)),
-        "BiasAct": lambda x, b: F.gelu(x + b),
-    }
     for op, shape, attrs in BENCH_SHAPES:
         if not wanted(op):
             continue
-        eager = eager_of[op]
+        eager = functools.partial(SPECS[op].reference_fn, **SPECS[op].resolve(**op_attrs(attrs)))  # the math in PyTorch eager, in the input dtype
         for dtype in (torch.float16, torch.bfloat16, torch.float32):
             xs = inputs(op, shape, dtype, attrs)
-            y = torch.empty_like(xs[0])
+            y = output(op, xs, attrs)
             nbytes = 2 * xs[0].numel() * xs[0].element_size()
             t_native = graph_ms(lambda: native(op, xs, attrs, y))
             t_eager = graph_ms(lambda: eager(*xs))
@@ -463,7 +417,7 @@ def time_only():
             continue
         for dtype in (torch.float16, torch.bfloat16, torch.float32):
             xs = inputs(op, shape, dtype, attrs)
-            y = torch.empty_like(xs[0])
+            y = output(op, xs, attrs)
             print(f"time {op} {shape} {str(dtype)[6:]} {graph_ms(lambda: native(op, xs, attrs, y)):.4f} ms")
     for sq, extra in ((1024, {}), (1024, {"mask": True}), (2048, {})) if wanted("FusedMHA") else ():
         attrs = {"num_heads": 16, **extra}
@@ -474,6 +428,10 @@ def time_only():
 
 
 if __name__ == "__main__":
+    if ARGS.dry_run:
+        check()
+        print(f"dry run: {sum(wanted(op) for op, _, _ in CHECKS)} check cases of {len(SPECS if ONLY is None else ONLY)} ops, inputs built")
+        sys.exit(0)
     print(torch.cuda.get_device_name(), torch.__version__)
     if ARGS.time_only:
         time_only()

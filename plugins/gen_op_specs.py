@@ -1,21 +1,29 @@
-"""Writes deployfuse_op_specs.h, the C++ view of the Python op specs, for the plugins' build.
+"""Writes the C++ view of the Python op registry for the plugins' build, so no native file
+lists the ops by hand.
 
 CMake runs it at configure time (and again whenever a spec module changes):
 
     python3 gen_op_specs.py OUT_DIR
 
-It writes OUT_DIR/deployfuse_op_specs.h (only when its text changes: no needless rebuild) and
-prints two lines for CMake: the ops' folder names (= their defs module names) and the Python
-files the specs came from. The header holds, per op, `spec::<Op>`: its name, input counts,
-attribute indices and the `AttrSpec` table (defaults, required, allowed values) that both
-runtime adapters read attributes with, and the list of ops the registration lists check
-themselves against.
+It writes into OUT_DIR (each file only when its text changes: no needless rebuild)
+
+- deployfuse_op_specs.h: per op `spec::<Op>`, its name, input counts, attribute indices and the
+  `AttrSpec` table (defaults, required, allowed values) both runtime adapters read attributes
+  with; the list of ops the registration lists check themselves against;
+- deployfuse_ort_ops.h: every op's ONNX Runtime adapter (`<op>/<op>_ort.h`, `ort::<Op>`), included
+  and listed as `ort::Registered`, which ort_ops.cc registers;
+- deployfuse_trt_ops.h: every op's TensorRT adapter (`<op>/<op>_trt.h`, `trt::<Op>Op`), included
+  and listed as `trt::Registered`, which trt_plugins.cpp and the C ABI (ops_capi.cu) use;
+
+and prints two lines for CMake: the ops' folder names (= their defs module names) and the Python
+files the specs came from.
 """
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
+from types import ModuleType
 
 HERE = Path(__file__).resolve().parent
 # A checkout has plugins/ beside deployfuse/; an installed wheel carries it as deployfuse/_plugins.
@@ -41,6 +49,10 @@ constexpr bool each_op_once() {
     }
   return true;
 }
+"""
+_OP_LIST = """// A list of op types (adapters), as a value: the generated registration lists are OpLists.
+template <typename... Ops>
+struct OpList {};
 """
 _KINDS = {"int": "AttrKind::kInt", "float": "AttrKind::kFloat", "string": "AttrKind::kString"}
 
@@ -85,24 +97,47 @@ def header() -> str:
         "#pragma once\n#include \"common/attrs.h\"\n\nnamespace deployfuse {\nnamespace spec {\n\n"
         + "\n".join(op_block(s) for s in specs)
         + f"\n// Every registered op, in the registry's order.\nconstexpr const char* kOps[] = {{{names}}};\n"
-        f"constexpr int kOpCount = {len(specs)};\n\n{_EACH_ONCE}\n}}  // namespace spec\n}}  // namespace deployfuse\n"
+        f"constexpr int kOpCount = {len(specs)};\n\n{_EACH_ONCE}\n}}  // namespace spec\n\n{_OP_LIST}\n}}  // namespace deployfuse\n"
     )
+
+
+def _folder(module: ModuleType) -> str:
+    return module.__name__.rsplit(".", 1)[-1]
+
+
+def adapter_list(runtime: str) -> str:
+    """deployfuse_<runtime>_ops.h: every op's adapter for `runtime` ("ort" or "trt"), included
+    from its folder and listed in the registry's order as `<runtime>::Registered`."""
+    suffix = "" if runtime == "ort" else "Op"
+    includes = "".join(f'#include "{_folder(m)}/{_folder(m)}_{runtime}.h"\n' for m in sorted(OP_MODULES, key=_folder))
+    names = ", ".join(m.SPEC.name + suffix for m in OP_MODULES)
+    return (
+        "// Generated from the op registry (deployfuse/ops/specs.py) by plugins/gen_op_specs.py when the\n"
+        f"// plugins build. Do not edit: register the op there. Every op's {'ONNX Runtime' if runtime == 'ort' else 'TensorRT'} adapter.\n"
+        f"#pragma once\n{includes}\nnamespace deployfuse {{\nnamespace {runtime} {{\n\n"
+        f"using Registered = OpList<{names}>;\n\n}}  // namespace {runtime}\n}}  // namespace deployfuse\n"
+    )
+
+
+def generated_files() -> dict[str, str]:
+    """File name -> text of everything this script writes."""
+    return {"deployfuse_op_specs.h": header(), "deployfuse_ort_ops.h": adapter_list("ort"), "deployfuse_trt_ops.h": adapter_list("trt")}
 
 
 def main(argv: list[str]) -> int:
     if len(argv) != 1:
         print(__doc__.strip().splitlines()[0], "\nusage: python3 gen_op_specs.py OUT_DIR", file=sys.stderr)
         return 2
-    out = Path(argv[0]) / "deployfuse_op_specs.h"
-    text = header()
-    if not out.is_file() or out.read_text() != text:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(text)
+    for name, text in generated_files().items():
+        out = Path(argv[0]) / name
+        if not out.is_file() or out.read_text() != text:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(text)
     import deployfuse.ops.schema as schema
     import deployfuse.ops.specs as registry
 
     sources = [Path(m.__file__) for m in (*OP_MODULES, schema, registry)]
-    print(",".join(m.__name__.rsplit(".", 1)[-1] for m in OP_MODULES))
+    print(",".join(_folder(m) for m in OP_MODULES))
     print(",".join(p.as_posix() for p in sources))
     return 0
 

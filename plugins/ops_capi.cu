@@ -1,54 +1,127 @@
-// A C ABI over the CUDA launchers (raw device pointers, dtype code 0=fp32 1=fp16 2=bf16), so the
-// GPU checks and benchmarks can drive the kernels from Python (ctypes + torch tensors).
-#include "bias_act/bias_act.cuh"
+// A C ABI over the ops' TensorRT adapters (raw device pointers, dtype code 0=fp32 1=fp16 2=bf16),
+// so the GPU checks and benchmarks drive every registered op from Python (ctypes + torch tensors)
+// through the same enqueue TensorRT runs. Generic over trt::Registered (deployfuse_trt_ops.h,
+// generated from the op registry): nothing here changes when an op is added.
+#include <cstring>
+#include <exception>
+#include <string>
+#include <type_traits>
+
 #include "common/dtype_dispatch.h"
+#include "common/trt_plugin.h"
+#include "deployfuse_trt_ops.h"
 #include "fused_mha/fused_mha.cuh"
-#include "group_norm_act/group_norm_act.cuh"
-#include "layer_norm_gelu/layer_norm_gelu.cuh"
 
 namespace {
-// fn(T* tag) -> cudaError_t in the dtype the code names, as an int.
-template <typename Fn>
-int by_dtype(int dtype, Fn&& fn) {
-  return static_cast<int>(deployfuse::with_dtype(static_cast<deployfuse::DType>(dtype), fn));
+
+using namespace deployfuse;
+
+constexpr int kMaxInputs = 8;
+constexpr int kUnknownOp = -1;   // no registered op has that name
+constexpr int kBadRequest = -2;  // attributes or input descriptions rejected (df_last_error says why)
+
+thread_local std::string g_last_error;
+
+// Whether the adapter declares a workspace (Op::kWorkspaceBytes; its enqueue then takes one, see
+// common/trt_plugin.h).
+template <typename Op, typename = void>
+struct TakesWorkspace : std::false_type {};
+template <typename Op>
+struct TakesWorkspace<Op, std::void_t<decltype(Op::kWorkspaceBytes)>> : std::true_type {};
+
+// op.enqueue as TensorRT calls it, with a stream-ordered workspace when the adapter wants one.
+template <typename Op>
+cudaError_t enqueue(const Op& op, const trt::PluginTensorDesc* desc, int n_inputs, const void* const* inputs, void* y,
+                    cudaStream_t stream) {
+  if constexpr (TakesWorkspace<Op>::value) {
+    void* workspace = nullptr;
+    cudaError_t err = cudaMallocAsync(&workspace, Op::kWorkspaceBytes, stream);
+    if (err != cudaSuccess) return err;
+    err = op.enqueue(desc[0].type, desc, n_inputs, inputs, y, workspace, stream);
+    const cudaError_t freed = cudaFreeAsync(workspace, stream);
+    return err != cudaSuccess ? err : freed;
+  } else {
+    return op.enqueue(desc[0].type, desc, n_inputs, inputs, y, stream);
+  }
 }
+
+nvinfer1::DataType trt_type(int dtype) {
+  switch (static_cast<DType>(dtype)) {
+    case DType::kFloat: return nvinfer1::DataType::kFLOAT;
+    case DType::kHalf: return nvinfer1::DataType::kHALF;
+    case DType::kBFloat16: return nvinfer1::DataType::kBF16;
+    default: return nvinfer1::DataType::kINT8;  // not one the adapters take: they answer cudaErrorInvalidValue
+  }
+}
+
+// One call of Op: attributes from the values given in the spec's order, inputs as linear tensors.
+template <typename Op>
+int run_op(int dtype, void* stream, int n_inputs, const void* const* inputs, const int64_t* const* dims, const int* ranks, void* y,
+           const double* numbers, const char* const* texts) {
+  if (n_inputs < Op::Spec::kRequiredInputs || n_inputs > Op::Spec::kInputs || n_inputs > kMaxInputs) {
+    g_last_error = std::string(Op::Spec::kName) + ": wrong number of inputs";
+    return kBadRequest;
+  }
+  trt::PluginTensorDesc desc[kMaxInputs] = {};
+  for (int i = 0; i < n_inputs; ++i) {
+    if (ranks[i] < 0 || ranks[i] > nvinfer1::Dims::MAX_DIMS) {
+      g_last_error = std::string(Op::Spec::kName) + ": input rank out of range";
+      return kBadRequest;
+    }
+    desc[i].dims.nbDims = ranks[i];
+    for (int d = 0; d < ranks[i]; ++d) desc[i].dims.d[d] = dims[i][d];
+    desc[i].format = nvinfer1::TensorFormat::kLINEAR;
+    desc[i].type = trt_type(dtype);
+  }
+  try {
+    const Op op(AttrValues::read(Op::Spec::kAttrs, [&](const AttrSpec& spec, double* number, std::string* text) {
+      const auto i = &spec - Op::Spec::kAttrs;
+      *number = numbers[i];
+      if (texts[i] != nullptr) *text = texts[i];
+      return true;
+    }));
+    return static_cast<int>(enqueue(op, desc, n_inputs, inputs, y, static_cast<cudaStream_t>(stream)));
+  } catch (const std::exception& e) {
+    g_last_error = std::string(Op::Spec::kName) + ": " + e.what();
+    return kBadRequest;
+  }
+}
+
+template <typename... Ops>
+int run_named(OpList<Ops...>, const char* op, int dtype, void* stream, int n_inputs, const void* const* inputs, const int64_t* const* dims,
+              const int* ranks, void* y, const double* numbers, const char* const* texts) {
+  int rc = kUnknownOp;
+  ((std::strcmp(op, Ops::Spec::kName) == 0 && (rc = run_op<Ops>(dtype, stream, n_inputs, inputs, dims, ranks, y, numbers, texts), true)) ||
+   ...);
+  if (rc == kUnknownOp) g_last_error = std::string("no registered op named ") + op;
+  return rc;
+}
+
 }  // namespace
 
 #define DF_EXPORT extern "C" __attribute__((visibility("default")))
-using namespace deployfuse;
 
-DF_EXPORT int df_layer_norm_gelu(int dtype, void* stream, const void* x, const void* scale, const void* bias, void* y, int64_t rows,
-                                 int64_t cols, float eps, int tanh_approx) {
-  return by_dtype(dtype, [&](auto* t) {
-    using T = std::remove_pointer_t<decltype(t)>;
-    return launch_layer_norm_gelu<T>(static_cast<cudaStream_t>(stream), static_cast<const T*>(x), static_cast<const T*>(scale),
-                                     static_cast<const T*>(bias), static_cast<T*>(y), rows, cols, eps, tanh_approx != 0);
-  });
+// Runs the registered op `op` on n_inputs linear tensors (inputs[i] of dims[i][0..ranks[i])) into
+// y (the output: the shape and dtype the op gives it). numbers/texts: one value per attribute of
+// the op's spec, in its order (texts[i] for string attributes, numbers[i] for the others).
+// Returns 0, a cudaError_t, or kUnknownOp / kBadRequest (df_last_error says why).
+DF_EXPORT int df_run(const char* op, int dtype, void* stream, int n_inputs, const void* const* inputs, const int64_t* const* dims,
+                     const int* ranks, void* y, const double* numbers, const char* const* texts) {
+  g_last_error.clear();
+  return run_named(trt::Registered{}, op, dtype, stream, n_inputs, inputs, dims, ranks, y, numbers, texts);
 }
 
-DF_EXPORT int df_group_norm_act(int dtype, void* stream, const void* x, const void* scale, const void* bias, void* y, int64_t n,
-                                int64_t channels, int64_t spatial, int64_t groups, float eps, int act) {
-  return by_dtype(dtype, [&](auto* t) {
-    using T = std::remove_pointer_t<decltype(t)>;
-    return launch_group_norm_act<T>(static_cast<cudaStream_t>(stream), static_cast<const T*>(x), static_cast<const T*>(scale),
-                                    static_cast<const T*>(bias), static_cast<T*>(y), n, channels, spatial, groups, eps,
-                                    static_cast<Act>(act));
-  });
-}
+// Why the last df_run on this thread returned kUnknownOp or kBadRequest (empty otherwise).
+DF_EXPORT const char* df_last_error() { return g_last_error.c_str(); }
 
-DF_EXPORT int df_bias_act(int dtype, void* stream, const void* x, const void* bias, void* y, int64_t total, int64_t cols, int act) {
-  return by_dtype(dtype, [&](auto* t) {
-    using T = std::remove_pointer_t<decltype(t)>;
-    return launch_bias_act<T>(static_cast<cudaStream_t>(stream), static_cast<const T*>(x), static_cast<const T*>(bias), static_cast<T*>(y),
-                              total, cols, static_cast<Act>(act));
-  });
-}
-
+// FusedMHA with a mask of any element strides (MhaShape::mask_stride), which no runtime passes
+// (their tensors are contiguous) but the tensor-core kernels' mask paths take: the GPU check's
+// padded, offset and strided mask layouts.
 DF_EXPORT int df_fused_mha(int dtype, void* stream, const void* q, const void* k, const void* v, const void* mask, void* y,
                            const MhaShape* shape) {
-  return by_dtype(dtype, [&](auto* t) {
+  return static_cast<int>(with_dtype(static_cast<DType>(dtype), [&](auto* t) {
     using T = std::remove_pointer_t<decltype(t)>;
     return launch_fused_mha<T>(static_cast<cudaStream_t>(stream), static_cast<const T*>(q), static_cast<const T*>(k),
                                static_cast<const T*>(v), static_cast<const T*>(mask), static_cast<T*>(y), *shape);
-  });
+  }));
 }

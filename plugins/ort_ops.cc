@@ -1,19 +1,17 @@
 // libdeployfuse_ort: the ONNX Runtime custom-op library. One adapter per op
 // (plugins/<op>/<op>_ort.h, on common/ort_adapter.h) turns ORT tensors and attributes into calls
-// of the CPU kernels / CUDA launchers; make_registrations below is the one list of what is
-// registered (every op for the CPU EP in fp32, and with DEPLOYFUSE_WITH_CUDA for the CUDA EP in
-// fp32/fp16/bf16). Built against ORT API 21 headers; loads in ORT >= 1.21.
+// of the CPU kernels / CUDA launchers; ort::Registered, generated from the op registry
+// (deployfuse_ort_ops.h, by gen_op_specs.py), lists them, and make_registrations registers every
+// one for the CPU EP in fp32, and with DEPLOYFUSE_WITH_CUDA for the CUDA EP in fp32/fp16/bf16.
+// Nothing here changes when an op is added. Built against ORT API 21 headers; loads in ORT >= 1.21.
 #include <cstring>
 #include <memory>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
-#include "bias_act/bias_act_ort.h"
 #include "common/ort_adapter.h"
-#include "fused_mha/fused_mha_ort.h"
-#include "group_norm_act/group_norm_act_ort.h"
-#include "layer_norm_gelu/layer_norm_gelu_ort.h"
+#include "deployfuse_ort_ops.h"
 
 namespace deployfuse {
 namespace ort {
@@ -66,15 +64,13 @@ struct Op : Ort::CustomOpBase<Op<Adapter>, Kernel<Adapter>, true> {
 };
 
 template <typename... Adapters>
-void add_ops(std::vector<std::unique_ptr<OrtCustomOp>>& ops, const char* ep, ElemType type) {
+void add_ops(OpList<Adapters...>, std::vector<std::unique_ptr<OrtCustomOp>>& ops, const char* ep, ElemType type) {
   static_assert(spec::each_op_once<typename Adapters::Spec...>(), "register every op of deployfuse/ops/specs.py, once");
   (ops.emplace_back(new Op<Adapters>(ep, type)), ...);
 }
 
-// The one registration list: every op, for each (provider, element type).
-void add_all(std::vector<std::unique_ptr<OrtCustomOp>>& ops, const char* ep, ElemType type) {
-  add_ops<LayerNormGelu, GroupNormAct, BiasAct, FusedMHA>(ops, ep, type);
-}
+// Every registered op, for one (provider, element type).
+void add_all(std::vector<std::unique_ptr<OrtCustomOp>>& ops, const char* ep, ElemType type) { add_ops(Registered{}, ops, ep, type); }
 
 std::vector<std::unique_ptr<OrtCustomOp>> make_registrations() {
   std::vector<std::unique_ptr<OrtCustomOp>> ops;

@@ -1,23 +1,21 @@
 // libdeployfuse_trt: the TensorRT IPluginV3 plugins. One adapter per op
 // (plugins/<op>/<op>_trt.h, on common/trt_plugin.h) turns TensorRT tensor descriptions and plugin
 // fields into calls of the CUDA launchers (the same ones behind the ONNX Runtime library);
-// getCreators at the bottom is the one list of what is registered. Names = the ONNX op types,
+// getCreators registers every adapter of trt::Registered, generated from the op registry
+// (deployfuse_trt_ops.h, by gen_op_specs.py): nothing here changes when an op is added. Names = the ONNX op types,
 // namespace "deployfuse" (the ONNX domain), version "1", so TensorRT's ONNX parser maps
 // `deployfuse.*` nodes to them. Loaded with IPluginRegistry::loadLibrary, which in TensorRT 10
 // and TensorRT-RTX alike needs the two entry points below: `setLoggerFinder` and `getCreators`.
 #include <tuple>
 
-#include "bias_act/bias_act_trt.h"
 #include "common/trt_plugin.h"
-#include "fused_mha/fused_mha_trt.h"
-#include "group_norm_act/group_norm_act_trt.h"
-#include "layer_norm_gelu/layer_norm_gelu_trt.h"
+#include "deployfuse_trt_ops.h"
 
 namespace {
 
 // One creator per op adapter, in a static array that lives as long as the library.
 template <typename... Ops>
-nvinfer1::IPluginCreatorInterface* const* creators(int32_t& count) {
+nvinfer1::IPluginCreatorInterface* const* creators(deployfuse::OpList<Ops...>, int32_t& count) {
   using namespace deployfuse;
   static_assert(spec::each_op_once<typename Ops::Spec...>(), "register every op of deployfuse/ops/specs.py, once");
   static std::tuple<trt::Creator<Ops>...> owned;
@@ -32,8 +30,6 @@ extern "C" __attribute__((visibility("default"))) void setLoggerFinder(nvinfer1:
   deployfuse::trt::g_logger_finder = finder;
 }
 
-// The one registration list.
 extern "C" __attribute__((visibility("default"))) nvinfer1::IPluginCreatorInterface* const* getCreators(int32_t& nbCreators) {
-  using namespace deployfuse::trt;
-  return creators<LayerNormGeluOp, GroupNormActOp, BiasActOp, FusedMHAOp>(nbCreators);
+  return creators(deployfuse::trt::Registered{}, nbCreators);
 }

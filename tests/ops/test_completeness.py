@@ -5,12 +5,13 @@ fails here, naming the piece:
 - Python (deployfuse/ops/defs/<op>.py): a torch op whose arguments and defaults are the spec's,
   an ONNX translation writing the spec's node with the spec's attributes, a function body for
   every variant, example inputs for every input;
-- native (plugins/<op>/): CPU kernel, CUDA launcher, an ONNX Runtime adapter registered for the
-  CPU and CUDA EPs, a TensorRT adapter registered as a creator whose fields are the spec's
-  attributes (from the header generated from the spec), a C-ABI entry for the GPU checks;
+- native (plugins/<op>/): CPU kernel, CUDA launcher, an ONNX Runtime adapter and a TensorRT
+  adapter, both in the registration lists generated from the registry (the ORT one registered
+  for the CPU and CUDA EPs; the TensorRT creator's fields are the spec's attributes, from the
+  header generated from the spec; the GPU checks' C ABI runs the TensorRT adapter);
 - a rewrite rule that emits it, or the spec says `users_only`;
-- test cases covering every variant (tests/ops/cases.py), a GPU check case (bench/ops_gpu.py)
-  and a row in plugins/README.md.
+- test cases covering every variant (tests/ops/cases.py; the GPU check runs them too) and a
+  row in plugins/README.md.
 
 `test_a_new_op_without_its_pieces_is_reported` shows the check is not vacuous: an op that is
 only a spec is reported missing every piece.
@@ -43,15 +44,16 @@ PLUGINS = ROOT / "plugins"
 RULES = ROOT / "deployfuse" / "rewrite" / "rules"
 
 
-def _generated_header() -> str:
+def _generated() -> dict[str, str]:
     spec = importlib.util.spec_from_file_location("gen_op_specs", PLUGINS / "gen_op_specs.py")
     assert spec and spec.loader
     gen = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(gen)
-    return gen.header()
+    return gen.generated_files()
 
 
-HEADER = _generated_header()
+GENERATED = _generated()
+HEADER = GENERATED["deployfuse_op_specs.h"]
 
 
 def _read(path: Path) -> str:
@@ -131,21 +133,13 @@ def _native_pieces(spec: OpSpec, folder: str) -> list[str]:
     ):
         if needle not in _read(PLUGINS / rel):
             missing.append(f"plugins/{rel} with `{needle.splitlines()[0]}`")
-    ort = _read(PLUGINS / "ort_ops.cc")
-    listed = re.search(r"add_ops<([\w, ]+)>", ort)
-    if f'#include "{folder}/{folder}_ort.h"' not in ort or not listed or spec.name not in re.findall(r"\w+", listed[1]):
-        missing.append("ONNX Runtime registration (plugins/ort_ops.cc: include and add_ops<...>, for the CPU and CUDA EPs)")
-    elif not re.search(r"add_all\(ops, kCpu,", ort) or not re.search(r"add_all\(ops, kCuda, t\)", ort):
-        missing.append("ort_ops.cc registers the list for both the CPU and the CUDA EP")
-    trt = _read(PLUGINS / "trt_plugins.cpp")
-    creators = re.search(r"return creators<([\w, ]+)>", trt)
-    if f'#include "{folder}/{folder}_trt.h"' not in trt or not creators or f"{spec.name}Op" not in re.findall(r"\w+", creators[1]):
-        missing.append("TensorRT creator (plugins/trt_plugins.cpp: include and creators<...>)")
+    for runtime, adapter in (("ort", spec.name), ("trt", f"{spec.name}Op")):
+        listed = re.search(r"using Registered = OpList<([\w, ]+)>;", GENERATED[f"deployfuse_{runtime}_ops.h"])
+        if f'#include "{folder}/{folder}_{runtime}.h"' not in GENERATED[f"deployfuse_{runtime}_ops.h"] or not listed or adapter not in listed[1].split(", "):
+            missing.append(f"{'ONNX Runtime' if runtime == 'ort' else 'TensorRT'} registration: {runtime}::{adapter} in the generated deployfuse_{runtime}_ops.h")
     block = re.search(rf"struct {spec.name} \{{.*?kAttrs\[\] = \{{(.*?)\}};\n\}};", HEADER, flags=re.S)
     if not block or re.findall(r'\{"(\w+)", AttrKind', block[1]) != list(spec.attrs):
         missing.append("generated spec::<Op> whose attributes (the TensorRT fields) are the spec's")
-    if f"df_{folder}(" not in _read(PLUGINS / "ops_capi.cu"):
-        missing.append(f"C ABI entry df_{folder} (plugins/ops_capi.cu) for the GPU checks")
     return missing
 
 
@@ -157,8 +151,6 @@ def _elsewhere_pieces(spec: OpSpec) -> list[str]:
         missing.append("a target lowering to it (deployfuse/targets.py) or a rewrite rule emitting it (deployfuse/rewrite/rules/), or users_only=True in its spec")
     if not re.search(rf'^\| `{spec.name}` \|', _read(PLUGINS / "README.md"), flags=re.M):
         missing.append("a row in plugins/README.md")
-    if f'("{spec.name}",' not in _read(ROOT / "bench" / "ops_gpu.py"):
-        missing.append("a GPU check case in bench/ops_gpu.py")
     return missing
 
 
@@ -180,13 +172,24 @@ def test_registry_and_generated_header_name_the_same_ops():
     assert folders == {m.__name__.rsplit(".", 1)[-1] for m in OP_MODULES}, "one plugins/<op>/ folder per registered op"
 
 
+def test_native_lists_come_from_the_registry():
+    """The registration lists and the C ABI take the generated lists, so adding an op edits none of them."""
+    ort, trt, capi = (_read(PLUGINS / name) for name in ("ort_ops.cc", "trt_plugins.cpp", "ops_capi.cu"))
+    assert '#include "deployfuse_ort_ops.h"' in ort and "add_ops(Registered{}, ops, ep, type)" in ort
+    assert re.search(r"add_all\(ops, kCpu,", ort) and re.search(r"add_all\(ops, kCuda, t\)", ort), "both the CPU and the CUDA EP"
+    assert '#include "deployfuse_trt_ops.h"' in trt and "creators(deployfuse::trt::Registered{}" in trt
+    assert '#include "deployfuse_trt_ops.h"' in capi and "run_named(trt::Registered{}" in capi
+    for text in (ort, trt, capi):
+        assert not any(f"{m.__name__.rsplit('.', 1)[-1]}_" in text for m in OP_MODULES), "an op named by hand in a native list"
+
+
 def test_a_new_op_without_its_pieces_is_reported():
     spec = dataclasses.replace(bias_act.SPEC, name="RMSNormAct")
     stub = types.ModuleType("deployfuse.ops.defs.rms_norm_act")
     stub.SPEC = spec
     missing = "\n".join(missing_pieces(stub))
     for piece in ("torch op", "ONNX translation (", "a test case", "rms_norm_act.h", "rms_norm_act_cpu.cc", "rms_norm_act.cu", "rms_norm_act_ort.h",
-                  "rms_norm_act_trt.h", "ONNX Runtime registration", "TensorRT creator", "generated spec::<Op>", "df_rms_norm_act",
-                  "a rewrite rule", "plugins/README.md", "bench/ops_gpu.py"):
+                  "rms_norm_act_trt.h", "ONNX Runtime registration", "TensorRT registration", "generated spec::<Op>",
+                  "a rewrite rule", "plugins/README.md"):
         assert piece in missing, piece
     assert "a rewrite rule" not in "\n".join(missing_pieces(types.SimpleNamespace(__name__=stub.__name__, SPEC=dataclasses.replace(spec, users_only=True))))
