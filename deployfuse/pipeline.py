@@ -36,7 +36,7 @@ from deployfuse.quantize.gate import GATE_SAMPLES, GateResult
 from deployfuse.quantize.lowering import QuantizeOptions, check_options
 from deployfuse.report import ExportReport, Step
 from deployfuse.rewrite import FusionReport, fuse as fuse_graph
-from deployfuse.targets import ORT_CUDA, TARGETS, Target, get_target
+from deployfuse.targets import DEPLOYFUSE, ORT_CUDA, TARGETS, Target, get_target
 from deployfuse.verify import DEFAULT_RTOL, compare_outputs, to_numpy
 
 # The dtype each precision exports in: int8/fp8 export fp32, then quantize it (deployfuse.quantize).
@@ -577,10 +577,14 @@ def _traceable(example: Inputs, dynamic: Sequence[DynamicAxis]) -> Inputs:
 
 def _verify(model: onnx.ModelProto, draws: list[_Draw], references: list[dict[str, torch.Tensor]],
             same_precision: list[dict[str, torch.Tensor]], rtol: float, report: ExportReport) -> None:
-    """Run every draw on ORT; judge it against `references`, and show the error against
-    `same_precision` (PyTorch in the export's fp16/bf16) beside it when given."""
+    """Run every draw on ORT (deployfuse nodes on the native kernels when the custom-op library
+    is built, as a user's session runs them); judge it against `references`, and show the error
+    against `same_precision` (PyTorch in the export's fp16/bf16) beside it when given."""
+    library = ort_backend.native_library()
+    if report.verification is not None and any(n.domain == DEPLOYFUSE for n in model.graph.node):
+        report.verification["deployfuse_ops"] = ort_backend.deployfuse_ops_note(library)
     try:
-        session = ort_backend.session(model)
+        session = ort_backend.session(model, custom_ops_library=library)
     except Exception as exc:
         raise AccuracyError(f"ONNX Runtime cannot load the exported model: {first_line(exc)}") from exc
     for index, (draw, reference) in enumerate(zip(draws, references)):

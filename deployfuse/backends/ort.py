@@ -17,7 +17,7 @@ import onnx
 from deployfuse.runtime import artefact_provider_options, resolve_providers
 from deployfuse.targets import ORT_CPU, ORT_CUDA
 
-__all__ = ["PROVIDERS", "artefact_provider_options", "run", "session"]
+__all__ = ["PROVIDERS", "artefact_provider_options", "deployfuse_ops_note", "native_library", "run", "session"]
 
 PROVIDERS = {t.name: list(t.providers) for t in (ORT_CPU, ORT_CUDA)}  # by ONNX Runtime target (and compare backend) name
 
@@ -58,6 +58,32 @@ def session(
     elif isinstance(model, Path):
         model = str(model)
     return ort.InferenceSession(model, sess_options=options, providers=list(providers))
+
+
+def native_library() -> Path | None:
+    """deployfuse's built custom-op library when it loads in this ONNX Runtime, else None.
+
+    Never builds (a session must not start a compiler). Sessions given None run deployfuse
+    nodes as the ONNX function bodies stored in the model: same results, not the native kernels.
+    """
+    import onnxruntime as ort
+
+    from deployfuse.errors import UsageError
+    from deployfuse.ops.native import ort_custom_ops_library
+
+    try:
+        library = ort_custom_ops_library(build=False)
+        ort.SessionOptions().register_custom_ops_library(str(library))  # dlopen: a CUDA build needs its runtime here
+    except (UsageError, RuntimeError, OSError):  # not built; onnxruntime raises its own RuntimeError subclasses
+        return None
+    return library
+
+
+def deployfuse_ops_note(library: str | os.PathLike[str] | None) -> str:
+    """How a session given `library` runs deployfuse nodes, for reports: what was timed or checked."""
+    if library is None:
+        return "deployfuse ops as ONNX function bodies (no custom-op library built: `deployfuse plugins build`)"
+    return f"deployfuse ops on native kernels ({Path(library).name})"
 
 
 def run(sess, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:

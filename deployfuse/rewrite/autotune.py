@@ -15,6 +15,10 @@ ORT thread pool (without it, a tiny BERT's families flipped between 10 % faster 
 slower from one run to the next). Rounds go on until `budget_s` is spent (at least
 `min_rounds`, at most `max_rounds`): a small model gets many rounds, BERT-base stays cheap.
 
+deployfuse nodes are timed on the native kernels of the custom-op library when one is given
+(`backends.ort.native_library`: the kernels a user's session runs), else as their ONNX function
+bodies; the decision's reason says which.
+
 ort-cpu is timed on the CPU EP; ort-cuda on the CUDA EP, and not at all (the family is kept, the
 reason says why) when this onnxruntime cannot run it; tensorrt is not timed here (its engine
 fuses and times kernels itself at build time).
@@ -22,6 +26,8 @@ fuses and times kernels itself at build time).
 
 from __future__ import annotations
 
+import dataclasses
+import os
 import statistics
 import time
 from collections.abc import Callable, Mapping
@@ -32,7 +38,7 @@ import onnx
 
 from deployfuse.backends import ort as ort_backend
 from deployfuse.errors import first_line
-from deployfuse.targets import CUDA_PROVIDER, ORT_CUDA, Target, get_target
+from deployfuse.targets import CUDA_PROVIDER, DEPLOYFUSE, ORT_CUDA, Target, get_target
 
 THRESHOLD = 0.02
 
@@ -72,6 +78,7 @@ def time_family(
     min_rounds: int = 5,
     max_rounds: int = 200,
     budget_s: float = 0.5,
+    custom_ops_library: str | os.PathLike[str] | None = None,
 ) -> Decision:
     """Time `before` and `after` on `target`'s runtime and decide with `decide`.
 
@@ -84,10 +91,13 @@ def time_family(
         warmup: untimed runs of each model first.
         min_rounds, max_rounds, budget_s: interleaved rounds, until `budget_s` seconds of
             timed rounds are spent.
+        custom_ops_library: deployfuse's custom-op library, whose kernels then run the
+            deployfuse nodes; None times their function bodies.
 
     Returns:
         The decision; a model ONNX Runtime cannot load with its optimisations on is reverted,
-        an untimed target keeps the family.
+        an untimed target keeps the family. When `after` has deployfuse nodes, the reason ends
+        with what ran them (native kernels or function bodies).
     """
     target = get_target(target)
     why = _not_timed(target)
@@ -95,12 +105,15 @@ def time_family(
         return Decision(True, f"not timed: {why}")
     providers = list(target.providers)
     try:
-        sessions = [ort_backend.session(m, providers=providers) for m in (before, after)]
+        sessions = [ort_backend.session(m, providers=providers, custom_ops_library=custom_ops_library) for m in (before, after)]
     except Exception as exc:  # ORT raises its own types; a family ORT cannot optimise must not ship
         return Decision(False, f"onnxruntime (optimised): {first_line(exc)}")
     if providers[0] not in sessions[0].get_providers():
         return Decision(True, f"not timed: {providers[0]} did not start")
-    return decide(*_interleaved(sessions, feed, warmup, min_rounds, max_rounds, budget_s), threshold)
+    decision = decide(*_interleaved(sessions, feed, warmup, min_rounds, max_rounds, budget_s), threshold)
+    if any(n.domain == DEPLOYFUSE for n in after.graph.node):
+        decision = dataclasses.replace(decision, reason=f"{decision.reason}; {ort_backend.deployfuse_ops_note(custom_ops_library)}")
+    return decision
 
 
 def _interleaved(sessions: list, feed: Mapping[str, np.ndarray], warmup: int = 2, min_rounds: int = 5, max_rounds: int = 200, budget_s: float = 0.5) -> tuple[float, float]:

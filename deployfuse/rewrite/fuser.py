@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 
 import numpy as np
@@ -15,6 +16,7 @@ from onnxscript.rewriter import pattern
 from onnxscript.rewriter._basics import MatchInfo
 from onnxscript.rewriter._rewrite_rule import RULE_NAME_TAG
 
+from deployfuse.backends import ort as ort_backend
 from deployfuse.errors import UsageError, first_line
 from deployfuse.rewrite import autotune as tuning, guard, rules as rule_families
 from deployfuse.rewrite.report import FamilyResult, FusionReport
@@ -32,6 +34,7 @@ def fuse(
     families: Sequence[str] | None = None,
     autotune: bool = False,
     on_family: Callable[[str, int, int], None] | None = None,
+    custom_ops_library: bool | str | os.PathLike[str] = True,
 ) -> tuple[onnx.ModelProto, FusionReport]:
     """Rewrite `model` into fused nodes for `target`, one guarded rule family at a time.
 
@@ -45,6 +48,9 @@ def fuse(
         autotune: also time each family the guard accepted on the target, on `feeds[0]`,
             and revert it when it makes the model slower (`autotune.time_family`).
         on_family: called with (family, index, count) as each family starts, for progress.
+        custom_ops_library: the guard's and autotune's sessions run deployfuse nodes on this
+            library's kernels: True, deployfuse's own when it is built (`backends.ort.native_library`);
+            False, none (the function bodies); or a path.
 
     Returns:
         The fused model and the report. A family the guard rejects is rolled back and
@@ -61,9 +67,10 @@ def fuse(
             raise UsageError(f"unknown fusion families {sorted(unknown)}; known: {', '.join(m.FAMILY for m in modules)}")
         modules = [m for m in modules if m.FAMILY in families]
     providers = guard.providers_for(target)
+    library = ort_backend.native_library() if custom_ops_library is True else (None if custom_ops_library is False else custom_ops_library)
     current = onnx.ModelProto()
     current.CopyFrom(model)
-    reference = guard.run_outputs(current, feeds, providers)
+    reference = guard.run_outputs(current, feeds, providers, library)
     report = FusionReport(target.name)
     for index, module in enumerate(modules):
         if on_family is not None:
@@ -77,7 +84,7 @@ def fuse(
             candidate = _apply(current, rules, result, debug, target)
             if not result.fused:
                 continue
-            outputs = guard.check(candidate, reference, feeds, providers)
+            outputs = guard.check(candidate, reference, feeds, providers, library)
         except guard.GuardFailure as exc:
             result.rolled_back, result.reason = True, str(exc)
             continue
@@ -85,16 +92,17 @@ def fuse(
             result.rolled_back, result.reason = True, f"rule error: {first_line(exc, typed=True)}"
             continue
         if autotune:
-            decision = tuning.time_family(current, candidate, target, feeds[0])
+            decision = tuning.time_family(current, candidate, target, feeds[0], custom_ops_library=library)
             result.autotune, result.before_ms, result.after_ms = decision.reason, decision.before_ms, decision.after_ms
             if not decision.keep:
                 result.reverted = True
                 continue
         current, reference = candidate, outputs
-    return _merge_duplicates(current, reference, feeds, providers), report
+    return _merge_duplicates(current, reference, feeds, providers, library), report
 
 
-def _merge_duplicates(model: onnx.ModelProto, reference: list[dict[str, np.ndarray]], feeds: Sequence[Mapping[str, np.ndarray]], providers: Sequence[str]) -> onnx.ModelProto:
+def _merge_duplicates(model: onnx.ModelProto, reference: list[dict[str, np.ndarray]], feeds: Sequence[Mapping[str, np.ndarray]], providers: Sequence[str],
+                      library: str | os.PathLike[str] | None) -> onnx.ModelProto:
     """Merge nodes that compute the same thing, once every family has run: rules that rebuild a
     shared input per match (rotary's cos/sin caches) leave copies. Running it between families
     would hand later patterns values with new consumers. Guarded like a family."""
@@ -105,7 +113,7 @@ def _merge_duplicates(model: onnx.ModelProto, reference: list[dict[str, np.ndarr
     if len(merged.graph.node) == len(model.graph.node):
         return model
     try:
-        guard.check(merged, reference, feeds, providers)
+        guard.check(merged, reference, feeds, providers, library)
     except guard.GuardFailure:
         return model
     return merged

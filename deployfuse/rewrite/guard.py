@@ -7,10 +7,13 @@ against the model from before the family on the caller's feeds:
     |after - before| <= rtol * (|before| + max|before|)   elementwise, NaN/Inf where before has none fails
 
 For ort-cuda / tensorrt the CPU session is a proxy (CUDA is used when this ORT has it).
+Given deployfuse's custom-op library, the sessions run deployfuse nodes on its native kernels,
+so the check covers the kernels a user's session runs, not only the function bodies.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -38,9 +41,11 @@ def providers_for(target: Target) -> list[str]:
     return ["CPUExecutionProvider"]
 
 
-def run_outputs(model: onnx.ModelProto, feeds: Sequence[Mapping[str, np.ndarray]], providers: Sequence[str]) -> list[dict[str, np.ndarray]]:
-    """Outputs of `model` on every feed, ORT graph optimisations off."""
-    sess = ort_backend.session(model, providers=providers, optimize=False, threads=1)
+def run_outputs(model: onnx.ModelProto, feeds: Sequence[Mapping[str, np.ndarray]], providers: Sequence[str],
+                custom_ops_library: str | os.PathLike[str] | None = None) -> list[dict[str, np.ndarray]]:
+    """Outputs of `model` on every feed, ORT graph optimisations off; deployfuse nodes on
+    `custom_ops_library`'s kernels when given, else as their function bodies."""
+    sess = ort_backend.session(model, providers=providers, optimize=False, threads=1, custom_ops_library=custom_ops_library)
     return [ort_backend.run(sess, feed) for feed in feeds]
 
 
@@ -62,7 +67,8 @@ def check_model(model: onnx.ModelProto) -> None:
         raise GuardFailure(f"shape inference: {first_line(exc)}") from None
 
 
-def check(model: onnx.ModelProto, reference: list[dict[str, np.ndarray]], feeds: Sequence[Mapping[str, np.ndarray]], providers: Sequence[str]) -> list[dict[str, np.ndarray]]:
+def check(model: onnx.ModelProto, reference: list[dict[str, np.ndarray]], feeds: Sequence[Mapping[str, np.ndarray]], providers: Sequence[str],
+          custom_ops_library: str | os.PathLike[str] | None = None) -> list[dict[str, np.ndarray]]:
     """The outputs of `model` on `feeds`; GuardFailure with the reason when `model` is invalid
     or its outputs differ from `reference`.
 
@@ -71,10 +77,12 @@ def check(model: onnx.ModelProto, reference: list[dict[str, np.ndarray]], feeds:
         reference: outputs of the model before the rewrite, one dict per feed.
         feeds: the inputs `reference` was computed on.
         providers: execution providers for the session.
+        custom_ops_library: deployfuse's custom-op library (`backends.ort.native_library`), or
+            None to run deployfuse nodes as their function bodies.
     """
     check_model(model)
     try:
-        got = run_outputs(model, feeds, providers)
+        got = run_outputs(model, feeds, providers, custom_ops_library)
     except Exception as exc:
         raise GuardFailure(f"onnxruntime: {first_line(exc)}") from None
     for i, (want, have) in enumerate(zip(reference, got)):

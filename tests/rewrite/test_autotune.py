@@ -112,6 +112,25 @@ def test_family_onnxruntime_cannot_load_optimised_is_reverted():
     assert not decision.keep and decision.reason.startswith("onnxruntime (optimised): ")
 
 
+def test_native_kernels_are_timed_when_the_library_is_given():
+    """Given the custom-op library, the timed sessions run the native kernel: a BiasAct node with
+    no function body loads and is timed, and the reason says what ran it. Without the library the
+    function bodies are timed (the reason says so) and a node without one cannot be."""
+    from _native import kernel_only_bias_act
+
+    from deployfuse.ops import ort_custom_ops_library
+
+    with_body, kernel_only, feed = kernel_only_bias_act()
+    library = ort_custom_ops_library()
+    native = time_family(with_body, kernel_only, "ort-cpu", feed, budget_s=0.05, custom_ops_library=library)
+    assert native.before_ms > 0 and native.after_ms > 0
+    assert native.reason.endswith(f"; deployfuse ops on native kernels ({library.name})"), native.reason
+    bodies = time_family(kernel_only, with_body, "ort-cpu", feed, budget_s=0.05)
+    assert bodies.before_ms is None and not bodies.keep and "BiasAct" in bodies.reason  # before: no body, no library
+    bodies = time_family(with_body, with_body, "ort-cpu", feed, budget_s=0.05)
+    assert bodies.after_ms > 0 and bodies.reason.endswith("; deployfuse ops as ONNX function bodies (no custom-op library built: `deployfuse plugins build`)")
+
+
 # ---- prefer_nhwc: by measurement with --autotune, else only where 2-D convolutions dominate ----
 
 

@@ -2,9 +2,11 @@
 
 from types import SimpleNamespace
 
+import numpy as np
 import onnx
 import pytest
 from _export import exported, feeds, op_counts
+from _native import kernel_only_bias_act
 from onnxscript.rewriter import pattern
 
 from deployfuse.rewrite import fuse, rules as registry
@@ -101,3 +103,21 @@ def test_rewriting_leaves_the_model_before_it_as_it_was():
             tensor.const_value.name = f"renamed_{i}"
         assert any(t.name.startswith("renamed_") for t in model.graph.initializer), "the rename reached the proto"
     assert model.SerializeToString() == before
+
+
+def test_guard_runs_deployfuse_nodes_on_the_library_it_is_given():
+    """Given the custom-op library, the guard's session runs the native kernel (a node with no
+    function body passes, matching the body and PyTorch); without it, the node cannot run."""
+    import torch
+
+    from deployfuse.ops import SPECS, ort_custom_ops_library
+    from deployfuse.rewrite import guard
+
+    with_body, kernel_only, feed = kernel_only_bias_act()
+    cpu = ["CPUExecutionProvider"]
+    reference = guard.run_outputs(with_body, [feed], cpu)  # the function body, no library
+    got = guard.check(kernel_only, reference, [feed], cpu, ort_custom_ops_library())
+    want = SPECS["BiasAct"].reference(torch.from_numpy(feed["X"]), torch.from_numpy(feed["Bias"]), activation="gelu").numpy()
+    np.testing.assert_allclose(got[0]["Y"], want, rtol=1e-4, atol=1e-5)
+    with pytest.raises(guard.GuardFailure, match="onnxruntime: .*BiasAct"):
+        guard.check(kernel_only, reference, [feed], cpu)
