@@ -10,8 +10,8 @@ fails here, naming the piece:
   for the CPU and CUDA EPs; the TensorRT creator's fields are the spec's attributes, from the
   header generated from the spec; the GPU checks' C ABI runs the TensorRT adapter);
 - a rewrite rule that emits it, or the spec says `users_only`;
-- test cases covering every variant (tests/ops/cases.py; the GPU check runs them too) and a
-  row in plugins/README.md.
+- test cases covering every variant (tests/ops/cases.py; the GPU check runs them too) and its
+  name in the README's list of deployfuse ops (the one place the docs list the ops).
 
 `test_a_new_op_without_its_pieces_is_reported` shows the check is not vacuous: an op that is
 only a spec is reported missing every piece.
@@ -143,14 +143,20 @@ def _native_pieces(spec: OpSpec, folder: str) -> list[str]:
     return missing
 
 
+def readme_ops() -> list[str]:
+    """The ops the README's "deployfuse ops" section lists: `A`, `B` and `C` (domain `deployfuse`, ..."""
+    listed = re.search(r"^((?:`\w+`(?:, | and ))*`\w+`) \(domain `deployfuse`", _read(ROOT / "README.md"), flags=re.M)
+    return re.findall(r"`(\w+)`", listed[1]) if listed else []
+
+
 def _elsewhere_pieces(spec: OpSpec) -> list[str]:
     missing = []
     emits = re.compile(rf"[\"']{spec.name}[\"']|\bop\.{spec.name}\(")
     lowered = {(lowering.domain, lowering.op_type) for target in BY_NAME.values() for choices in target.lowerings.values() for lowering in choices}
     if not spec.users_only and (spec.domain, spec.name) not in lowered and not any("DEPLOYFUSE" in s and emits.search(s) for s in (p.read_text() for p in RULES.glob("*.py"))):
         missing.append("a target lowering to it (deployfuse/targets.py) or a rewrite rule emitting it (deployfuse/rewrite/rules/), or users_only=True in its spec")
-    if not re.search(rf'^\| `{spec.name}` \|', _read(PLUGINS / "README.md"), flags=re.M):
-        missing.append("a row in plugins/README.md")
+    if spec.name not in readme_ops():
+        missing.append("the op in the README's list of deployfuse ops (section 'deployfuse ops')")
     return missing
 
 
@@ -168,6 +174,7 @@ def test_registered_op_is_complete(module):
 def test_registry_and_generated_header_name_the_same_ops():
     assert list(SPECS) == [m.SPEC.name for m in OP_MODULES] and len(set(SPECS)) == len(OP_MODULES)
     assert re.search(r"kOps\[\] = \{(.*?)\};", HEADER)[1] == ", ".join(f'"{name}"' for name in SPECS)
+    assert sorted(readme_ops()) == sorted(SPECS), "the README lists the registered ops, no others"
     folders = {p.name for p in PLUGINS.iterdir() if p.is_dir() and p.name not in ("common", "build", "tests")}
     assert folders == {m.__name__.rsplit(".", 1)[-1] for m in OP_MODULES}, "one plugins/<op>/ folder per registered op"
 
@@ -190,6 +197,6 @@ def test_a_new_op_without_its_pieces_is_reported():
     missing = "\n".join(missing_pieces(stub))
     for piece in ("torch op", "ONNX translation (", "a test case", "rms_norm_act.h", "rms_norm_act_cpu.cc", "rms_norm_act.cu", "rms_norm_act_ort.h",
                   "rms_norm_act_trt.h", "ONNX Runtime registration", "TensorRT registration", "generated spec::<Op>",
-                  "a rewrite rule", "plugins/README.md"):
+                  "a rewrite rule", "README's list"):
         assert piece in missing, piece
     assert "a rewrite rule" not in "\n".join(missing_pieces(types.SimpleNamespace(__name__=stub.__name__, SPEC=dataclasses.replace(spec, users_only=True))))
