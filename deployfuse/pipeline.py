@@ -333,7 +333,7 @@ def _run(request: _Request, out_path: Path, report: ExportReport, steps: _Steps,
             guard_inputs = [d.inputs for d in draws if d.draw < 2] or checks
             feeds = [{k: to_numpy(v) for k, v in x.items()} for x in guard_inputs]
             onnx_model, fusion = fuse_graph(onnx_model, request.target, feeds, debug=request.debug, autotune=request.autotune,
-                                            on_family=getattr(steps.progress, "family", None))
+                                            on_family=getattr(steps.progress, "family", None), families=_families(request))
             report.fusion = fusion.to_dict()
             step.detail = f"{len(onnx_model.graph.node)} nodes"
     else:
@@ -385,6 +385,18 @@ def _run(request: _Request, out_path: Path, report: ExportReport, steps: _Steps,
         size = save_model(onnx_model, out_path)
         step.detail = f"{out_path.name}, {size / 1e6:.1f} MB"
     return fusion, gate
+
+
+def _families(request: _Request) -> list[str] | None:
+    """The fusion families to run: all (None), less those whose fused nodes an ort-cpu int8
+    quantization could not quantize."""
+    from deployfuse.quantize.ort_int8 import SKIPPED_FAMILIES
+    from deployfuse.rewrite.fuser import family_names
+    from deployfuse.targets import ORT_CPU
+
+    if request.quantize is None or request.target != ORT_CPU:
+        return None
+    return [f for f in family_names() if f not in SKIPPED_FAMILIES]
 
 
 def _calibration(loaded: LoadedModel, example: Inputs, request: _Request, checking: _Checking) -> tuple[Calibration, dict[str, list[dict[str, torch.Tensor]]] | None]:

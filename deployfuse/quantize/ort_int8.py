@@ -30,6 +30,9 @@ import onnx
 from deployfuse.quantize.calibration import Calibration
 
 MODES = ("dynamic", "static")
+# Fusion families whose fused node ORT's quantizer cannot take: com.microsoft FusedConv (Conv +
+# activation) has no int8 form, so fusing it would keep every convolution in fp32.
+SKIPPED_FAMILIES = ("fused_conv",)
 OP_TYPES = {"dynamic": ("MatMul", "Gemm", "Attention", "Conv"), "static": ("MatMul", "Gemm", "Conv")}
 
 
@@ -92,4 +95,4 @@ def quantizer(model: onnx.ModelProto, mode: str, calibration: Calibration) -> Ca
     return quantize
 
 
-__all__ = ["MODES", "OP_TYPES", "layers", "quantizer"]
+__all__ = ["MODES", "OP_TYPES", "SKIPPED_FAMILIES", "layers", "quantizer"]

@@ -1,0 +1,139 @@
+"""`deployfuse export --precision int8 --target ort-cpu`: the artefact is really int8, passes its
+accuracy gate, stays close to PyTorch fp32 on fresh inputs, and a budget it cannot meet either
+keeps layers in fp32 (listed in the report) or fails with exit 1 and nothing written."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+import torch
+
+import deployfuse
+from deployfuse import metadata
+from deployfuse.backends.ort import run, session
+from deployfuse.cli import main
+from deployfuse.examples.tiny_bert import build
+from deployfuse.inputs import make_inputs, specs_of
+from deployfuse.quantize.calibration import RANDOM_WARNING
+
+
+def _fp32_error(model: torch.nn.Module, artefact: Path, inputs: dict[str, torch.Tensor]) -> tuple[float, float]:
+    """(cosine, max|error| / max|reference|) of the first output against PyTorch fp32, computed with torch."""
+    with torch.no_grad():
+        out = model(**inputs)
+    want = (out if isinstance(out, torch.Tensor) else out[0]).double().flatten()
+    got = torch.from_numpy(next(iter(run(session(artefact), {k: v.numpy() for k, v in inputs.items()}).values()))).double().flatten()
+    return float(torch.nn.functional.cosine_similarity(want, got, dim=0)), float((got - want).abs().max() / want.abs().max())
+
+
+@pytest.fixture(scope="module")
+def bert_calibration(tmp_path_factory) -> Path:
+    model, example = build()
+    folder = tmp_path_factory.mktemp("calib")
+    samples = [make_inputs(specs_of(example), model, seed=100 + i, pad_masks=i % 2 == 1) for i in range(8)]
+    np.savez(folder / "calib.npz", **{name: np.stack([s[name].numpy() for s in samples]) for name in example})
+    return folder / "calib.npz"
+
+
+@pytest.fixture(scope="module")
+def int8_bert(tmp_path_factory, bert_calibration):
+    folder = tmp_path_factory.mktemp("int8")
+    model, example = build()
+    result = deployfuse.export(model, folder / "bert.onnx", example_inputs=example, precision="int8", calibration_data=bert_calibration,
+                               report_path=folder / "report.json", seed=0)
+    return result, json.loads((folder / "report.json").read_text())
+
+
+def test_int8_artefact_is_quantized_gated_and_close_to_fp32_on_fresh_inputs(int8_bert):
+    result, report = int8_bert
+    graph = onnx.load(result.onnx_path)
+    ops = {n.op_type for n in graph.graph.node}
+    assert "MatMulInteger" in ops and "DynamicQuantizeLinear" in ops
+    gate = report["quantization"]["gate"]
+    assert gate["passed"] and gate["quantized_layers"] >= 6
+    assert report["quantization"]["calibration"].startswith("calib.npz: 6 calibration + 2 held-out")
+    assert report["quantization"]["warning"] is None
+    assert {e["samples"] for e in gate["errors"]} == {"calibration", "held-out"}
+    assert metadata.read(graph, metadata.ACCURACY_BUDGET) == {"cos": 0.999, "rel": 0.02}
+    model, example = build()
+    for seed, padded in ((7, False), (8, True)):
+        cos, rel = _fp32_error(model, result.onnx_path, make_inputs(specs_of(example), model, seed=seed, pad_masks=padded))
+        assert cos >= 0.999 and rel <= 2e-2, (seed, cos, rel)
+        assert rel > 1e-5  # int8, not an fp32 graph that happens to pass
+
+
+def test_tight_budget_keeps_the_most_sensitive_layers_in_fp32(int8_bert, bert_calibration, tmp_path, capsys):
+    _, first = int8_bert
+    budget = 0.6 * first["quantization"]["gate"]["attempts"][0]["worst_rel"]
+    code = main(["export", "deployfuse.examples.tiny_bert:build", "-o", str(tmp_path / "bert.onnx"), "--precision", "int8", "--seed", "0",
+                 "--calibration-data", str(bert_calibration), "--accuracy-budget", f"rel={budget:.3e}", "--report", str(tmp_path / "r.json")])
+    out = capsys.readouterr()
+    assert code == 0, out.err
+    gate = json.loads((tmp_path / "r.json").read_text())["quantization"]["gate"]
+    kept = [layer["node"] for layer in gate["fp32_layers"]]
+    assert kept and gate["passed"] and max(e["rel"] for e in gate["errors"]) <= budget
+    assert [a["passed"] for a in gate["attempts"]] == [False] * len(kept) + [True]
+    assert f"layers kept in fp32: {len(kept)} of {gate['quantized_layers']} ({kept[0]}" in out.out
+    assert "RANDOM" not in out.err
+    assert kept == metadata.read(onnx.load(tmp_path / "bert.onnx"), metadata.QUANTIZATION)["fp32_layers"]  # type: ignore[index]
+
+
+def test_a_budget_no_fallback_meets_fails_with_exit_1_and_writes_no_model(tmp_path, capsys):
+    code = main(["export", "deployfuse.examples.tiny_bert:build", "-o", str(tmp_path / "bert.onnx"), "--precision", "int8",
+                 "--accuracy-budget", "rel=1e-7", "--report", str(tmp_path / "r.json"), "-q"])
+    err = capsys.readouterr().err
+    assert code == 1
+    assert len(err.strip().splitlines()) == 1 and "over the accuracy budget (cos=0.999,rel=1e-07)" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r.json"]
+    quantization = json.loads((tmp_path / "r.json").read_text())["quantization"]
+    assert quantization["warning"] == RANDOM_WARNING  # no --calibration-data: random inputs, said loudly
+    assert not quantization["gate"]["passed"] and len(quantization["gate"]["fp32_layers"]) == 4
+
+
+class TinyCnn(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.features = torch.nn.Sequential(torch.nn.Conv2d(3, 16, 3, padding=1), torch.nn.BatchNorm2d(16), torch.nn.ReLU(),
+                                            torch.nn.Conv2d(16, 32, 3, stride=2), torch.nn.ReLU(), torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten())
+        self.head = torch.nn.Linear(32, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.features(x))
+
+
+def test_static_int8_cnn_with_random_calibration_warns(tmp_path, capsys):
+    torch.manual_seed(0)
+    model = TinyCnn().eval()
+    model.features[1].running_mean.uniform_(-0.5, 0.5)  # a BatchNorm with statistics, folded before quantization
+    traced = torch.jit.trace(model, torch.randn(2, 3, 16, 16))
+    torch.jit.save(traced, tmp_path / "cnn.ts")
+    code = main(["export", str(tmp_path / "cnn.ts"), "-o", str(tmp_path / "cnn.onnx"), "--input", "x:2x3x16x16", "--precision", "int8",
+                 "--int8-mode", "static"])
+    out = capsys.readouterr()
+    assert code == 0, out.err
+    assert RANDOM_WARNING in out.err
+    ops = [n.op_type for n in onnx.load(tmp_path / "cnn.onnx").graph.node]
+    assert ops.count("QuantizeLinear") >= 3 and "Conv" in ops  # Q/DQ around both convolutions and the head
+    x = torch.randn(2, 3, 16, 16, generator=torch.Generator().manual_seed(5))
+    cos, rel = _fp32_error(model, tmp_path / "cnn.onnx", {"x": x})
+    assert cos >= 0.999 and 1e-5 < rel <= 2e-2
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--precision", "int8", "--calibration-data", "{bad}"], "lacks input 'attention_mask'"),
+    (["--calibration-data", "{bad}"], "--calibration-data applies to quantized exports"),
+    (["--precision", "fp8"], "--precision fp8 needs --target tensorrt or ort-cuda"),
+    (["--precision", "int8", "--rtol", "0.1"], "--rtol does not judge a int8 export"),
+    (["--precision", "int8", "--accuracy-budget", "cosine=1"], "--accuracy-budget 'cosine=1'"),
+])
+def test_bad_quantization_input_is_one_line_exit_2(tmp_path, capsys, flags, message):
+    torch.save([{"input_ids": torch.zeros(2, 32, dtype=torch.int64)}] * 4, tmp_path / "bad.pt")
+    flags = [f.replace("{bad}", str(tmp_path / "bad.pt")) for f in flags]
+    code = main(["export", "deployfuse.examples.tiny_bert:build", "-o", str(tmp_path / "bert.onnx"), "-q", *flags])
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1 and message in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.pt"]
