@@ -5,7 +5,10 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from deployfuse import provenance
+from rich.console import RenderableType
+from rich.table import Table
+
+from deployfuse import provenance, tables
 
 
 @dataclass
@@ -46,22 +49,29 @@ class ExportReport:
         return asdict(self)
 
     def table(self) -> str:
-        """The summary the CLI prints: steps, then verification per output."""
-        lines = [f"{'step':<8} {'status':<8} {'time':>8}  detail"]
-        lines += [f"{s.name:<8} {s.status:<8} {s.seconds:>7.2f}s  {s.detail}" for s in self.steps]
+        """`tables()` as plain text."""
+        return tables.plain(*self.tables())
+
+    def tables(self) -> list[RenderableType]:
+        """The summary the CLI prints: steps, then verification per shape and output (rich
+        renderables: `deployfuse.tables`)."""
+        steps = tables.grid("step", "status", ">time", "detail")
+        for s in self.steps:
+            tables.add(steps, s.name, tables.verdict(s.status, s.status != "failed") if s.status != "skipped" else s.status, f"{s.seconds:.2f}s", s.detail)
+        items: list[RenderableType] = [steps]
         if self.verification:
-            lines.append(f"\nverified against {self.verification['reference']}, {self.verification['draws_per_shape']} input draw(s) at each shape")
+            items += [tables.line(""), tables.line(f"verified against {self.verification['reference']}, "
+                                                   f"{self.verification['draws_per_shape']} input draw(s) at each shape")]
         same = any(o.get("same_precision_rel_error") is not None for check in self.verify for o in check["outputs"])
-        shown = None
+        by_shapes: dict[str, Table] = {}
         for check in self.verify:
             shapes = ", ".join(f"{k}={'x'.join(map(str, v))}" for k, v in check["shapes"].items())
-            if shapes != shown:
-                shown = shapes
-                lines.append(f"\nverify at {shapes}")
-                lines.append(f"  {'draw':>4}  {'output':<28} {'max abs err':>12} {'max rel err':>12} {'tolerance':>10}  result"
-                             + ("  rel err vs PyTorch in the same precision" if same else ""))
+            if shapes not in by_shapes:
+                by_shapes[shapes] = tables.grid(">draw", "output", ">max abs err", ">max rel err", ">tolerance", "result",
+                                                *([">rel err vs PyTorch in the same precision"] if same else []), title=f"verify at {shapes}")
+                items += [tables.line(""), by_shapes[shapes]]
             for o in check["outputs"]:
-                verdict = "ok" if o["passed"] else "FAIL"
-                lines.append(f"  {check.get('draw', 0) + 1:>4}  {o['name']:<28} {o['max_abs_error']:>12.3e} {o['max_rel_error']:>12.3e} {o['tolerance']:>10.1e}  {verdict}"
-                             + (f"  {o['same_precision_rel_error']:.3e}" if same else ""))
-        return "\n".join(lines)
+                tables.add(by_shapes[shapes], str(check.get("draw", 0) + 1), o["name"], f"{o['max_abs_error']:.3e}", f"{o['max_rel_error']:.3e}",
+                           f"{o['tolerance']:.1e}", tables.verdict("ok" if o["passed"] else "FAIL", o["passed"]),
+                           *([f"{o['same_precision_rel_error']:.3e}"] if same else []))
+        return items

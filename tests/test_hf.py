@@ -212,6 +212,8 @@ def test_compare_loads_the_folder_for_the_task_the_export_recorded(cli, tmp_path
     assert data["passed"] and all(list(a["shapes"]) == inputs for a in data["accuracy"])
     assert {o["name"] for a in data["accuracy"] for o in a["outputs"]} == {output}
     assert max(o["max_abs_error"] for a in data["accuracy"] for o in a["outputs"]) < 1e-3
+    row = next(line.split() for line in stdout.splitlines() if line.startswith(f"{output} "))  # the piped table: plain columns
+    assert float(row[1]) == pytest.approx(data["accuracy"][0]["outputs"][0]["max_abs_error"], rel=1e-2) and row[-1] == "ok"
 
     # The architecture's own task is another model: compare says so instead of passing.
     code, stdout, stderr = cli("compare", folder, out, "--iterations", "0", "--task", "feature-extraction" if task == "causal-lm" else "fill-mask")

@@ -9,6 +9,7 @@ from deployfuse.cli._args import add_model_input_arguments, argument_type
 from deployfuse.compare import BACKENDS, Tolerances, compare
 from deployfuse.compare.tolerances import parse_tolerance
 from deployfuse.hf import SYNONYMS, TASKS
+from deployfuse.tables import show
 
 EPILOG = """\
 examples:
@@ -87,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
         progress=None if args.quiet else (lambda line: print(line, file=sys.stderr, flush=True)),
     )
     if not args.quiet:
-        print(result.table())
+        show(result.tables())
         for kind, path in result.files.items():
             print(f"wrote {kind}: {path}")
     if not result.passed:

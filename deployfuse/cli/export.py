@@ -111,12 +111,14 @@ def _export(args: argparse.Namespace, progress: Progress) -> int:
     if warning:
         print(warning, file=sys.stderr)  # even with --quiet
     if not args.quiet:
-        print(result.report.table())
+        from deployfuse.tables import line, show
+
+        items = result.report.tables()
         if result.gate is not None:
-            print(f"\n{gate_table(result.gate)}")
+            items += [line(""), line(gate_table(result.gate))]
         if result.fusion is not None:
-            print(f"\nfusions for {result.report.target}\n{result.fusion.table()}")
-        print(f"\nwrote {result.onnx_path}" + (f" and {result.report_path}" if result.report_path else ""))
+            items += [line(""), result.fusion.grid(title=f"fusions for {result.report.target}")]
+        show([*items, line(""), line(f"wrote {result.onnx_path}" + (f" and {result.report_path}" if result.report_path else ""))])
     return 0
 
 

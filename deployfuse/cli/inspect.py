@@ -27,5 +27,10 @@ def run(args: argparse.Namespace) -> int:
     from deployfuse.engine.inspect import inspect_engine
 
     report = inspect_engine(args.engine, plugins=args.plugins)
-    print(json.dumps(report.to_json(), indent=1) if args.json else report.to_text())
+    if args.json:
+        print(json.dumps(report.to_json(), indent=1))
+    else:
+        from deployfuse.tables import show
+
+        show(report.tables())
     return 0

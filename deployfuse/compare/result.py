@@ -5,7 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from deployfuse import provenance
+from rich.console import RenderableType
+
+from deployfuse import provenance, tables
 from deployfuse.compare.accuracy import OutputStats
 from deployfuse.compare.latency import LatencyStats
 from deployfuse.compare.localize import Localization
@@ -80,27 +82,35 @@ class CompareResult:
         }
 
     def table(self) -> str:
-        """Accuracy per backend, feed and output; latency per backend; where it first diverges."""
-        lines = []
+        """`tables()` as plain text."""
+        return tables.plain(*self.tables())
+
+    def tables(self) -> list[RenderableType]:
+        """Accuracy per backend, feed and output; latency per backend; where it first diverges;
+        the verdict (rich renderables: `deployfuse.tables`)."""
+        items: list[RenderableType] = []
         for a in self.accuracy:
             shapes = ", ".join(f"{k}={'x'.join(map(str, v))}" for k, v in a.shapes.items())
-            lines.append(f"{a.backend} vs {a.reference} at {shapes}" + (f" ({a.note})" if a.note else ""))
-            lines.append(f"  {'output':<24} {'max abs':>10} {'mean abs':>10} {'p99 abs':>10} {'max rel':>10} {'p99 rel':>10} {'cosine':>10} {'atol':>8} {'rtol':>8}  result")
+            grid = tables.grid("output", ">max abs", ">mean abs", ">p99 abs", ">max rel", ">p99 rel", ">cosine", ">atol", ">rtol", "result",
+                               title=f"{a.backend} vs {a.reference} at {shapes}" + (f" ({a.note})" if a.note else ""))
             for o in a.outputs:
-                verdict = "ok" if o.passed else f"FAIL ({o.reason or f'{o.mismatched} elements'})"
-                lines.append(f"  {o.name:<24} {o.max_abs_error:>10.2e} {o.mean_abs_error:>10.2e} {o.p99_abs_error:>10.2e} {o.max_rel_error:>10.2e} "
-                             f"{o.p99_rel_error:>10.2e} {o.cosine_similarity:>10.6f} {o.atol:>8.0e} {o.rtol:>8.0e}  {verdict}")
+                tables.add(grid, o.name, f"{o.max_abs_error:.2e}", f"{o.mean_abs_error:.2e}", f"{o.p99_abs_error:.2e}", f"{o.max_rel_error:.2e}",
+                           f"{o.p99_rel_error:.2e}", f"{o.cosine_similarity:.6f}", f"{o.atol:.0e}", f"{o.rtol:.0e}",
+                           tables.verdict("ok" if o.passed else f"FAIL ({o.reason or f'{o.mismatched} elements'})", o.passed))
+            items += [grid, tables.line("")]
         if self.latency:
-            lines.append(f"\n{'backend':<10} {'median ms':>10} {'p90 ms':>10} {'inf/s':>10} {'samples/s':>10}  timing")
+            grid = tables.grid("backend", ">median ms", ">p90 ms", ">inf/s", ">samples/s", "timing")
             for lat in self.latency:
-                lines.append(f"{lat.backend:<10} {lat.median_ms:>10.3f} {lat.p90_ms:>10.3f} {lat.throughput_per_s:>10.1f} {lat.samples_per_s:>10.1f}  "
-                             f"{lat.timing}, {lat.iterations} runs after {lat.warmup} warm-up")
+                tables.add(grid, lat.backend, f"{lat.median_ms:.3f}", f"{lat.p90_ms:.3f}", f"{lat.throughput_per_s:.1f}", f"{lat.samples_per_s:.1f}",
+                           f"{lat.timing}, {lat.iterations} runs after {lat.warmup} warm-up")
+            items += [grid, tables.line("")]
         if self.localization is not None:
             first = self.first_divergence
             if first is not None:
-                lines.append(f"\nfirst divergence: node {first['node']} ({first['domain'] + '::' if first['domain'] else ''}{first['op_type']}, "
-                             f"rule {first['rule']}), tensor {first['tensor']}, max abs error {first['max_abs_error']:.3e}")
+                items.append(tables.line(f"first divergence: node {first['node']} ({first['domain'] + '::' if first['domain'] else ''}{first['op_type']}, "
+                                         f"rule {first['rule']}), tensor {first['tensor']}, max abs error {first['max_abs_error']:.3e}"))
             else:
-                lines.append(f"\nlocalisation: {self.localization.note}")
-        lines.append("\n" + ("PASSED: every backend matches " + self.reference if self.passed else "FAILED: " + ", ".join(self.failures())))
-        return "\n".join(lines)
+                items.append(tables.line(f"localisation: {self.localization.note}"))
+            items.append(tables.line(""))
+        items.append(tables.verdict("PASSED: every backend matches " + self.reference if self.passed else "FAILED: " + ", ".join(self.failures()), self.passed))
+        return items

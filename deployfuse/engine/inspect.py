@@ -15,6 +15,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rich.console import RenderableType
+
+from deployfuse import tables
 from deployfuse.errors import UsageError
 
 RECORD_SUFFIX = ".build.json"
@@ -64,26 +67,37 @@ class EngineReport:
         return {**self.__dict__, "engine": str(self.engine)}
 
     def to_text(self) -> str:
-        lines = [f"engine     {self.engine} ({self.engine.stat().st_size / 1e6:.2f} MB)"]
+        """`tables()` as plain text."""
+        return tables.plain(*self.tables())
+
+    def tables(self) -> list[RenderableType]:
+        """A summary (engine, source, build, bindings, profiles, plugins) and the layer table
+        (rich renderables: `deployfuse.tables`)."""
+        summary = tables.grid("", "", header=False)
+        tables.add(summary, "engine", f"{self.engine} ({self.engine.stat().st_size / 1e6:.2f} MB)")
         if self.source == "engine":
-            lines.append("source     the engine, through TensorRT's runtime and engine inspector")
+            tables.add(summary, "source", "the engine, through TensorRT's runtime and engine inspector")
         else:
-            lines.append(f"source     the build record {record_path(self.engine).name}: the engine was not loaded ({self.why_not_loaded})")
-            lines.append("           layers are the parsed network's, before TensorRT fused them")
+            tables.add(summary, "source", f"the build record {record_path(self.engine).name}: the engine was not loaded ({self.why_not_loaded})")
+            tables.add(summary, "", "layers are the parsed network's, before TensorRT fused them")
         if self.built:
             b = self.built
             target = f"compute capability {b['compute_capability']}" if b.get("compute_capability") else "the builder's default target"
-            lines.append(f"built      {b.get('builder')} {b.get('builder_version')}, {b.get('precision')}, {target}")
-        lines += [f"binding    {t['mode']:<6} {t['name']} {t['dtype']} {'x'.join(map(str, t['shape']))}" for t in self.bindings]
+            tables.add(summary, "built", f"{b.get('builder')} {b.get('builder_version')}, {b.get('precision')}, {target}")
+        for t in self.bindings:
+            tables.add(summary, "binding", f"{t['mode']:<6} {t['name']} {t['dtype']} {'x'.join(map(str, t['shape']))}")
         for number, profile in enumerate(self.profiles, 1):
-            lines += [f"profile {number:<2} {p['name']}:{'x'.join(map(str, p['min']))}:{'x'.join(map(str, p['opt']))}:{'x'.join(map(str, p['max']))}" for p in profile]
-        lines.append(f"plugins    {', '.join(self.plugins) if self.plugins else 'none'}")
+            for p in profile:
+                tables.add(summary, f"profile {number}", f"{p['name']}:{'x'.join(map(str, p['min']))}:{'x'.join(map(str, p['opt']))}:{'x'.join(map(str, p['max']))}")
+        tables.add(summary, "plugins", ", ".join(self.plugins) if self.plugins else "none")
         by_precision: dict[str, int] = {}
         for layer in self.layers:
             by_precision[layer["precision"]] = by_precision.get(layer["precision"], 0) + 1
-        lines.append(f"layers     {len(self.layers)} (" + ", ".join(f"{p} {n}" for p, n in sorted(by_precision.items())) + ")")
-        lines += [f"  {layer['type']:<14} {layer['precision']:<8} {layer['name']}" for layer in self.layers]
-        return "\n".join(lines)
+        tables.add(summary, "layers", f"{len(self.layers)} (" + ", ".join(f"{p} {n}" for p, n in sorted(by_precision.items())) + ")")
+        layers = tables.grid("type", "precision", "name")
+        for layer in self.layers:
+            tables.add(layers, layer["type"], layer["precision"], layer["name"])
+        return [summary, tables.line(""), layers]
 
 
 def inspect_engine(engine: str | os.PathLike[str], plugins: list[str | os.PathLike[str]] | None = None) -> EngineReport:

@@ -6,6 +6,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from rich.console import RenderableType
+
+from deployfuse import tables
+
 
 @dataclass
 class FamilyResult:
@@ -75,24 +79,25 @@ class FusionReport:
         }
 
     def table(self, all_rules: bool = False) -> str:
-        """A plain-text table, one row per rule that matched (every rule with `all_rules`),
-        plus rolled-back families with their reasons, autotune decisions and near misses
-        (debug runs)."""
-        rows = [("family", "rule", "matches", "status")]
+        """`grid()` as plain text."""
+        return tables.plain(self.grid(all_rules))
+
+    def grid(self, all_rules: bool = False, title: str | None = None) -> RenderableType:
+        """One row per rule that matched (every rule with `all_rules`), plus rolled-back families
+        with their reasons, autotune decisions and near misses (debug runs)."""
+        grid = tables.grid("family", "rule", "matches", "status", title=title)
         for f in self.families:
             if f.rolled_back:
-                status = f"rolled back: {f.reason}"
+                status = tables.verdict(f"rolled back: {f.reason}", False)
             else:
-                status = f"reverted: {f.autotune}" if f.reverted else f"kept ({f.autotune})" if f.autotune else "kept"
+                status = tables.line(f"reverted: {f.autotune}") if f.reverted else tables.verdict(f"kept ({f.autotune})" if f.autotune else "kept", True)
             for rule, n in f.matches.items():
                 if n or all_rules:
-                    rows.append((f.family, rule, str(n), status if n else "-"))
+                    tables.add(grid, f.family, rule, str(n), status if n else "-")
             for rule, why in f.near_misses.items():
-                rows.extend((f.family, rule, "near miss", line) for line in why)
-        if len(rows) == 1:
-            return f"no fusion applied for {self.target}"
-        widths = [max(len(r[i]) for r in rows) for i in range(3)]
-        return "\n".join("  ".join(c.ljust(w) for c, w in zip(r[:3], widths)) + "  " + r[3] for r in rows)
+                for line in why:
+                    tables.add(grid, f.family, rule, "near miss", line)
+        return grid if grid.row_count else tables.line(f"no fusion applied for {self.target}")
 
 
 def _ms(value: float | None) -> float | None:
