@@ -1,0 +1,272 @@
+"""FP8 on the H200 (issue 19): deployfuse's fp8 ort-cuda artefact against torchao float8 and the best fp16.
+
+A row is (model, batch): BERT-base and GPT-2 at sequence 128, ViT-B/16 at 224, batches 8 and 64.
+Variants, each the alternative at its best settings:
+
+- `eager`, `compile`, `compile-reduce-overhead`: PyTorch fp16 (the best fp16 PyTorch).
+- `torchao-fp8-{perrow,pertensor}[-reduce-overhead]`: torchao's float8 dynamic activation +
+  float8 weight (`quantize_(model, Float8DynamicActivationFloat8WeightConfig(granularity))` on
+  the bf16 model, torchao's documented path), then torch.compile (default / reduce-overhead):
+  the alternative to beat.
+- `{ort-plain,ort-opt,onnxscript,deployfuse}-fp16+cudagraph`: ONNX Runtime's CUDA EP on the fp16
+  ONNX files bench/gpu_models.py times (bench/anchors.py makes them), IO binding, CUDA graph.
+- `deployfuse-fp8[+cudagraph]`: `deployfuse export --target ort-cuda --precision fp8` (Q/DQ on
+  the GEMMs, calibrated on random inputs, accuracy-gated against fp32; the GemmAct FP8 rewrite
+  runs when the export has it: the row's `settings` counts its nodes).
+
+Each variant records `median_ms` (host wall clock per call after a device synchronise,
+bench/gpu_models.py's `median_ms`), `max_abs_err` of the first output against PyTorch fp32
+eager (TF32 off) on the same inputs, and with --gpu-time the CUPTI kernel-time sum `gpu_ms`.
+A failing variant records `error`. Rows merge into WORKDIR/h200_quant.json after every variant
+(a re-run skips finished rows) and are copied to --out.
+
+    pip install torchao                          # the fp8 alternative (not a deployfuse dependency)
+    python bench/gpu_quant.py --out bench/results
+    python bench/gpu_quant.py --dry-run          # tiny models on the CPU, fp32 instead of fp16: tests the script
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import shutil
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from gpu_models import first_output, key, median_ms, ort_cuda, set_tf32, short_error  # noqa: E402
+
+MODELS = ("bert", "gpt2", "vit")
+BATCHES = (8, 64)
+ORT_FP16_FILES = ("ort-plain", "ort-opt", "onnxscript", "deployfuse")
+TORCHAO_GRANULARITIES = ("perrow", "pertensor")
+RESULTS = "h200_quant.json"
+
+
+def build_tiny(name: str, batch: int, seq: int = 16) -> tuple:
+    """A two-layer model of the same architecture, for --dry-run."""
+    import torch
+    import transformers
+
+    torch.manual_seed(0)
+    if name == "bert":
+        cfg = transformers.BertConfig(vocab_size=512, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128)
+        ids = torch.randint(0, cfg.vocab_size, (batch, seq))
+        return transformers.BertModel(cfg, add_pooling_layer=False).eval(), {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    if name == "gpt2":
+        cfg = transformers.GPT2Config(vocab_size=512, n_embd=64, n_layer=2, n_head=4, n_positions=64, use_cache=False)
+        return transformers.GPT2Model(cfg).eval(), {"input_ids": torch.randint(0, cfg.vocab_size, (batch, seq))}
+    cfg = transformers.ViTConfig(image_size=32, patch_size=8, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128)
+    return transformers.ViTModel(cfg, add_pooling_layer=False).eval(), {"pixel_values": torch.randn(batch, 3, 32, 32)}
+
+
+class Results:
+    """Rows merged by (model, dtype, batch, variant) into WORKDIR/h200_quant.json, copied to `out` on every write."""
+
+    def __init__(self, workdir: Path, out: Path | None):
+        self.path, self.out = workdir / RESULTS, out
+        self.rows = {self._key(r): r for r in (json.loads(self.path.read_text()) if self.path.exists() else [])}
+
+    @staticmethod
+    def _key(row: dict) -> tuple:
+        return (row["model"], row["dtype"], row["batch"], row["variant"])
+
+    def has(self, model: str, batch: int) -> bool:
+        return any(k[0] == model and k[2] == batch for k in self.rows)
+
+    def add(self, row: dict) -> None:
+        self.rows[self._key(row)] = row
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path.write_text(json.dumps(list(self.rows.values()), indent=1))
+        if self.out:
+            self.out.mkdir(parents=True, exist_ok=True)
+            shutil.copy(self.path, self.out / self.path.name)
+
+
+class Device:
+    """Where the row runs: the GPU (fp16 baselines, CUDA-graph ORT sessions, CUPTI times), or
+    for --dry-run the CPU (fp32 baselines, plain ORT CPU sessions, wall-clock times only)."""
+
+    def __init__(self, dry_run: bool, args: argparse.Namespace):
+        self.cuda = not dry_run
+        self.args = args
+        self.low = "fp16" if self.cuda else "fp32"  # CPU kernels for fp16 are missing in ORT and slow in PyTorch
+
+    def place(self, module, inputs, dtype: str):
+        """`module` and `inputs` on the device, floats in `dtype` (integer inputs as they are)."""
+        import torch
+
+        where, torch_dtype = "cuda" if self.cuda else "cpu", {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[dtype]
+        return module.to(where, torch_dtype), {k: (v.to(torch_dtype) if v.is_floating_point() else v).to(where) for k, v in inputs.items()}
+
+    def time(self, fn: Callable[[], object]) -> float:
+        if self.cuda:
+            return median_ms(fn, self.args.warmup, self.args.runs)
+        times = []
+        for _ in range(self.args.runs):
+            start = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - start) * 1e3)
+        return statistics.median(times)
+
+    def ort(self, path: str, inputs: dict, cuda_graph: bool) -> Callable[[], object]:
+        if self.cuda:
+            return ort_cuda(path, inputs, {"enable_cuda_graph": "1"} if cuda_graph else {})
+        import torch
+
+        from deployfuse.backends.ort import run, session
+
+        sess = session(path)
+        feeds = {k: v.numpy() for k, v in inputs.items()}
+        return lambda: torch.from_numpy(next(iter(run(sess, feeds).values())))
+
+
+def torchao_fp8(module, granularity: str):
+    """`module` (bf16, on the GPU) with torchao's float8 dynamic activation + float8 weight linears."""
+    from torchao.quantization import Float8DynamicActivationFloat8WeightConfig, PerRow, PerTensor, quantize_
+
+    quantize_(module, Float8DynamicActivationFloat8WeightConfig(granularity=PerRow() if granularity == "perrow" else PerTensor()))
+    return module
+
+
+def fp8_artefact(build: Callable, model_name: str, batch: int, folder: Path) -> tuple[Path, str]:
+    """deployfuse's fp8 ort-cuda export of the fp32 model (made once per row), and what it holds."""
+    import onnx
+
+    import deployfuse
+
+    path = folder / f"{model_name}_b{batch}_fp8.onnx"
+    if not path.exists():
+        module, inputs = build(model_name, batch)
+        deployfuse.export(module, path, example_inputs=inputs, target="ort-cuda", precision="fp8", report_path=folder / f"{path.stem}.report.json")
+    ops = [n.op_type for n in onnx.load(path, load_external_data=False).graph.node]
+    report = json.loads((folder / f"{path.stem}.report.json").read_text()) if (folder / f"{path.stem}.report.json").exists() else {}
+    quantize = next((s.get("detail", "") for s in report.get("steps", []) if s.get("name") == "quantize"), "")
+    return path, f"GemmAct x{ops.count('GemmAct')}, QuantizeLinear x{ops.count('QuantizeLinear')}; {quantize}"
+
+
+def bench_row(model_name: str, batch: int, device: Device, workdir: Path, results: Results) -> None:
+    import torch
+    from anchors import build as build_full, variants
+
+    build = build_tiny if not device.cuda else build_full
+    folder = workdir / key(model_name, "fp8", batch)
+    folder.mkdir(parents=True, exist_ok=True)
+    args = device.args
+
+    def record(variant: str, dtype: str, settings: str, make: Callable[[], Callable[[], object]]) -> None:
+        row: dict[str, object] = {"model": model_name, "dtype": dtype, "batch": batch, "variant": variant, "settings": settings}
+        start = time.time()
+        try:
+            fn = make()
+            with torch.inference_mode():
+                row["max_abs_err"] = float((first_output(fn()).float().cpu() - reference).abs().max())
+                row["median_ms"] = round(device.time(fn), 4)
+                if device.cuda and args.gpu_time:
+                    import kernel_profile
+
+                    row["gpu_ms"] = kernel_profile.profile(fn, iters=args.profile_iters)["gpu_ms"]
+        except Exception as exc:  # a failing variant gets its error, not a time
+            row["error"] = short_error(exc)
+        row["setup_s"] = round(time.time() - start, 1)
+        print(json.dumps(row), flush=True)
+        results.add(row)
+
+    if device.cuda:
+        set_tf32(False)
+    fp32, inputs32 = device.place(*build(model_name, batch), "fp32")
+    with torch.inference_mode():
+        reference = first_output(fp32(**inputs32)).float().cpu()
+    del fp32
+    low, inputs = device.place(*build(model_name, batch), device.low)
+    record("eager", device.low, "PyTorch eager", lambda m=low: lambda: m(**inputs))
+    for mode in args.compile_modes:
+        torch._dynamo.reset()
+        compiled = torch.compile(low, mode=mode)
+        record("compile" + ("" if mode == "default" else f"-{mode}"), device.low, f"torch.compile mode={mode}", lambda c=compiled: lambda: c(**inputs))
+        del compiled
+    for granularity in TORCHAO_GRANULARITIES:
+        for mode in args.compile_modes or [None]:  # None (--dry-run): torchao without torch.compile
+            def make(granularity=granularity, mode=mode):
+                torch._dynamo.reset()
+                module, bf16_inputs = device.place(*build(model_name, batch), "bf16")
+                quantized = torchao_fp8(module, granularity)
+                compiled = quantized if mode is None else torch.compile(quantized, mode=mode)
+                return lambda: compiled(**bf16_inputs)
+
+            record(f"torchao-fp8-{granularity}" + ("" if mode in ("default", None) else f"-{mode}"), "fp8",
+                   f"torchao Float8DynamicActivationFloat8WeightConfig({granularity}) on bf16, " + (f"torch.compile mode={mode}" if mode else "eager"), make)
+    torch._dynamo.reset()
+    gc.collect()
+    with torch.inference_mode():
+        files = variants(model_name, low, inputs, folder, "ort-cuda", device.low)
+    graph = "+cudagraph" if device.cuda else ""
+    for name in ORT_FP16_FILES:
+        made = files.get(name, "not made")
+
+        def make_ort(made=made):
+            if not Path(made).is_file():
+                raise RuntimeError(made)
+            return device.ort(str(made), inputs, cuda_graph=device.cuda)
+
+        record(f"{name}-{device.low}{graph}", device.low, "ONNX Runtime CUDA EP, IO binding" + (", CUDA graph" if device.cuda else " (CPU EP: dry run)"), make_ort)
+    del low
+    gc.collect()
+    try:
+        artefact, holds = fp8_artefact(build, model_name, batch, folder)
+    except Exception as exc:
+        artefact, holds = None, f"export failed: {short_error(exc)}"
+    for cuda_graph in (False, True) if device.cuda else (False,):
+        def make_fp8(cuda_graph=cuda_graph):
+            if artefact is None:
+                raise RuntimeError(holds)
+            return device.ort(str(artefact), inputs32, cuda_graph=cuda_graph)
+
+        record("deployfuse-fp8" + ("+cudagraph" if cuda_graph else ""), "fp8", f"deployfuse export --target ort-cuda --precision fp8: {holds}", make_fp8)
+    if device.cuda:
+        torch.cuda.empty_cache()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--batches", default=",".join(map(str, BATCHES)))
+    parser.add_argument("--compile-modes", default="default,reduce-overhead", help="torch.compile modes for PyTorch fp16 and torchao")
+    parser.add_argument("--warmup", type=int, default=10)
+    parser.add_argument("--runs", type=int, default=50)
+    parser.add_argument("--gpu-time", action="store_true", help="also record the CUPTI kernel-time sum (bench/kernel_profile.py)")
+    parser.add_argument("--profile-iters", type=int, default=10)
+    parser.add_argument("--workdir", default="/tmp/deployfuse_bench_quant", help="ONNX files and the merged results")
+    parser.add_argument("--out", default=None, help=f"folder to copy {RESULTS} to after every variant")
+    parser.add_argument("--dry-run", action="store_true", help="tiny models on the CPU in fp32, 3 runs, no torch.compile: checks the script, times nothing real")
+    args = parser.parse_args(argv)
+    models, batches = args.models.split(","), [int(b) for b in args.batches.split(",")]
+    bad = [m for m in models if m not in MODELS]
+    if bad:
+        parser.exit(2, f"gpu_quant.py: unknown model {', '.join(bad)} (models: {', '.join(MODELS)})\n")
+    args.compile_modes = [] if args.dry_run else [m for m in args.compile_modes.split(",") if m]
+    if args.dry_run:
+        args.runs, batches = 3, [2]
+    workdir = Path(args.workdir)
+    results = Results(workdir, Path(args.out) if args.out else None)
+    device = Device(args.dry_run, args)
+    for model in models:
+        for batch in batches:
+            if results.has(model, batch) and not args.dry_run:
+                print(f"{model} batch {batch}: already measured", flush=True)
+                continue
+            start = time.time()
+            try:
+                bench_row(model, batch, device, workdir, results)
+            except Exception as exc:  # one broken row must not cost the others
+                print(f"{model} batch {batch}: failed: {short_error(exc)}", flush=True)
+            print(f"{model} batch {batch}: {time.time() - start:.0f} s", flush=True)
+
+
+if __name__ == "__main__":
+    main()
