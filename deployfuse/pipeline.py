@@ -175,7 +175,7 @@ def export(
         debug: record near misses of the fusion rules (why a candidate did not fuse).
         trust_pickle: allow loading a pickled module (runs code from the file).
         report_path: write the JSON report there.
-        rtol: verification tolerance relative to each output's max |value|.
+        rtol: verification tolerance: |onnx - torch| <= atol + rtol * |torch| per element, atol = rtol x the output's max |value| (compare's rule).
         verify_draws: independent random input draws verified at each shape (different
             seeds, token ids and padded attention masks after the first draw).
         seed: the first verification draw's seed (the report records every seed); random when None.

@@ -1,19 +1,29 @@
 """Check an ONNX model against PyTorch on fresh random inputs.
 
-The check per output: max |onnx - torch| <= rtol * max|torch| (+ a tiny absolute floor for
-outputs that are all zeros). fp32 uses rtol 1e-4: exported graphs only reorder float
-arithmetic, so anything larger is a real difference. An fp16/bf16 export is judged against the
-fp32 model it came from, with that precision's tolerance: PyTorch in the same precision can
-overflow or round the same way the export does, so it is shown beside, not trusted.
+The rule is `deployfuse compare`'s (`compare.accuracy.output_stats`): an element passes when
+
+    |onnx - torch| <= atol + rtol * |torch|
+
+where export sets atol = rtol * max|torch| of that output (at least 1e-6, for outputs that are
+all zeros): each output is judged at its own scale, so values near zero are not held to a bound
+of their own size. fp32 uses rtol 1e-4: exported graphs only reorder float arithmetic, so
+anything larger is a real difference. An fp16/bf16 export is judged against the fp32 model it
+came from, with that precision's tolerance: PyTorch in the same precision can overflow or round
+the same way the export does, so it is shown beside, not trusted.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
+
+if TYPE_CHECKING:  # deployfuse.compare imports this module (to_numpy): its accuracy module is imported late
+    from deployfuse.compare.accuracy import OutputStats
 
 DEFAULT_RTOL = {"fp32": 1e-4, "fp16": 1e-2, "bf16": 5e-2}
 ABS_FLOOR = 1e-6
@@ -21,20 +31,29 @@ ABS_FLOOR = 1e-6
 
 @dataclass
 class OutputCheck:
-    """How one output compared: errors, the tolerance used and the verdict."""
+    """One output of one verification draw: compare's element-wise statistics against PyTorch,
+    the output's error relative to its scale, and (fp16/bf16 exports) the errors against PyTorch
+    run in that precision (shown, not judged)."""
 
-    name: str
-    shape: tuple[int, ...]
-    max_abs_error: float
-    max_rel_error: float  # max abs error / max |reference|
-    tolerance: float  # the max abs error allowed
-    passed: bool
-    # fp16/bf16 exports: the errors against PyTorch run in that precision (the verdict is against fp32)
+    stats: OutputStats
+    max_rel_error: float  # max |error| / max |reference|: the output's error at its own scale
     same_precision_abs_error: float | None = None
     same_precision_rel_error: float | None = None
 
-    def to_dict(self) -> dict[str, object]:
-        return asdict(self)
+    @property
+    def passed(self) -> bool:
+        return self.stats.passed
+
+    @property
+    def tolerance(self) -> float:
+        """atol: the absolute part of each element's bound (rtol x the output's max |value|)."""
+        return self.stats.atol
+
+    def to_dict(self) -> dict[str, Any]:
+        s = self.stats
+        return {"name": s.name, "shape": list(s.shape), "max_abs_error": s.max_abs_error, "max_rel_error": self.max_rel_error, "tolerance": s.atol,
+                "rtol": s.rtol, "mismatched": s.mismatched, "passed": s.passed,
+                "same_precision_abs_error": self.same_precision_abs_error, "same_precision_rel_error": self.same_precision_rel_error}
 
 
 def to_numpy(t: torch.Tensor) -> np.ndarray:
@@ -43,29 +62,30 @@ def to_numpy(t: torch.Tensor) -> np.ndarray:
     return (t.float() if t.dtype == torch.bfloat16 else t).numpy()
 
 
-def _errors(ref: np.ndarray, got: np.ndarray) -> tuple[float, float]:
+def _max_error(reference: np.ndarray, actual: np.ndarray) -> tuple[float, float]:
     """(max abs error, scale = max |finite reference|); inf when shapes or NaN/Inf places differ."""
-    if got.shape != ref.shape:
-        return float("inf"), 0.0
-    finite = np.isfinite(ref)
-    same_specials = np.array_equal(finite, np.isfinite(got)) and np.array_equal(ref[~finite], got[~finite], equal_nan=True)
-    scale = float(np.max(np.abs(ref[finite]))) if finite.any() else 0.0
-    err = float(np.max(np.abs(got[finite] - ref[finite]))) if finite.any() else 0.0
-    return (err if same_specials else float("inf")), scale
+    from deployfuse.compare.accuracy import output_stats
+
+    stats = output_stats("", reference, actual, math.inf, 0.0)  # an infinite atol: only shapes and specials can fail
+    finite = np.abs(reference[np.isfinite(reference)]) if reference.shape == actual.shape else np.zeros(0)
+    return (stats.max_abs_error if stats.passed else math.inf), (float(finite.max()) if finite.size else 0.0)
 
 
 def compare_outputs(reference: Mapping[str, torch.Tensor], actual: Mapping[str, np.ndarray], rtol: float,
                     same_precision: Mapping[str, torch.Tensor] | None = None) -> list[OutputCheck]:
-    """Compare each reference output with the same-named actual output; with `same_precision`
-    (PyTorch in the export's precision), also record the error against it."""
+    """Judge each actual output against the same-named reference output (the module docstring's
+    rule); with `same_precision` (PyTorch in the export's precision), also record the error
+    against it."""
+    from deployfuse.compare.accuracy import output_stats
+
     checks = []
     for name, ref_t in reference.items():
-        got = np.asarray(actual[name]).astype(np.float64)
-        err, scale = _errors(to_numpy(ref_t).astype(np.float64), got)
-        tol = max(rtol * scale, ABS_FLOOR)
-        check = OutputCheck(name, tuple(ref_t.shape), err, err / scale if scale else err, tol, err <= tol)
+        ref, got = to_numpy(ref_t), np.asarray(actual[name])
+        err, scale = _max_error(ref.astype(np.float64), got.astype(np.float64))
+        stats = output_stats(name, ref, got, max(rtol * scale, ABS_FLOOR), rtol)
+        check = OutputCheck(stats, err / scale if scale else err)
         if same_precision is not None:
-            same_err, same_scale = _errors(to_numpy(same_precision[name]).astype(np.float64), got)
+            same_err, same_scale = _max_error(to_numpy(same_precision[name]).astype(np.float64), got.astype(np.float64))
             check.same_precision_abs_error = same_err
             check.same_precision_rel_error = same_err / same_scale if same_scale else same_err
         checks.append(check)

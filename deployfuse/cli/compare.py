@@ -55,8 +55,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--atol", action="append", default=[], type=_tolerance("--atol"), metavar="[OUT:]V",
                    help="absolute tolerance, for all outputs or one (repeat); default by dtype: fp32 1e-4 (5e-3 on an ort-cuda session using TF32), fp16 1e-2, bf16 5e-2")
     p.add_argument("--rtol", action="append", default=[], type=_tolerance("--rtol"), metavar="[OUT:]V",
-                   help="relative tolerance, element-wise (|a-r| <= atol + rtol*|r|; export's --rtol is relative to the output's max |value|), "
-                   "for all outputs or one; default fp32 1e-3 (TF32 5e-3), fp16 1e-2, bf16 5e-2")
+                   help="relative tolerance: an element passes when |actual - reference| <= atol + rtol * |reference| (export's --rtol is the same, "
+                   "with atol = rtol * the output's max |value|), for all outputs or one; default fp32 1e-3 (TF32 5e-3), fp16 1e-2, bf16 5e-2")
     p.add_argument("--iterations", type=int, default=20, metavar="N", help="timed runs per backend; 0 skips latency (default: 20)")
     p.add_argument("--warmup", type=int, default=3, metavar="N", help="untimed runs before timing (default: 3)")
     p.add_argument("--custom-ops", metavar="LIB", help="the deployfuse ONNX Runtime custom-op library to register")

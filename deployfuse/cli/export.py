@@ -66,8 +66,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--opset", type=int, default=DEFAULT_OPSET, metavar="N", help=f"ONNX opset, {MIN_OPSET} to {MAX_OPSET} (default: {DEFAULT_OPSET})")
     p.add_argument("--exporter", choices=("auto", *EXPORTERS), default="auto",
                    help="auto: the dynamo exporter, then the TorchScript exporter if it fails (default: auto)")
-    p.add_argument("--rtol", type=float, metavar="R", help="verification tolerance: each output's max |error| <= R * its max |value| "
-                   "(not element-wise as in compare; default: fp32 1e-4, fp16 1e-2, bf16 5e-2)")
+    p.add_argument("--rtol", type=float, metavar="R", help="verification tolerance, compare's rule: an element passes when |onnx - torch| <= "
+                   "atol + R * |torch|, atol being R * the output's max |value| (default: fp32 1e-4, fp16 1e-2, bf16 5e-2)")
     p.add_argument("--cuda-graph", action="store_true",
                    help="ort-cuda, static shapes: the artefact asks ORT to replay it as a CUDA graph (run it with IO binding)")
     p.add_argument("--no-tf32", action="store_true",

@@ -173,5 +173,5 @@ def verify(model: str, form: Form, target: str) -> list[str]:
         outputs = ort_backend.run(session, {k: to_numpy(v) for k, v in inputs.items()})
         for check in compare_outputs(reference, outputs, DEFAULT_RTOL[form.precision]):
             if not check.passed:
-                failures.append(f"{check.name}: max abs error {check.max_abs_error:.3e} > {check.tolerance:.3e}")
+                failures.append(f"{check.stats.name}: {check.stats.mismatched} elements beyond {check.tolerance:.3e} + rtol |ref| (max abs error {check.stats.max_abs_error:.3e})")
     return failures
