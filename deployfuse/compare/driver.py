@@ -7,7 +7,7 @@ import contextlib
 import copy
 import os
 import tempfile
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -17,15 +17,16 @@ import torch
 
 from deployfuse import metadata
 from deployfuse.compare import feeds as feed_lib
-from deployfuse.compare.accuracy import StatsCompareFunc
+from deployfuse.compare.accuracy import OutputStats, StatsCompareFunc
 from deployfuse.compare.latency import measure
-from deployfuse.compare.localize import Localization, fused_nodes, localize
+from deployfuse.compare.localize import Localization, fused_nodes, localize, localize_quantized
 from deployfuse.compare.result import BackendAccuracy, CompareResult
 from deployfuse.compare.tolerances import Tolerances
 from deployfuse.errors import UsageError
 from deployfuse.inputs import DynamicAxis, InputSpec
 from deployfuse.io import check_outputs, default_opset, load_onnx
 from deployfuse.loading import LoadedModel, load_model
+from deployfuse.quantize.gate import Budget, output_error, recorded_budget
 
 BACKENDS = ("torch", "ort-cpu", "ort-cuda", "trt")
 DEFAULT_BACKENDS = ("torch", "ort-cpu")
@@ -196,6 +197,8 @@ def compare(
     dynamic = _with_shared_axes(dynamic, onnx_model)
     feeds = feed_lib.make_feeds(loaded, onnx_model, inputs, example_inputs, dynamic, seed)
     dtypes = _output_dtypes(onnx_model)
+    # A quantized artefact is judged by the accuracy budget it was exported with, unless tolerances are given.
+    budget = recorded_budget(onnx_model) if not (tolerances.atol or tolerances.rtol) else None
     result = CompareResult(str(model) if not isinstance(model, torch.nn.Module) else type(model).__name__, str(onnx_file), chosen)
     result.provenance["seed"] = seed
 
@@ -213,9 +216,13 @@ def compare(
         tf32 = frozenset(r.name for r in runners if getattr(r, "tf32", False))
         compare_func = StatsCompareFunc(tolerances, dtypes, tf32)
         accuracy = Comparator.compare_accuracy(run_results, comparisons=[(0, i) for i in range(1, len(runners))], compare_func=compare_func)
+        by_runner = dict(run_results)
         for (ref_name, name), per_feed in accuracy[0].items():
             note = TF32_NOTE if name in tf32 and "float32" in dtypes.values() else ""
             for index, stats in enumerate(per_feed):
+                if budget is not None:
+                    _judge_by_budget(stats.values(), by_runner[ref_name][index], by_runner[name][index], budget)
+                    note = f"judged by the accuracy budget the quantized artefact records ({budget.text()}), not element-wise"
                 shapes = {k: list(v.shape) for k, v in feeds[index].items()}
                 result.accuracy.append(BackendAccuracy(name, ref_name, index, shapes, list(stats.values()), note))
         if iterations:
@@ -225,22 +232,35 @@ def compare(
         foreign = _other_weights(onnx_model, loaded) if not result.passed and localize_failures else None
         if foreign is not None:
             result.localization = Localization(str(reference_onnx or ""), len(fused_nodes(onnx_model)), 0).rule_out(foreign)
-        elif not result.passed and localize_failures and fused_nodes(onnx_model):
+        elif not result.passed and localize_failures and (fused_nodes(onnx_model) or budget is not None):
             failing = next(a.feed for a in result.accuracy if not a.passed)
             if reference_onnx is not None:
                 reference_file = Path(reference_onnx)
             else:
                 say("exporting the unfused reference graph for localisation")
                 reference_file = _derive_reference(model, onnx_model, feeds[failing], dynamic, trust_pickle, loaded.task, workdir)
-            say("localising: fused-node outputs against the unfused graph")
             expected = run_results[chosen.index("torch")][1][failing] if "torch" in chosen else None
-            result.localization = localize(onnx_model, load_onnx(reference_file), feeds[failing], tolerances,
+            if budget is not None:
+                say("localising: the first tensor of the quantized graph past the accuracy budget")
+                result.localization = localize_quantized(onnx_model, load_onnx(reference_file), feeds[failing], budget,
+                                                         str(reference_file) if reference_onnx is not None else "(derived: unfused export of MODEL)", custom_ops)
+            else:
+                say("localising: fused-node outputs against the unfused graph")
+                result.localization = localize(onnx_model, load_onnx(reference_file), feeds[failing], tolerances,
                                            str(reference_file) if reference_onnx is not None else "(derived: unfused export of MODEL)", custom_ops,
-                                           expected=expected, weight_names=loaded.module.state_dict().keys())
+                                               expected=expected, weight_names=loaded.module.state_dict().keys())
         elif not result.passed and localize_failures:
             result.localization = Localization(str(reference_onnx or ""), 0, 0, note="the ONNX model has no fused nodes (none carries deployfuse.rule metadata)")
         _write_outputs(result, feeds, targets)
     return result
+
+
+def _judge_by_budget(stats: Iterable[OutputStats], reference: Mapping[str, np.ndarray], actual: Mapping[str, np.ndarray], budget: Budget) -> None:
+    """Give each float output the verdict of `budget` (cosine, max|error| / max|reference|, ...) instead of the element-wise one."""
+    for s in stats:
+        if s.name in actual and np.issubdtype(np.asarray(reference[s.name]).dtype, np.floating) and not s.reason:
+            broken = budget.exceeded(output_error(s.name, "feed", [np.asarray(reference[s.name])], [np.asarray(actual[s.name])]))
+            s.passed, s.reason = not broken, "; ".join(broken)
 
 
 def _other_weights(onnx_model: onnx.ModelProto, loaded: LoadedModel) -> str | None:

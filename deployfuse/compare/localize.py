@@ -7,6 +7,10 @@ from fusing anything, and a fused region's inside has no counterpart anyway. Bot
 with ORT graph optimisations off on the same inputs; the first fused node, in topological
 order, whose output is outside tolerance is where the difference starts.
 
+A quantized artefact (int8/fp8: it records its accuracy budget) is localised by
+`localize_quantized` instead: the first tensor, in graph order, whose error against the same
+tensor of the fp32 graph breaks the budget is where quantization error grows past it.
+
 A fusion is blamed only when the rest of the two graphs agree. When the ONNX file did not
 come from this model (other weights, another architecture) everything differs, and the first
 fused node is merely the first place that is looked at. So before naming a rule: the unfused
@@ -19,7 +23,7 @@ from __future__ import annotations
 import os
 from collections.abc import Collection, Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import onnx
@@ -28,6 +32,9 @@ from onnx import numpy_helper
 from deployfuse.backends import ort as ort_backend
 from deployfuse.compare.accuracy import OutputStats, output_stats
 from deployfuse.compare.tolerances import Tolerances
+
+if TYPE_CHECKING:
+    from deployfuse.quantize.gate import Budget
 
 RULE_KEY = "deployfuse.rule"  # the metadata deployfuse.rewrite puts on every node it creates
 
@@ -182,4 +189,47 @@ def localize(
                              for o in reference.graph.output if o.name in want)
         result.note = ("the fused graph departs from the unfused one outside the fused nodes" if outputs_differ
                        else "the fused graph matches the unfused export: the difference is not in a fusion (look at the export or the runtime)")
+    return result
+
+
+QUANTIZATION_RULE = "quantization"  # what a Divergence of a quantized artefact blames
+
+
+def localize_quantized(
+    quantized: onnx.ModelProto,
+    reference: onnx.ModelProto,
+    feed: Mapping[str, np.ndarray],
+    budget: Budget,
+    reference_name: str = "",
+    custom_ops: str | os.PathLike[str] | None = None,
+) -> Localization:
+    """The first tensor of `quantized` (in node order) whose error against the same-named tensor
+    of `reference` (the fp32 export) breaks `budget`, with the node that makes it.
+
+    Quantizers keep the name of each layer's output, so the quantized graph's layer outputs,
+    and the float tensors between them, pair with the fp32 graph's by name. Tensors equal in
+    both (masks, constants) are skipped; so are integer tensors.
+    """
+    from deployfuse.quantize.gate import output_error
+
+    graph_inputs = {i.name for i in quantized.graph.input} | {t.name for t in quantized.graph.initializer}
+    common = _produced(reference) - graph_inputs
+    candidates = [(node, out) for node in quantized.graph.node for out in node.output if out in common]
+    names = list(dict.fromkeys(out for _, out in candidates))
+    result = Localization(reference_name, 0, len(names))
+    if not names:
+        return result.rule_out(f"no tensor of the quantized graph has a tensor of the same name in the reference graph: {NOT_FROM_MODEL}")
+    got = ort_backend.run(ort_backend.session(with_outputs(quantized, names), optimize=False, custom_ops_library=custom_ops), feed)
+    want = ort_backend.run(ort_backend.session(with_outputs(reference, names), optimize=False), feed)
+    for node, out in candidates:
+        if out not in got or out not in want or not np.issubdtype(want[out].dtype, np.floating) or np.array_equal(want[out], got[out], equal_nan=True):
+            continue
+        broken = budget.exceeded(output_error(out, "feed", [want[out]], [got[out]]))
+        if broken:
+            stats = output_stats(out, want[out], got[out], 0.0, 0.0)
+            stats.passed, stats.reason = False, "; ".join(broken)
+            result.divergences.append(Divergence(node.name, node.op_type, node.domain, QUANTIZATION_RULE, out, stats))
+            result.note = f"the first tensor past the accuracy budget ({budget.text()}): {out} ({'; '.join(broken)})"
+            return result
+    result.note = f"every tensor shared with the fp32 graph is within the accuracy budget ({budget.text()}) on this input"
     return result

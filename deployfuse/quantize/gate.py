@@ -252,10 +252,18 @@ def table(result: GateResult) -> str:
     return "\n".join(lines)
 
 
+def recorded_budget(model: onnx.ModelProto) -> Budget | None:
+    """The budget a quantized artefact was gated with (metadata ACCURACY_BUDGET); None for others."""
+    from deployfuse import metadata
+
+    recorded = metadata.read(model, metadata.ACCURACY_BUDGET)
+    return Budget.from_dict(recorded) if isinstance(recorded, dict) else None
+
+
 def budget_of(text: str | None) -> Budget:
     """`--accuracy-budget` parsed, the default budget when None."""
     return Budget() if text is None else Budget.parse(text)
 
 
-__all__ = ["BUDGET_HELP", "Budget", "GateFailed", "GateResult", "Layer", "OutputError", "budget_of", "layers_of", "measure", "output_error", "run_gate",
+__all__ = ["BUDGET_HELP", "Budget", "GateFailed", "GateResult", "Layer", "OutputError", "budget_of", "layers_of", "measure", "output_error", "recorded_budget", "run_gate",
            "sensitivities", "table"]

@@ -137,3 +137,30 @@ def test_bad_quantization_input_is_one_line_exit_2(tmp_path, capsys, flags, mess
     err = capsys.readouterr().err
     assert code == 2 and len(err.strip().splitlines()) == 1 and message in err, err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.pt"]
+
+
+def test_compare_judges_by_the_recorded_budget_and_names_the_first_layer_past_it(int8_bert, tmp_path):
+    from deployfuse.compare import compare
+
+    result, _ = int8_bert
+    model, example = build()
+    kwargs = {"example_inputs": example, "iterations": 0, "seed": 3}
+    within = compare(model, result.onnx_path, **kwargs)
+    assert within.passed and "accuracy budget" in within.accuracy[0].note
+    assert not compare(model, result.onnx_path, atol=1e-6, rtol=1e-6, localize_failures=False, **kwargs).passed  # element-wise, it is not fp32
+
+    tight = onnx.load(result.onnx_path)
+    metadata.write(tight, metadata.ACCURACY_BUDGET, {"cos": 0.999, "rel": 1e-6})
+    onnx.save(tight, tmp_path / "tight.onnx")
+    reference = tmp_path / "unfused.onnx"
+    deployfuse.export(model, reference, example_inputs=example, fuse=False, verify=False)
+    failed = compare(model, tmp_path / "tight.onnx", reference_onnx=reference, **kwargs)
+    assert not failed.passed and failed.localization is not None
+    first = failed.localization.first
+    assert first is not None and first.rule == "quantization" and "rel" in first.stats.reason
+    # The fp32 graph's tensors up to the first quantized layer are computed alike: the first one past
+    # the budget is the output of the first MatMul of the fp32 graph that int8 quantized.
+    unfused = onnx.load(reference)
+    matmul_outputs = [n.output[0] for n in unfused.graph.node if n.op_type == "MatMul"]
+    quantized_outputs = {n.output[0] for n in tight.graph.node}
+    assert first.tensor == next(o for o in matmul_outputs if o in quantized_outputs)
