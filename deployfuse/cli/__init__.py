@@ -7,13 +7,15 @@ import importlib
 import logging
 import os
 import sys
+import textwrap
 import warnings
 from collections.abc import Sequence
 
 from deployfuse.errors import DeployfuseError
 
-# (command, module under deployfuse.cli). Each module has `register(subparsers)`, which adds
-# its parser with `set_defaults(run=...)`, where run(args) -> exit code.
+# (command, module under deployfuse.cli). Each module has SUMMARY (its line in `deployfuse
+# --help`), DESCRIPTION, EPILOG (None or text: indented lines are kept as written),
+# add_arguments(parser) and run(args) -> exit code; `build_parser` makes the parsers.
 COMMANDS: list[tuple[str, str]] = [
     ("export", "export"),
     ("plugins", "plugins"),
@@ -48,9 +50,35 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=_version(), help="show deployfuse's version and those of the packages it uses")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
-    for _, module in COMMANDS:
-        importlib.import_module(f"deployfuse.cli.{module}").register(sub)
+    for name, module in COMMANDS:
+        command = importlib.import_module(f"deployfuse.cli.{module}")
+        subparser = sub.add_parser(name, help=command.SUMMARY, description=command.DESCRIPTION, epilog=command.EPILOG, formatter_class=HelpFormatter)
+        command.add_arguments(subparser)
+        subparser.set_defaults(run=command.run)
     return parser
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """argparse's formatter, except that in a description or epilog an indented line (an
+    example, a table row) is kept as written; the other lines are wrapped as paragraphs."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        out: list[str] = []
+        paragraph: list[str] = []
+
+        def flush() -> None:
+            if paragraph:
+                out.extend(textwrap.wrap(" ".join(paragraph), width, initial_indent=indent, subsequent_indent=indent))
+                paragraph.clear()
+
+        for line in text.strip("\n").splitlines():
+            if line.strip() and not line[0].isspace():
+                paragraph.append(line.strip())
+                continue
+            flush()
+            out.append(indent + line.rstrip())
+        flush()
+        return "\n".join(out)
 
 
 def _version() -> str:

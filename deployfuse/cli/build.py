@@ -9,17 +9,17 @@ import sys
 from deployfuse.engine import BUILDERS, build_engine
 from deployfuse.engine.profiles import parse_profile
 
+SUMMARY = "build a TensorRT engine from an ONNX model"
+DESCRIPTION = """\
+Build a TensorRT engine (TensorRT >= 10 or TensorRT-RTX) from an ONNX model, ideally one
+exported with --target tensorrt. Each --profile is one optimisation profile; dynamic inputs a
+profile leaves out follow a given input through a shared axis name, else get min 1, opt = the
+export shape, max = 2x the export shape.
+"""
+EPILOG = "exit codes: 0 built, 2 bad input, 3 internal failure (the message names a log file with the traceback), 130 interrupted."
 
-def register(subparsers: argparse._SubParsersAction) -> None:
-    """Add the `build` command."""
-    parser = subparsers.add_parser(
-        "build", help="build a TensorRT engine from an ONNX model",
-        description="Build a TensorRT engine (TensorRT >= 10 or TensorRT-RTX) from an ONNX model, "
-        "ideally one exported with --target tensorrt. Each --profile is one optimisation profile; "
-        "dynamic inputs a profile leaves out follow a given input through a shared axis name, else get "
-        "min 1, opt = the export shape, max = 2x the export shape.",
-        epilog="exit codes: 0 built, 2 bad input, 3 internal failure (the message names a log file with the traceback), 130 interrupted.",
-    )
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("onnx", help="the ONNX model")
     parser.add_argument("-o", "--output", required=True, metavar="ENGINE.plan", help="where to write the engine")
     precision = parser.add_mutually_exclusive_group()
@@ -38,7 +38,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--log-file", metavar="FILE", help="write a log of the build there: each phase, and TensorRT's and Polygraphy's "
                         "own warnings and notes (which the terminal does not show; a failure's reason is in its one-line error)")
     parser.add_argument("-q", "--quiet", action="store_true", help="print only the summary")
-    parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -37,13 +37,15 @@ def _tolerance(flag: str):
     return argument_type(check)
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser(
-        "compare", help="compare an ONNX model / TensorRT engine with PyTorch: accuracy, latency, first divergence",
-        description="Run the same inputs through PyTorch, ONNX Runtime and TensorRT with Polygraphy's Comparator, "
-        "compare every output with the first backend, time each backend, and localise a failure to a fused node.",
-        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+SUMMARY = "compare an ONNX model / TensorRT engine with PyTorch: accuracy, latency, first divergence"
+DESCRIPTION = """\
+Run the same inputs through PyTorch, ONNX Runtime and TensorRT with Polygraphy's Comparator,
+compare every output with the first backend, time each backend, and localise a failure to a
+fused node.
+"""
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", metavar="MODEL", help="the PyTorch model: file, package.module:callable or a Hugging Face folder (save_pretrained)")
     p.add_argument("onnx", metavar="ONNX", help="the ONNX model to check")
     add_model_input_arguments(p)
@@ -71,7 +73,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="write Polygraphy RunResults, and the inputs beside it as NAME.inputs.json (polygraphy run --load-inputs/--load-outputs)")
     p.add_argument("-q", "--quiet", action="store_true", help="print only the verdict")
     p.add_argument("-v", "--verbose", action="store_true", help="show Polygraphy's log and warnings")
-    p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -98,4 +99,4 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-__all__ = ["register", "run"]
+__all__ = ["DESCRIPTION", "EPILOG", "SUMMARY", "add_arguments", "run"]

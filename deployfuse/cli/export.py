@@ -40,13 +40,14 @@ written, with the failing step), 130 interrupted (143 on SIGTERM); no file is le
 """
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser(
-        "export", help="fold BN, export to ONNX, fuse for a target, verify against PyTorch",
-        description="Fold BatchNorm, export to ONNX (dynamo, TorchScript fallback), fuse for the target, "
-        "verify against PyTorch on fresh random inputs, and write the ONNX file atomically.",
-        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+SUMMARY = "fold BN, export to ONNX, fuse for a target, verify against PyTorch"
+DESCRIPTION = """\
+Fold BatchNorm, export to ONNX (dynamo, TorchScript fallback), fuse for the target, verify
+against PyTorch on fresh random inputs, and write the ONNX file atomically.
+"""
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", metavar="MODEL", help="model file, package.module:callable, or Hugging Face folder (see forms below)")
     p.add_argument("-o", "--output", required=True, metavar="OUT.onnx", help="the ONNX file to write")
     add_model_input_arguments(p)
@@ -88,7 +89,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    "of torch, transformers and the exporters (which the terminal does not show)")
     p.add_argument("-q", "--quiet", action="store_true", help="print only errors")
     p.add_argument("-v", "--verbose", action="store_true", help="show warnings from torch and the exporters")
-    p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -122,4 +122,4 @@ def _export(args: argparse.Namespace, progress: Progress) -> int:
     return 0
 
 
-__all__ = ["register", "run"]
+__all__ = ["DESCRIPTION", "EPILOG", "SUMMARY", "add_arguments", "run"]

@@ -6,19 +6,20 @@ import argparse
 
 from deployfuse.cli._args import argument_type
 
+SUMMARY = "write a Triton model repository for an ONNX artefact or a TensorRT engine"
+DESCRIPTION = """\
+Write a Triton Inference Server model repository serving ARTEFACT: config.pbtxt
+(onnxruntime_onnx for ONNX, tensorrt_plan for engines; checked against Triton's ModelConfig
+schema), the model, deployfuse's library when the graph has deployfuse.* nodes, and a README
+with the tritonserver command. The artefact's CUDA options go to the onnxruntime backend's
+'cuda' accelerator; the README names any it cannot carry.
+"""
+EPILOG = "example: deployfuse package bert.onnx --triton models --name bert --max-batch-size 16 --dynamic-batching --instances 2"
 
-def register(subparsers: argparse._SubParsersAction) -> None:
-    """Add the `package` command."""
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     from deployfuse.engine.profiles import ShapeProfile
 
-    parser = subparsers.add_parser(
-        "package", help="write a Triton model repository for an ONNX artefact or a TensorRT engine",
-        description="Write a Triton Inference Server model repository serving ARTEFACT: config.pbtxt (onnxruntime_onnx for "
-        "ONNX, tensorrt_plan for engines; checked against Triton's ModelConfig schema), the model, deployfuse's library "
-        "when the graph has deployfuse.* nodes, and a README with the tritonserver command. The artefact's CUDA options go "
-        "to the onnxruntime backend's 'cuda' accelerator; the README names any it cannot carry.",
-        epilog="example: deployfuse package bert.onnx --triton models --name bert --max-batch-size 16 --dynamic-batching --instances 2",
-    )
     parser.add_argument("artefact", metavar="ARTEFACT", help="an ONNX model (.onnx) or a TensorRT engine (.plan/.engine)")
     parser.add_argument("--triton", required=True, metavar="REPO", help="the model repository folder to create")
     parser.add_argument("--name", help="the model's name in Triton (default: the artefact's file stem)")
@@ -33,7 +34,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     engine.add_argument("--onnx", metavar="MODEL.onnx", help="the ONNX model the engine was built from (its dims stand for the engine's)")
     engine.add_argument("--profile", action="append", default=[], type=argument_type(ShapeProfile.parse), metavar="NAME:MIN:OPT:MAX",
                         help="the profiles given to `deployfuse build` (default: the ones it derives)")
-    parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -11,16 +11,16 @@ from deployfuse.cli._args import argument_type
 from deployfuse.errors import UsageError, first_line
 from deployfuse.inputs import InputSpec
 
+SUMMARY = "time an ONNX artefact through deployfuse.InferenceSession"
+DESCRIPTION = """\
+Run MODEL.onnx on random inputs the way deployfuse.InferenceSession runs it in your code (the
+artefact's CUDA options applied, the deployfuse custom-op library registered when built) and
+print its latency. Input shapes default to those the export recorded.
+"""
+EPILOG = "example: deployfuse run tiny_bert.onnx --input input_ids:8x128:int64 --input attention_mask:8x128:int64 --iterations 50"
 
-def register(subparsers: argparse._SubParsersAction) -> None:
-    """Add the `run` command."""
-    parser = subparsers.add_parser(
-        "run", help="time an ONNX artefact through deployfuse.InferenceSession",
-        description="Run MODEL.onnx on random inputs the way deployfuse.InferenceSession runs it in your code "
-        "(the artefact's CUDA options applied, the deployfuse custom-op library registered when built) and "
-        "print its latency. Input shapes default to those the export recorded.",
-        epilog="example: deployfuse run tiny_bert.onnx --input input_ids:8x128:int64 --input attention_mask:8x128:int64 --iterations 50",
-    )
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", metavar="MODEL.onnx", help="the ONNX artefact")
     parser.add_argument("--input", dest="inputs", action="append", default=[], type=argument_type(InputSpec.parse), metavar="NAME:SHAPE[:DTYPE]",
                         help="the shape of one input (repeatable); the dtype is the model's; default: the shape the export recorded")
@@ -28,7 +28,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--warmup", type=int, default=3, metavar="N", help="untimed runs first (default 3)")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="execution provider (default: CUDA when onnxruntime has it)")
     parser.add_argument("--no-custom-ops", action="store_true", help="run deployfuse.* nodes as their ONNX function bodies even when the library is built")
-    parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
