@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import os
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -28,7 +28,7 @@ _DTYPES: dict[str, torch.dtype] = {
     "int64": torch.int64, "long": torch.int64, "int32": torch.int32, "int": torch.int32,
     "int16": torch.int16, "int8": torch.int8, "uint8": torch.uint8, "bool": torch.bool,
 }
-_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]*$")
+NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.\-/]*")  # an input name (the TorchScript exporter writes `input.1`) or an axis label
 
 
 def parse_shape(text: str) -> tuple[int, ...] | None:
@@ -37,6 +37,26 @@ def parse_shape(text: str) -> tuple[int, ...] | None:
     if not all(d.isdigit() and int(d) > 0 for d in dims):
         return None
     return tuple(int(d) for d in dims)
+
+
+def split_spec(text: str, flag: str, form: str, example: str, fields: Sequence[int], valid: Callable[[list[str]], object] = bool) -> list[str]:
+    """The value `text` of `flag` (`--input`, `--dynamic`, `--profile`) split at ':'.
+
+    Raises UsageError saying the expected `form`, with `example`, when it does not have one of
+    the `fields` counts of parts, does not start with an input name, or fails `valid`.
+    """
+    parts = text.split(":")
+    if len(parts) not in fields or not NAME.fullmatch(parts[0]) or not valid(parts):
+        raise UsageError(f"{flag} {text!r}: expected {form}, e.g. {example}")
+    return parts
+
+
+def spec_shape(text: str, flag: str, part: str) -> tuple[int, ...]:
+    """The shape `part` of the value `text` of `flag`; UsageError when it is not one."""
+    shape = parse_shape(part)
+    if shape is None:
+        raise UsageError(f"{flag} {text!r}: SHAPE must be positive integers joined by 'x' (got {part!r}), e.g. 1x3x224x224")
+    return shape
 
 
 @dataclass(frozen=True)
@@ -50,12 +70,8 @@ class InputSpec:
     @classmethod
     def parse(cls, text: str) -> InputSpec:
         """Parse `input_ids:1x128:int64` or `pixel_values:1x3x224x224`."""
-        parts = text.split(":")
-        if len(parts) not in (2, 3) or not _NAME.match(parts[0]):
-            raise UsageError(f"--input {text!r}: expected NAME:SHAPE[:DTYPE], e.g. input_ids:1x128:int64")
-        shape = parse_shape(parts[1])
-        if shape is None:
-            raise UsageError(f"--input {text!r}: SHAPE must be positive integers joined by 'x', e.g. 1x3x224x224")
+        parts = split_spec(text, "--input", "NAME:SHAPE[:DTYPE]", "input_ids:1x128:int64", (2, 3))
+        shape = spec_shape(text, "--input", parts[1])
         dtype = torch.float32
         if len(parts) == 3:
             if parts[2].lower() not in _DTYPES:
@@ -75,9 +91,7 @@ class DynamicAxis:
     @classmethod
     def parse(cls, text: str) -> DynamicAxis:
         """Parse `input_ids:1:seq`."""
-        parts = text.split(":")
-        if len(parts) != 3 or not _NAME.match(parts[0]) or not re.fullmatch(r"-?\d+", parts[1]) or not _NAME.match(parts[2]):
-            raise UsageError(f"--dynamic {text!r}: expected NAME:AXIS:LABEL, e.g. input_ids:1:seq")
+        parts = split_spec(text, "--dynamic", "NAME:AXIS:LABEL", "input_ids:1:seq", (3,), lambda p: re.fullmatch(r"-?\d+", p[1]) and NAME.fullmatch(p[2]))
         return cls(parts[0], int(parts[1]), parts[2])
 
 

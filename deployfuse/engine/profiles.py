@@ -18,7 +18,6 @@ Static axes keep their size in all three shapes.
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -26,7 +25,7 @@ import onnx
 
 from deployfuse import metadata
 from deployfuse.errors import UsageError
-from deployfuse.inputs import parse_shape
+from deployfuse.inputs import spec_shape, split_spec
 
 EXPORT_SHAPES_KEY = metadata.INPUT_SHAPES
 Shape = tuple[int, ...]
@@ -46,15 +45,8 @@ class ShapeProfile:
     @classmethod
     def parse(cls, text: str) -> ShapeProfile:
         """Parse `input_ids:1x128:4x128:8x128`."""
-        parts = text.split(":")
-        if len(parts) != 4 or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.\-/]*", parts[0]):
-            raise UsageError(f"--profile {text!r}: expected NAME:MIN:OPT:MAX, e.g. input_ids:1x128:4x128:8x128")
-        shapes = []
-        for part in parts[1:]:
-            shape = parse_shape(part)
-            if shape is None:
-                raise UsageError(f"--profile {text!r}: shape {part!r} must be positive integers joined by 'x'")
-            shapes.append(shape)
+        parts = split_spec(text, "--profile", "NAME:MIN:OPT:MAX", "input_ids:1x128:4x128:8x128", (4,))
+        shapes = [spec_shape(text, "--profile", part) for part in parts[1:]]
         if len({len(s) for s in shapes}) != 1:
             raise UsageError(f"--profile {text!r}: MIN, OPT and MAX must have the same rank")
         if not all(a <= b <= c for a, b, c in zip(*shapes)):

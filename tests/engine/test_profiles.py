@@ -83,3 +83,20 @@ def test_several_profiles_errors_name_the_profile():
         resolve_optimization_profiles(TEXT, [parse_profile("input_ids:1x8:2x8:4x8"), parse_profile("ids:1x8:2x8:4x8")], {})
     with pytest.raises(UsageError, match="profiles 1 and 2 resolve to the same shapes"):
         resolve_optimization_profiles(TEXT, [parse_profile("input_ids:1x8:2x8:4x8"), parse_profile("attention_mask:1x8:2x8:4x8")], {})
+
+
+@pytest.mark.parametrize("name", ["input_ids", "input.1", "encoder/pixel-values"])
+def test_profile_input_and_dynamic_take_the_same_input_names(name):
+    """One rule for an input name in --profile, --input and --dynamic (the TorchScript exporter writes `input.1`)."""
+    from deployfuse.inputs import DynamicAxis, InputSpec
+
+    assert ShapeProfile.parse(f"{name}:1x8:2x8:4x8").name == InputSpec.parse(f"{name}:2x8").name == DynamicAxis.parse(f"{name}:0:batch").name == name
+
+
+@pytest.mark.parametrize("flag", ["--profile", "--input"])
+def test_a_bad_shape_says_which_part(flag):
+    from deployfuse.inputs import InputSpec
+
+    parse, text = (ShapeProfile.parse, "x:1x8:2by8:4x8") if flag == "--profile" else (InputSpec.parse, "x:2by8")
+    with pytest.raises(UsageError, match=rf"^{flag} '{text}': SHAPE must be positive integers joined by 'x' \(got '2by8'\)"):
+        parse(text)
