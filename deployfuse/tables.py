@@ -39,9 +39,9 @@ def add(table: Table, *cells: str | Text) -> None:
     table.add_row(*(Text(c) if isinstance(c, str) else c for c in cells))
 
 
-def line(text: str) -> Text:
-    """A line of text between tables, shown as it is."""
-    return Text(text)
+def line(text: str, style: str = "") -> Text:
+    """A line of text between tables, shown as it is (in `style` on a terminal)."""
+    return Text(text, style=style)
 
 
 def verdict(text: str, good: bool) -> Text:

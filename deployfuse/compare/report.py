@@ -27,8 +27,6 @@ def _png(figure) -> str:
     return base64.b64encode(buffer.getvalue()).decode("ascii")
 
 
-NOISY_P90_OVER_MEDIAN = 1.5  # a p90 this far above the median: the timing is not to be trusted
-
 
 def latency_png(result: CompareResult) -> str:
     """Median latency per backend, with the p90 as a whisker, on a log axis so that a backend
@@ -45,12 +43,6 @@ def latency_png(result: CompareResult) -> str:
     axes.invert_yaxis()
     axes.set_xlabel("latency, ms, log scale (bar: median, whisker: p90)")
     return _png(figure)
-
-
-def noisy_timings(result: CompareResult) -> list[str]:
-    """One sentence per backend whose p90 exceeds NOISY_P90_OVER_MEDIAN x its median."""
-    return [f"{lat.backend}: p90 {lat.p90_ms:.3g} ms is {lat.p90_ms / lat.median_ms:.1f}x the median {lat.median_ms:.3g} ms (min {lat.min_ms:.3g})"
-            for lat in result.latency if lat.median_ms > 0 and lat.p90_ms > NOISY_P90_OVER_MEDIAN * lat.median_ms]
 
 
 def error_png(result: CompareResult, output: str, feed: int = 0) -> str | None:
@@ -167,7 +159,7 @@ def html_report(result: CompareResult) -> str:
     if result.latency:
         rows = [[lat.backend, f"{lat.median_ms:.3f}", f"{lat.p90_ms:.3f}", f"{lat.mean_ms:.3f}", f"{lat.min_ms:.3f}", f"{lat.throughput_per_s:.1f}",
                  f"{lat.samples_per_s:.1f}", f"{lat.timing}, {lat.iterations} runs after {lat.warmup} warm-up"] for lat in result.latency]
-        noisy = "".join(f"<p class=warn>noisy timing, {html.escape(n)}: rerun on a quieter machine or with more --iterations</p>" for n in noisy_timings(result))
+        noisy = "".join(f"<p class=warn>noisy timing, {html.escape(n)}: rerun on a quieter machine or with more --iterations</p>" for n in result.noisy_timings())
         parts.append("<h2>Latency</h2>" + noisy + _table(["backend", "median ms", "p90 ms", "mean ms", "min ms", "inferences/s", "samples/s", "timing"], rows))
         parts.append(f"<img alt='latency per backend' src='data:image/png;base64,{latency_png(result)}'>")
     fusions = fusion_summary(result.onnx)

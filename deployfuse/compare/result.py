@@ -12,6 +12,8 @@ from deployfuse.compare.accuracy import OutputStats
 from deployfuse.compare.latency import LatencyStats
 from deployfuse.compare.localize import Localization
 
+NOISY_P90_OVER_MEDIAN = 1.5  # a p90 this far above the median: the timing is not to be trusted
+
 
 @dataclass
 class BackendAccuracy:
@@ -66,6 +68,11 @@ class CompareResult:
                 "max_abs_error": s.max_abs_error, "max_rel_error": s.max_rel_error, "cosine_similarity": s.cosine_similarity,
                 "mismatched": s.mismatched, "reason": s.reason}
 
+    def noisy_timings(self) -> list[str]:
+        """One sentence per backend whose p90 exceeds NOISY_P90_OVER_MEDIAN x its median."""
+        return [f"{lat.backend}: p90 {lat.p90_ms:.3g} ms is {lat.p90_ms / lat.median_ms:.1f}x the median {lat.median_ms:.3g} ms (min {lat.min_ms:.3g})"
+                for lat in self.latency if lat.median_ms > 0 and lat.p90_ms > NOISY_P90_OVER_MEDIAN * lat.median_ms]
+
     def failures(self) -> list[str]:
         """`backend:output` for every output outside tolerance (once each)."""
         return list(dict.fromkeys(f"{a.backend}:{o.name}" for a in self.accuracy for o in a.outputs if not o.passed))
@@ -103,7 +110,9 @@ class CompareResult:
             for lat in self.latency:
                 tables.add(grid, lat.backend, f"{lat.median_ms:.3f}", f"{lat.p90_ms:.3f}", f"{lat.throughput_per_s:.1f}", f"{lat.samples_per_s:.1f}",
                            f"{lat.timing}, {lat.iterations} runs after {lat.warmup} warm-up")
-            items += [grid, tables.line("")]
+            items.append(grid)
+            items += [tables.line(f"noisy timing, {n}: rerun on a quieter machine or with more --iterations", style="yellow") for n in self.noisy_timings()]
+            items.append(tables.line(""))
         if self.localization is not None:
             first = self.first_divergence
             if first is not None:

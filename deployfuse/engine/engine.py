@@ -22,6 +22,7 @@ from typing import Any
 
 import onnx
 
+from deployfuse import provenance
 from deployfuse.engine import builders, plugins as plugin_libs, precision as lowp
 from deployfuse.engine.inspect import network_record, record_path
 from deployfuse.engine.messages import captured
@@ -186,6 +187,7 @@ def _record(result: BuildResult, network: dict) -> dict:
         "plugins": [f"{op} x{n}" for op, n in result.preflight.plugin.items()],
         "profiles": [[{"name": p.name, "min": list(p.min), "opt": list(p.opt), "max": list(p.max)} for p in profile] for profile in result.profiles],
         "network": network,
+        "provenance": provenance.collect(),  # versions (TensorRT's too), device, threads, command, UTC time
     }
 
 

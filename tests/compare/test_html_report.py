@@ -9,7 +9,7 @@ import dataclasses
 import torch
 
 import deployfuse
-from deployfuse.compare.report import html_report, noisy_timings
+from deployfuse.compare.report import html_report
 
 
 class _MLP(torch.nn.Module):
@@ -46,7 +46,7 @@ def test_page_has_verdict_histograms_per_shape_and_environment(tmp_path):
     assert len(images) == 2 + 1 and all(img.startswith(b"\x89PNG") for img in images)  # output x feeds, latency
     assert "<h2>Environment</h2>" in page and "<td class=text>5</td>" in page  # the seed
     assert "<h2>Fusions in the ONNX file</h2>" in page and "<td>bias_gelu</td><td>com.microsoft.BiasGelu</td><td>1</td>" in page
-    assert "noisy timing" not in page or noisy_timings(result)
+    assert "noisy timing" not in page or result.noisy_timings()
 
 
 def test_noisy_timing_is_flagged_and_a_failure_is_red(tmp_path):
@@ -57,7 +57,8 @@ def test_noisy_timing_is_flagged_and_a_failure_is_red(tmp_path):
     result.latency[0] = dataclasses.replace(result.latency[0], median_ms=30.6, min_ms=2.5, p90_ms=134.0)
     result.accuracy[0].outputs[0] = dataclasses.replace(result.accuracy[0].outputs[0], passed=False, mismatched=3)
     page = html_report(result)
-    assert f"{result.latency[0].backend}: p90 134 ms is 4.4x the median 30.6 ms (min 2.5)" in noisy_timings(result)
+    assert f"{result.latency[0].backend}: p90 134 ms is 4.4x the median 30.6 ms (min 2.5)" in result.noisy_timings()
     assert "<p class=warn>noisy timing, " in page
+    assert "noisy timing, " + result.noisy_timings()[0] in result.table(), "the terminal table warns too"
     assert "<p class='verdict fail'>FAILED: ort-cpu:output</p>" in page
     assert "<h2>Fusions in the ONNX file</h2><p>none" in page  # exported with fuse=False

@@ -39,6 +39,8 @@ def test_json_report_matches_the_build(bert_engine, cli):
     assert len(report["layers"]) == bert_engine.network_layers
     assert [[p["name"] for p in profile] for profile in report["profiles"]] == [[p.name for p in profile] for profile in bert_engine.profiles]
     assert report["built"]["precision"] == "fp16"
+    made = report["built"]["provenance"]  # the build record carries its provenance, as every report does
+    assert made["versions"]["tensorrt-rtx"] and made["device"]["cpu"] and made["time_utc"].endswith("+00:00")
     assert report["plugins"] == [f"{op} x{n}" for op, n in bert_engine.preflight.plugin.items()] != []  # deployfuse's own plugins
 
 
