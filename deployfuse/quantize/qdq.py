@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import onnx
+from onnx import TensorProto, helper, numpy_helper
 
 from deployfuse.io import default_opset
 
@@ -90,6 +91,7 @@ def place_qdq(model: onnx.ModelProto, precision: str, calibration: Calibration, 
     if default_opset(quantized) != opset:  # the quantizer raises opsets it finds too old: never silently
         raise ValueError(f"ONNX Runtime's quantizer moved the model from opset {opset} to {default_opset(quantized)}")
     _unquantized_elsewhere(quantized, set(nodes))
+    _scales_in_graph_type(quantized, model, nodes)
     return quantized
 
 
@@ -105,20 +107,23 @@ def _copy(model: onnx.ModelProto) -> onnx.ModelProto:
 
 
 def _samples(model: onnx.ModelProto, samples: Iterable[Mapping[str, Any]]) -> list[dict[str, np.ndarray]]:
-    """The calibration inputs as numpy feeds for the model's inputs (torch tensors or arrays)."""
-    names = {i.name for i in model.graph.input} - {t.name for t in model.graph.initializer}
-    feeds = [{k: _array(v) for k, v in sample.items() if k in names} for sample in samples]
+    """The calibration inputs as numpy feeds for the model's inputs (torch tensors or arrays),
+    floats in the input's type (an fp16 graph calibrated on fp32 samples)."""
+    weights = {t.name for t in model.graph.initializer}
+    types = {i.name: helper.tensor_dtype_to_np_dtype(i.type.tensor_type.elem_type) for i in model.graph.input if i.name not in weights}
+    feeds = [{k: _array(v, types[k]) for k, v in sample.items() if k in types} for sample in samples]
     if not feeds:
         raise ValueError("no calibration samples: Q/DQ scales need at least one input set")
     return feeds
 
 
-def _array(value: Any) -> np.ndarray:
+def _array(value: Any, dtype: np.dtype) -> np.ndarray:
     if hasattr(value, "detach"):  # a torch tensor; bf16 has no numpy type
         from deployfuse.verify import to_numpy
 
-        return to_numpy(value)
-    return np.asarray(value)
+        value = to_numpy(value)
+    array = np.asarray(value)
+    return array.astype(dtype) if np.issubdtype(array.dtype, np.floating) and array.dtype != dtype else array
 
 
 def _reader(samples: list[dict[str, np.ndarray]]) -> Any:
@@ -183,6 +188,29 @@ def _float8() -> Any:
     import ml_dtypes
 
     return ml_dtypes.float8_e4m3fn
+
+
+def _scales_in_graph_type(model: onnx.ModelProto, float_model: onnx.ModelProto, quantized: list[str]) -> None:
+    """Scales in the type of the tensors they quantize: ONNX Runtime writes float32 scales, and in
+    an fp16 or bf16 graph QuantizeLinear needs its input's type and DequantizeLinear outputs its
+    scale's (the GEMM's weight gives the type: both GEMM inputs share it)."""
+    weight_type = {t.name: t.data_type for t in float_model.graph.initializer}
+    gemm_type = {n.name: weight_type[n.input[1]] for n in float_model.graph.node if n.name in set(quantized)}
+    producer = {o: n for n in model.graph.node for o in n.output}
+    initializers = {t.name: t for t in model.graph.initializer}
+    for node in model.graph.node:
+        dtype = gemm_type.get(node.name, TensorProto.FLOAT)
+        if dtype == TensorProto.FLOAT:
+            continue
+        for dq in (producer.get(i) for i in node.input[:2]):
+            if dq is None or dq.op_type != "DequantizeLinear":
+                continue
+            q = producer.get(dq.input[0])
+            for scale in [dq.input[1]] + ([q.input[1]] if q is not None and q.op_type == "QuantizeLinear" else []):
+                tensor = initializers[scale]
+                if tensor.data_type == TensorProto.FLOAT:
+                    array = numpy_helper.to_array(tensor).astype(helper.tensor_dtype_to_np_dtype(dtype))
+                    tensor.CopyFrom(numpy_helper.from_array(array, scale))
 
 
 def _unquantized_elsewhere(model: onnx.ModelProto, quantized: set[str]) -> None:

@@ -34,15 +34,15 @@ class Exported:
 
 
 @functools.cache
-def exported(name: str, fuse: bool = True) -> Exported:
-    """`zoo.ZOO[name]` exported with static shapes for `--target tensorrt` (fp32, not verified:
-    the export tests do that)."""
+def exported(name: str, fuse: bool = True, precision: str = "fp32") -> Exported:
+    """`zoo.ZOO[name]` exported with static shapes for `--target tensorrt` in `precision` (not
+    verified: the export tests do that); `module` stays fp32."""
     import deployfuse
 
     torch.manual_seed(0)
     module, example = zoo.ZOO[name].build()
-    path = Path(_ROOT.name) / f"{name}{'' if fuse else '_unfused'}.onnx"
-    deployfuse.export(module, path, example_inputs=example, target="tensorrt", fuse=fuse, verify=False)
+    path = Path(_ROOT.name) / f"{name}{'' if fuse else '_unfused'}_{precision}.onnx"
+    deployfuse.export(module, path, example_inputs=example, target="tensorrt", fuse=fuse, verify=False, precision=precision)
     return Exported(module, example, path, random_calibration(example, module, seed=0))
 
 

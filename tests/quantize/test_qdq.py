@@ -153,12 +153,16 @@ def test_refusals(bert):
 
 
 @pytest.mark.parametrize("precision", ["int8", "fp8"])
-@pytest.mark.parametrize("name", ["bert", "resnet18"])
-def test_quantized_graph_matches_pytorch_fp32(name, precision):
+@pytest.mark.parametrize(("name", "graph"), [("bert", "fp32"), ("resnet18", "fp32"), ("bert", "fp16")])
+def test_quantized_graph_matches_pytorch_fp32(name, graph, precision):
     """Fresh random inputs (seeds the calibration never saw) through ORT CPU, optimisations off:
-    float8 Q/DQ run there from opset 19, so fp8 is checked as it is, not simulated."""
-    model = exported(name)
+    float8 Q/DQ run there from opset 19, so fp8 is checked as it is, not simulated. An fp16
+    graph gets its scales in fp16 (ONNX Runtime's quantizer writes float32 ones)."""
+    model = exported(name, precision=graph)
     quantized = place_qdq(model.onnx, precision, model.calibration, set())
+    g = Graph(quantized)
+    scale_type = TensorProto.FLOAT16 if graph == "fp16" else TensorProto.FLOAT
+    assert {g.types[n.input[1]] for n in g.of("QuantizeLinear") + g.of("DequantizeLinear")} == {scale_type}
     session = ort_backend.session(quantized, optimize=False)
     rel_budget, cos_budget = TOLERANCE[precision]
     for seed in (1001, 1002):
@@ -167,7 +171,7 @@ def test_quantized_graph_matches_pytorch_fp32(name, precision):
         with torch.inference_mode():
             expected = flatten_outputs(model.module(**inputs))
         for output, want in expected.items():
-            ref, out = want.numpy(), got[output]
+            ref, out = want.numpy(), got[output].astype(np.float32)
             rel = float(np.abs(out - ref).max() / np.abs(ref).max())
             assert rel <= rel_budget and cosine(out, ref) >= cos_budget, f"{output}: relative error {rel:.2e}, cosine {cosine(out, ref):.6f}"
             assert rel > 1e-5, f"{output} is exact: nothing was quantized"
