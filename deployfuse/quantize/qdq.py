@@ -50,11 +50,13 @@ _EXTERNAL_DATA_THRESHOLD = 2 * 1024**3  # protobuf cannot serialise a model abov
 
 def quantizable_nodes(model: onnx.ModelProto, precision: str = "int8") -> list[str]:
     """Names of the nodes `place_qdq` quantizes in `precision`, in graph order: MatMul and Gemm
-    whose weight (input B) is an initializer, and for int8 Conv with an initializer kernel."""
+    whose weight (input B) is a 2-D initializer (per-channel scales then run along its output
+    columns), and for int8 Conv with an initializer kernel."""
     _check_precision(precision)
-    weights = {t.name for t in model.graph.initializer}
+    rank = {t.name: len(t.dims) for t in model.graph.initializer}
     ops = GEMM_OPS[precision]
-    return [n.name for n in model.graph.node if n.domain in ("", "ai.onnx") and n.op_type in ops and len(n.input) > 1 and n.input[1] in weights and n.name]
+    return [n.name for n in model.graph.node
+            if n.name and n.domain in ("", "ai.onnx") and n.op_type in ops and len(n.input) > 1 and n.input[1] in rank and (n.op_type == "Conv" or rank[n.input[1]] == 2)]
 
 
 def place_qdq(model: onnx.ModelProto, precision: str, calibration: Calibration, exclude: set[str]) -> onnx.ModelProto:
