@@ -3,22 +3,26 @@ while fusing, which rule family of how many), then one line per finished step.
 
 On a terminal this is a live `rich` display in colour; elsewhere (a pipe, a CI log) the same
 finished-step lines in plain text, no colour and no redraws. Every line also goes to the
-`deployfuse` logger, which `--log-file` writes to a file (with -q too).
+`deployfuse` logger, which `--log-file` writes to a file (with -q too). Commands that report
+stages as lines (compare) use `stage_printer`, logged the same way.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import sys
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from types import TracebackType
+from typing import Any
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TaskID, TextColumn, TimeElapsedColumn
 
 from deployfuse import provenance
 from deployfuse.errors import UsageError
+from deployfuse.io import check_outputs
 from deployfuse.report import Step
 
 log = logging.getLogger("deployfuse")
@@ -68,10 +72,27 @@ class ExportProgress:
             self._bar.update(self._task, description=f"fuse: {name}", completed=index, total=total)
 
 
+def stage_printer(show: bool = True) -> Callable[[str], None]:
+    """A progress callback for commands that report stages as lines (compare): each line goes
+    to the `deployfuse` logger (so to --log-file), and to stderr unless `show` is False (-q)."""
+
+    def say(line: str) -> None:
+        log.info("%s", line.strip())
+        if show:
+            print(line, file=sys.stderr, flush=True)
+
+    return say
+
+
 @contextlib.contextmanager
-def log_to_file(path: str) -> Iterator[None]:
+def log_to_file(path: str, reads: Mapping[str, Any] | None = None, writes: Mapping[str, Any] | None = None) -> Iterator[None]:
     """Within the block, deployfuse's log and every Python warning (torch, transformers, the
-    exporters) go to the file at `path` instead of the terminal; all is restored afterwards."""
+    exporters) go to the file at `path` instead of the terminal; all is restored afterwards.
+
+    `reads` and `writes` (flag -> path) are the run's inputs and other outputs: the log file is
+    checked against them (`io.check_outputs`) before it is opened, so it never truncates one.
+    """
+    check_outputs({"--log-file": path, **(writes or {})}, reads)
     try:
         handler = logging.FileHandler(path, mode="w", encoding="utf-8")
     except OSError as exc:
@@ -93,4 +114,4 @@ def log_to_file(path: str) -> Iterator[None]:
         handler.close()
 
 
-__all__ = ["ExportProgress", "log_to_file"]
+__all__ = ["ExportProgress", "log_to_file", "stage_printer"]

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import sys
 
 from deployfuse.engine import BUILDERS, build_engine
 from deployfuse.engine.profiles import parse_profile
@@ -42,20 +41,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Build and print the summary; errors reach the CLI as DeployfuseError."""
-    from deployfuse.cli._progress import log, log_to_file
+    from deployfuse.cli._progress import log, log_to_file, stage_printer
 
     profiles = [parse_profile(p) for p in args.profile]
-
-    def progress(line: str) -> None:
-        log.info("%s", line.strip())
-        if not args.quiet:
-            print(line, file=sys.stderr, flush=True)
-
-    with log_to_file(args.log_file) if args.log_file else contextlib.nullcontext():
+    reads = {"ONNX": args.onnx, **{f"--plugins {p}": p for p in args.plugins}, "--timing-cache": args.timing_cache}
+    with log_to_file(args.log_file, reads, {"-o": args.output}) if args.log_file else contextlib.nullcontext():
         result = build_engine(
             args.onnx, args.output, precision=args.precision, profiles=profiles, plugins=args.plugins,
             timing_cache=args.timing_cache, workspace_mib=args.workspace, compute_capability=args.compute_capability,
-            builder=args.builder, progress=progress,
+            builder=args.builder, progress=stage_printer(show=not args.quiet),
         )
         log.info("%s", result.summary())
     print(result.summary())

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
+from collections.abc import Callable
 
 from deployfuse.cli._args import add_model_input_arguments, argument_type
 from deployfuse.compare import BACKENDS, Tolerances, compare
@@ -71,6 +73,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--report", metavar="FILE.html", help="write an HTML report with latency and error plots")
     p.add_argument("--save-results", metavar="FILE.json",
                    help="write Polygraphy RunResults, and the inputs beside it as NAME.inputs.json (polygraphy run --load-inputs/--load-outputs)")
+    p.add_argument("--log-file", metavar="FILE", help="write a log of the run there: each stage, and the warnings of torch, transformers "
+                   "and the runners (which the terminal does not show)")
     p.add_argument("-q", "--quiet", action="store_true", help="print only the verdict")
     p.add_argument("-v", "--verbose", action="store_true", help="show Polygraphy's log and warnings")
 
@@ -80,13 +84,23 @@ def run(args: argparse.Namespace) -> int:
         from deployfuse.errors import UsageError
 
         raise UsageError(f"--iterations and --warmup must be >= 0 (got {args.iterations}, {args.warmup})")
+    from deployfuse.cli._progress import log_to_file, stage_printer
+
+    reads = {"MODEL": args.model, "ONNX": args.onnx, "--reference-onnx": args.reference_onnx, "--engine": args.engine, "--custom-ops": args.custom_ops,
+             "--example-inputs": args.example_inputs}
+    writes = {"--json": args.json, "--report": args.report, "--save-results": args.save_results}
+    with log_to_file(args.log_file, reads, writes) if args.log_file else contextlib.nullcontext():
+        return _compare(args, stage_printer(show=not args.quiet))
+
+
+def _compare(args: argparse.Namespace, progress: Callable[[str], None]) -> int:
     result = compare(
         args.model, args.onnx, backends=args.backends.split(","), inputs=args.inputs, example_inputs=args.example_inputs,
         dynamic=args.dynamic, trust_pickle=args.trust_pickle, task=args.task, atol=Tolerances.parse(args.atol, args.rtol),
         iterations=args.iterations, warmup=args.warmup, engine=args.engine, custom_ops=args.custom_ops, plugins=args.plugins,
         reference_onnx=args.reference_onnx, localize_failures=not args.no_localize, torch_device=args.torch_device, seed=args.seed,
         json_path=args.json, report_path=args.report, save_results=args.save_results, verbose=args.verbose,
-        progress=None if args.quiet else (lambda line: print(line, file=sys.stderr, flush=True)),
+        progress=progress,
     )
     if not args.quiet:
         show(result.tables())

@@ -94,7 +94,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from deployfuse.cli._progress import ExportProgress, log_to_file
 
-    with log_to_file(args.log_file) if args.log_file else contextlib.nullcontext(), ExportProgress(show=not args.quiet) as progress:
+    reads = {"MODEL": args.model, "--example-inputs": args.example_inputs, "--calibration-data": args.calibration_data}
+    log_context = log_to_file(args.log_file, reads, {"-o": args.output, "--report": args.report}) if args.log_file else contextlib.nullcontext()
+    with log_context, ExportProgress(show=not args.quiet) as progress:
         return _export(args, progress)
 
 
