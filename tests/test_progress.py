@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 
+import pytest
 from rich.console import Console
 
 from deployfuse.cli._progress import ExportProgress
@@ -29,31 +30,34 @@ def build():
 '''
 
 
-def test_plain_lines_off_a_terminal_and_a_full_log_file(cli, tmp_path, monkeypatch):
+@pytest.fixture
+def warns(tmp_path, monkeypatch):
+    """`warns:build` importable from tmp_path, the current folder."""
     (tmp_path / "warns.py").write_text(FACTORY)
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path))
+    return tmp_path
+
+
+def test_plain_lines_off_a_terminal_and_a_full_log_file(cli, warns):
     code, _, stderr = cli("export", "warns:build", "-o", "m.onnx", "--log-file", "run.log")
     assert code == 0, stderr
     assert "\x1b[" not in stderr and "the model warns" not in stderr  # no colour in a pipe; warnings go to the log
     steps = [line.split()[:2] for line in stderr.splitlines() if line.split()[:1] and line.split()[0] in ("load", "export", "fuse", "verify", "save")]
     assert steps == [["load", "ok"], ["export", "ok"], ["fuse", "ok"], ["verify", "ok"], ["save", "ok"]]
-    log = (tmp_path / "run.log").read_text()
+    log = (warns / "run.log").read_text()
     assert "deployfuse export warns:build -o m.onnx --log-file run.log" in log
     assert "UserWarning: the model warns on every call" in log
     assert "fuse: family gelu" in log and "save: ok" in log
 
 
-def test_compare_log_file_takes_the_stages_and_the_warnings(cli, tmp_path, monkeypatch):
-    (tmp_path / "warns.py").write_text(FACTORY)
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.syspath_prepend(str(tmp_path))
+def test_compare_log_file_takes_the_stages_and_the_warnings(cli, warns):
     code, _, stderr = cli("export", "warns:build", "-o", "m.onnx", "--no-fuse", "-q")
     assert code == 0, stderr
     code, stdout, stderr = cli("compare", "warns:build", "m.onnx", "--iterations", "2", "--warmup", "1", "--log-file", "compare.log")
     assert code == 0, stdout + stderr
     assert "running torch, ort-cpu" in stderr and "the model warns" not in stdout + stderr
-    log = (tmp_path / "compare.log").read_text()
+    log = (warns / "compare.log").read_text()
     assert "deployfuse compare warns:build m.onnx" in log and "running torch, ort-cpu" in log and "timing ort-cpu" in log
     assert "UserWarning: the model warns on every call" in log
 
