@@ -1,8 +1,8 @@
 """QuantizeLinear/DequantizeLinear placement for the tensorrt and ort-cuda targets (int8, fp8).
 
 ONNX Runtime's static quantizer (`onnxruntime.quantization.quantize_static`, QDQ format) does
-the calibration and the placement; this module chooses its settings and mends the two places
-where its output is not what TensorRT and deployfuse's FP8 GEMM rule want:
+the calibration and the placement; this module chooses its settings and mends what its output
+lacks for TensorRT and deployfuse's FP8 GEMM rule:
 
 - only GEMM-bearing nodes with a constant weight are quantized (`quantizable_nodes`): MatMul
   and Gemm (attention projections, MLPs, heads), and Conv in int8. Activation x activation
@@ -17,7 +17,11 @@ where its output is not what TensorRT and deployfuse's FP8 GEMM rule want:
   ONNX Runtime hands them the dequantized copy, `_unquantized_elsewhere` gives the original back;
 - fp8 activation scales are amax / 448 (E4M3's largest finite value), the max calibration of
   TensorRT's own recipes and torchao's float8, instead of ONNX Runtime's only fp8 method, which
-  matches the standard deviation of the float8 grid and saturates outliers.
+  matches the standard deviation of the float8 grid and saturates outliers;
+- in an fp16/bf16 graph the scales take the graph's type (ONNX Runtime writes float32 ones).
+
+Calibration runs once per model and sample set in a process (`_CalibrationCache`): the gate
+quantizes the same model again with more layers excluded.
 
 Why not nvidia-modelopt's ONNX PTQ: it runs on a CPU, but pins onnx 1.21, onnxruntime-gpu 1.24
 and cupy for CUDA 12 (this project is on onnx 1.23, onnxruntime 1.32, CUDA 13), and it puts
@@ -26,9 +30,11 @@ Q/DQ on residual Adds and attention MatMuls too, which the issue keeps in float.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import tempfile
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -87,14 +93,59 @@ def place_qdq(model: onnx.ModelProto, precision: str, calibration: Calibration, 
         source, target = Path(tmp) / "float.onnx", Path(tmp) / "qdq.onnx"
         external = model.ByteSize() > _EXTERNAL_DATA_THRESHOLD
         onnx.save_model(model, source, save_as_external_data=external, all_tensors_to_one_file=True, location="float.onnx.data")
-        overrides = _fp8_activation_scales(source, nodes, model, samples, Path(tmp)) if precision == "fp8" else {}
-        _quantize(source, target, precision, nodes, samples, overrides, external)
+        ranges = _CACHE.entry(source, samples, precision)
+        overrides = {}
+        if precision == "fp8":
+            if ranges.amax is None:
+                ranges.amax = _activation_amax(source, model, samples, Path(tmp))
+            overrides = _fp8_overrides(ranges.amax, {n.input[0] for n in model.graph.node if n.name in set(nodes)})
+        _quantize(source, target, precision, nodes, samples, overrides, external, ranges.path)
         quantized = onnx.load(os.fspath(target))
     if default_opset(quantized) != opset:  # the quantizer raises opsets it finds too old: never silently
         raise ValueError(f"ONNX Runtime's quantizer moved the model from opset {opset} to {default_opset(quantized)}")
     _unquantized_elsewhere(quantized, set(nodes))
     _scales_in_graph_type(quantized, model, nodes)
     return quantized
+
+
+@dataclass
+class _Ranges:
+    """One calibration's results: ONNX Runtime's calibration cache file, and the fp8 amax per tensor."""
+
+    path: Path
+    amax: dict[str, float] | None = None
+
+
+class _CalibrationCache:
+    """Calibration results per (model, samples, precision) for this process.
+
+    The accuracy gate quantizes one model again and again with more layers excluded; the ranges
+    do not change (ONNX Runtime calibrates every tensor of the GEMM op types, whichever nodes
+    are quantized), and calibrating is the slow part. Files live in a temporary folder removed
+    when the process ends.
+    """
+
+    def __init__(self) -> None:
+        self._folder: tempfile.TemporaryDirectory[str] | None = None
+        self._entries: dict[str, _Ranges] = {}
+
+    def entry(self, source: Path, samples: list[dict[str, np.ndarray]], precision: str) -> _Ranges:
+        digest = hashlib.sha256(precision.encode())
+        for path in sorted(source.parent.glob(source.name + "*")):  # the model and its external data
+            digest.update(path.read_bytes())
+        for sample in samples:
+            for name, array in sorted(sample.items()):
+                digest.update(f"{name}{array.dtype}{array.shape}".encode())
+                digest.update(np.ascontiguousarray(array).tobytes())
+        key = digest.hexdigest()
+        if key not in self._entries:
+            if self._folder is None:
+                self._folder = tempfile.TemporaryDirectory(prefix="deployfuse-calibration.")
+            self._entries[key] = _Ranges(Path(self._folder.name) / f"{key}.json")
+        return self._entries[key]
+
+
+_CACHE = _CalibrationCache()
 
 
 def _check_precision(precision: str) -> None:
@@ -142,7 +193,8 @@ def _reader(samples: list[dict[str, np.ndarray]]) -> Any:
     return SampleReader()
 
 
-def _quantize(source: Path, target: Path, precision: str, nodes: list[str], samples: list[dict[str, np.ndarray]], overrides: dict[str, Any], external: bool) -> None:
+def _quantize(source: Path, target: Path, precision: str, nodes: list[str], samples: list[dict[str, np.ndarray]], overrides: dict[str, Any], external: bool,
+              cache: Path) -> None:
     from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
 
     qtype = QuantType.QInt8 if precision == "int8" else QuantType.QFLOAT8E4M3FN
@@ -161,29 +213,29 @@ def _quantize(source: Path, target: Path, precision: str, nodes: list[str], samp
         # ONNX Runtime takes only its Distribution method for float8; the fp8 activation scales
         # are overridden with max calibration (`_fp8_activation_scales`).
         calibrate_method=CalibrationMethod.MinMax if precision == "int8" else CalibrationMethod.Distribution,
-        use_external_data_format=external, extra_options=options,
+        use_external_data_format=external, extra_options=options, calibration_cache_path=cache,
     )
 
 
-def _fp8_activation_scales(source: Path, nodes: list[str], model: onnx.ModelProto, samples: list[dict[str, np.ndarray]], tmp: Path) -> dict[str, Any]:
-    """TensorQuantOverrides giving each quantized GEMM's activation input the scale amax / 448,
-    amax measured by ONNX Runtime's MinMax calibrator over the samples."""
+def _activation_amax(source: Path, model: onnx.ModelProto, samples: list[dict[str, np.ndarray]], tmp: Path) -> dict[str, float]:
+    """max |x| over the samples of every fp8-quantizable GEMM's activation input, measured by
+    ONNX Runtime's MinMax calibrator."""
     from onnxruntime.quantization.calibrate import CalibrationMethod, create_calibrator
 
-    wanted = set(nodes)
-    activations = {n.input[0] for n in model.graph.node if n.name in wanted}
+    candidates = set(quantizable_nodes(model, "fp8"))
+    activations = {n.input[0] for n in model.graph.node if n.name in candidates}
     calibrator = create_calibrator(source, op_types_to_calibrate=list(GEMM_OPS["fp8"]), augmented_model_path=tmp / "augmented.onnx",
                                    calibrate_method=CalibrationMethod.MinMax, extra_options={"symmetric": True})
     calibrator.collect_data(_reader(samples))
     ranges = calibrator.compute_data()
+    return {name: max(abs(float(np.asarray(v).max())) for v in ranges[name].range_value) for name in activations}
+
+
+def _fp8_overrides(amax: dict[str, float], activations: set[str]) -> dict[str, Any]:
+    """TensorQuantOverrides giving each activation the scale amax / 448 and a float8 zero point 0."""
     zero = np.array(0, dtype=_float8())
-    overrides = {}
-    for name in sorted(activations):
-        low, high = (float(np.asarray(v).max()) for v in ranges[name].range_value)
-        amax = max(abs(low), abs(high))
-        scale = np.array(amax / FP8_E4M3_MAX if amax > 0 else 1.0, dtype=np.float32)
-        overrides[name] = [{"scale": scale, "zero_point": zero}]
-    return overrides
+    return {name: [{"scale": np.array(amax[name] / FP8_E4M3_MAX if amax[name] > 0 else 1.0, dtype=np.float32), "zero_point": zero}]
+            for name in sorted(activations)}
 
 
 def _float8() -> Any:

@@ -5,6 +5,8 @@ ort-cuda FP8 GEMM rule takes, `exclude`, and the quantized graph's outputs again
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import onnx
 import pytest
@@ -141,6 +143,25 @@ def test_exclude_keeps_those_gemms_in_float(bert):
     assert len(Graph(place_qdq(model, "int8", bert.calibration, {attention})).of("QuantizeLinear")) == 13  # not quantized anyway
     with pytest.raises(ValueError, match="does not have: no_such_node"):
         place_qdq(model, "int8", bert.calibration, {"no_such_node"})
+
+
+@pytest.mark.parametrize("precision", ["int8", "fp8"])
+def test_calibration_is_reused_for_the_same_samples_only(bert, precision):
+    """The gate quantizes one model again and again: the second call reuses the first's ranges
+    (same scales for the GEMMs both quantize), other samples are calibrated afresh."""
+    model = bert.onnx
+
+    def activation_scales(quantized: onnx.ModelProto) -> dict[str, float]:
+        g = Graph(quantized)
+        return {c.name: float(g.weights[q.input[1]]) for q in g.of("QuantizeLinear") for dq in g.consumers[q.output[0]] for c in g.consumers[dq.output[0]]}
+
+    first = activation_scales(place_qdq(model, precision, bert.calibration, set()))
+    dropped = quantizable_nodes(model, precision)[0]
+    again = activation_scales(place_qdq(model, precision, bert.calibration, {dropped}))
+    assert again == {k: v for k, v in first.items() if k != dropped}
+    fewer = dataclasses.replace(bert.calibration, samples=bert.calibration.samples[:1])
+    other = activation_scales(place_qdq(model, precision, fewer, set()))
+    assert other.keys() == first.keys() and other != first
 
 
 def test_refusals(bert):
