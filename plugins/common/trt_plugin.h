@@ -2,15 +2,19 @@
 // ONNX parser hands them over and as an engine stores them), one plugin template implementing
 // IPluginV3OneCore / OneBuild / OneRuntime over an op adapter, and one creator template.
 //
-// An op adapter (plugins/<op>/<op>_trt.h) is a small struct on the op's attributes (<op>/<op>.h):
+// An op adapter is the generic Adapter<<Op>Attrs> at the bottom, or (an op it does not fit, e.g.
+// one with a workspace) plugins/<op>/<op>_trt.h, a small struct on the op's attributes (<op>/<op>.h):
 //   struct <Op>Op : <Op>Attrs {                            // Spec = spec::<Op>: name, inputs, attributes
 //     using <Op>Attrs::<Op>Attrs;                          // from AttrValues; throws std::invalid_argument
 //     cudaError_t enqueue(DataType, const PluginTensorDesc* in, int32_t nb_in,
 //                         const void* const* inputs, void* output, cudaStream_t) const;
 //   };
-// Every op has one output with the shape and element type of its first input, fp32/fp16/bf16,
-// linear layout. Only interfaces are used (no TensorRT symbol is linked), so the library loads
-// into TensorRT 10 and TensorRT-RTX alike.
+// Every op has one output with the element type of its first input, fp32/fp16/bf16, linear layout,
+// and its shape unless the adapter says otherwise. Two optional adapter members:
+//   static bool output_shape(const DimsExprs* in, int32_t nb_in, DimsExprs* out);  // else input 0's
+//   static constexpr size_t kWorkspaceBytes;  // then enqueue takes (..., void* output, void* workspace, cudaStream_t)
+// Only interfaces are used (no TensorRT symbol is linked), so the library loads into TensorRT 10
+// and TensorRT-RTX alike.
 #pragma once
 #include <NvInferRuntime.h>
 
@@ -18,11 +22,13 @@
 #include <cstring>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
 #include "common/attrs.h"
 #include "common/dtype_dispatch.h"
+#include "common/op_inputs.h"
 #include "deployfuse_op_specs.h"
 
 namespace deployfuse {
@@ -136,6 +142,16 @@ inline int64_t volume(const nvinfer1::Dims& d, int32_t begin, int32_t end) {
   return n;
 }
 
+// Whether an adapter has the optional members above.
+template <typename Op, typename = void>
+struct HasOutputShape : std::false_type {};
+template <typename Op>
+struct HasOutputShape<Op, std::void_t<decltype(&Op::output_shape)>> : std::true_type {};
+template <typename Op, typename = void>
+struct HasWorkspace : std::false_type {};
+template <typename Op>
+struct HasWorkspace<Op, std::void_t<decltype(Op::kWorkspaceBytes)>> : std::true_type {};
+
 // The logger TensorRT hands over through setLoggerFinder (null before that).
 inline nvinfer1::ILoggerFinder* g_logger_finder = nullptr;
 
@@ -194,7 +210,19 @@ class Plugin final : public nvinfer1::IPluginV3,
       report(Op::Spec::kName, "wrong number of inputs or outputs");
       return -1;
     }
-    out[0] = in[0];
+    if constexpr (HasOutputShape<Op>::value) {
+      if (!Op::output_shape(in, nb_in, out)) {
+        report(Op::Spec::kName, "input shapes do not fit the op");
+        return -1;
+      }
+    } else {
+      out[0] = in[0];
+    }
+    return 0;
+  }
+  size_t getWorkspaceSize(const nvinfer1::DynamicPluginTensorDesc*, int32_t, const nvinfer1::DynamicPluginTensorDesc*,
+                          int32_t) const noexcept override {
+    if constexpr (HasWorkspace<Op>::value) return Op::kWorkspaceBytes;
     return 0;
   }
   bool supportsFormatCombination(int32_t pos, const nvinfer1::DynamicPluginTensorDesc* io, int32_t, int32_t) noexcept override {
@@ -214,9 +242,14 @@ class Plugin final : public nvinfer1::IPluginV3,
     nb_inputs_ = nb_in;
     return 0;
   }
-  int32_t enqueue(const PluginTensorDesc* in, const PluginTensorDesc*, const void* const* inputs, void* const* outputs, void*,
+  int32_t enqueue(const PluginTensorDesc* in, const PluginTensorDesc*, const void* const* inputs, void* const* outputs, void* workspace,
                   cudaStream_t stream) noexcept override {
-    const cudaError_t err = op_.enqueue(in[0].type, in, nb_inputs_, inputs, outputs[0], stream);
+    cudaError_t err;
+    if constexpr (HasWorkspace<Op>::value) {
+      err = op_.enqueue(in[0].type, in, nb_inputs_, inputs, outputs[0], workspace, stream);
+    } else {
+      err = op_.enqueue(in[0].type, in, nb_inputs_, inputs, outputs[0], stream);
+    }
     if (err != cudaSuccess) report(Op::Spec::kName, cudaGetErrorString(err));
     return err == cudaSuccess ? 0 : -1;
   }
@@ -253,6 +286,29 @@ class Creator final : public nvinfer1::IPluginCreatorV3One {
  private:
   std::vector<PluginField> names_;
   PluginFieldCollection collection_{};
+};
+
+// The adapter of every op without its own <op>/<op>_trt.h: the op's sizes from <Op>Attrs::sizes
+// (<op>/<op>.h), the launch through its run_cuda (<op>/<op>.cuh); what does not fit goes to the
+// logger and out as cudaErrorInvalidValue.
+template <typename Attrs>
+struct Adapter : Attrs {
+  using Attrs::Attrs;
+  cudaError_t enqueue(DataType type, const PluginTensorDesc* desc, int32_t nb_in, const void* const* inputs, void* y,
+                      cudaStream_t stream) const {
+    try {
+      Inputs in;
+      for (int32_t i = 0; i < nb_in; ++i) in.add(inputs[i], desc[i].dims.d, desc[i].dims.nbDims);
+      const typename Attrs::Sizes sizes = this->sizes(in);
+      return with_dtype(dtype_of(type), [&](auto* tag) {
+        using T = std::remove_pointer_t<decltype(tag)>;
+        return run_cuda(*this, sizes, in, static_cast<T*>(y), stream);
+      });
+    } catch (const std::exception& e) {
+      report(Attrs::Spec::kName, e.what());
+      return cudaErrorInvalidValue;
+    }
+  }
 };
 
 }  // namespace trt

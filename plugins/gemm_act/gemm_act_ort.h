@@ -1,0 +1,87 @@
+// GemmAct for ONNX Runtime (see common/ort_adapter.h). On the CUDA EP each kernel instance keeps its
+// own cuBLASLt runner (handle and plans) and takes the algorithm's workspace from ONNX Runtime's
+// allocator for the device, so a Run neither mallocs nor synchronises (CUDA-graph capture safe).
+#pragma once
+#include <vector>
+
+#include "common/ort_adapter.h"
+#include "gemm_act/gemm_act.h"
+#ifdef DEPLOYFUSE_WITH_CUDA
+#include <memory>
+
+#include "gemm_act/gemm_act.cuh"
+#endif
+
+namespace deployfuse {
+namespace ort {
+
+#ifdef DEPLOYFUSE_WITH_CUDA
+// Workspace from ONNX Runtime's device allocator, given back when the launch is queued (the arena
+// is stream-ordered on the compute stream).
+class OrtScratch final : public GemmActScratch {
+ public:
+  explicit OrtScratch(const Ort::KernelContext& ctx) : ctx_(ctx) {}
+  ~OrtScratch() {
+    if (ptr_ != nullptr) allocator_->Free(allocator_, ptr_);
+  }
+  void* get(size_t bytes) override {
+    int device = 0;
+    if (cudaGetDevice(&device) != cudaSuccess) return nullptr;
+    Ort::MemoryInfo info("Cuda", OrtDeviceAllocator, device, OrtMemTypeDefault);
+    allocator_ = ctx_.GetAllocator(*static_cast<const OrtMemoryInfo*>(info));
+    ptr_ = allocator_ ? allocator_->Alloc(allocator_, bytes) : nullptr;
+    return ptr_;
+  }
+
+ private:
+  const Ort::KernelContext& ctx_;
+  OrtAllocator* allocator_ = nullptr;
+  void* ptr_ = nullptr;
+};
+#endif
+
+struct GemmAct : GemmActAttrs {
+  using GemmActAttrs::GemmActAttrs;
+  void Run(Call& c, bool on_cuda) const {
+    auto x = c.ctx.GetInput(0), w = c.ctx.GetInput(1), bias = c.ctx.GetInput(2);
+    auto xd = x.GetTensorTypeAndShapeInfo().GetShape(), wd = w.GetTensorTypeAndShapeInfo().GetShape();
+    if (xd.empty() || wd.size() != 2 || wd[0] != xd.back()) fail(Spec::kName, "X must be [..., K] and W [K, N]");
+    const int64_t k = wd[0], n = wd[1], m = product(xd, 0, xd.size() - 1);
+    if (bias.GetTensorTypeAndShapeInfo().GetElementCount() != static_cast<size_t>(n)) fail(Spec::kName, "Bias must have W's N elements");
+    std::vector<int64_t> yd = xd;
+    yd.back() = n;
+    const void* residual = nullptr;
+    if (c.ctx.GetInputCount() > 3) {
+      auto r = c.ctx.GetInput(3);
+      if (r) {
+        if (r.GetTensorTypeAndShapeInfo().GetShape() != yd) fail(Spec::kName, "Residual must have Y's shape [..., N]");
+        residual = r.GetTensorRawData();
+      }
+    }
+    auto y = c.ctx.GetOutput(0, yd);
+    if (!on_cuda) {
+      gemm_act_cpu(x.GetTensorData<float>(), w.GetTensorData<float>(), bias.GetTensorData<float>(), static_cast<const float*>(residual),
+                   y.GetTensorMutableData<float>(), m, n, k, act);
+      return;
+    }
+#ifdef DEPLOYFUSE_WITH_CUDA
+    if (const char* why = gemm_act_unavailable()) fail(Spec::kName, why);
+    if (k == 0) fail(Spec::kName, "K must be positive on CUDA");
+    OrtScratch scratch(c.ctx);
+    launch_cuda(Spec::kName, c, [&](auto* tag) {
+      using T = std::remove_pointer_t<decltype(tag)>;
+      return launch_gemm_act<T>(*runner, static_cast<cudaStream_t>(c.stream), GemmActProblem{m, n, k, act, algo},
+                                static_cast<const T*>(x.GetTensorRawData()), static_cast<const T*>(w.GetTensorRawData()),
+                                static_cast<const T*>(bias.GetTensorRawData()), static_cast<const T*>(residual),
+                                static_cast<T*>(y.GetTensorMutableRawData()), scratch);
+    });
+#endif
+  }
+
+#ifdef DEPLOYFUSE_WITH_CUDA
+  std::shared_ptr<GemmActRunner> runner = make_gemm_act_runner();  // no CUDA call until the first Run
+#endif
+};
+
+}  // namespace ort
+}  // namespace deployfuse
