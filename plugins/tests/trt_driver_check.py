@@ -30,6 +30,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from deployfuse.ops.models import example_inputs  # noqa: E402
+from deployfuse.ops.schema import TF32_TOLERANCE  # noqa: E402
 from deployfuse.ops.specs import SPECS  # noqa: E402
 from tests.ops.cases import CASES  # noqa: E402
 
@@ -56,6 +57,7 @@ class Case:
     attrs: dict[str, Any]
     inputs: list[torch.Tensor]  # rounded to dtype, on the CPU
     out: Path
+    out_shape: tuple[int, ...] = ()
     steps: list[dict[str, Any]] = field(default_factory=list)
     summary: dict[str, Any] | None = None
 
@@ -96,7 +98,8 @@ def make_cases(which: str, dtypes: list[str], work: Path, only: set[str] | None,
             for i, t in enumerate(inputs):
                 (work / f"{cid}.in{i}").write_bytes(_raw(t))
             op_attrs = {k: v for k, v in attrs.items() if k != "mask"}  # mask=True means "give the optional input"
-            cases.append(Case(cid, op, dtype, op_attrs, inputs, work / f"{cid}.out"))
+            out_shape = tuple(SPECS[op].reference(*(t.to("meta") for t in inputs), **op_attrs).shape)  # shapes only
+            cases.append(Case(cid, op, dtype, op_attrs, inputs, work / f"{cid}.out", out_shape))
     return cases
 
 
@@ -107,6 +110,8 @@ def write_manifest(cases: list[Case], path: Path) -> None:
         lines += [_attr_line(k, v) for k, v in c.attrs.items()]
         for i, t in enumerate(c.inputs):
             lines.append(f"in {t.dim()} {' '.join(map(str, t.shape))} {path.parent / f'{c.id}.in{i}'}")
+        if c.out_shape != tuple(c.inputs[0].shape):
+            lines.append(f"outdims {len(c.out_shape)} {' '.join(map(str, c.out_shape))}")
         lines += [f"out {c.out}", "end"]
     path.write_text("\n".join(lines) + "\n")
 
@@ -135,6 +140,7 @@ def compare(case: Case) -> list[dict[str, Any]]:
     spec = SPECS[case.op]
     args = [t.double() for t in case.inputs]
     ref = spec.reference(*args, **case.attrs)
+    tol = TF32_TOLERANCE if case.dtype == "float" and spec.tf32 else TOL[case.dtype]
     results = []
     for suffix in ("", ".again"):
         path = Path(str(case.out) + suffix)
@@ -144,8 +150,8 @@ def compare(case: Case) -> list[dict[str, Any]]:
         got = _from_raw(path.read_bytes(), case.dtype, tuple(ref.shape)).double()
         nan = int(torch.isnan(got).sum())
         err = float(torch.linalg.vector_norm(got - ref) / max(float(torch.linalg.vector_norm(ref)), 1e-30))
-        ok = nan == 0 and math.isfinite(err) and err <= TOL[case.dtype]
-        results.append({"output": path.name, "ok": ok, "rel_l2": err, "nan": nan, "tol": TOL[case.dtype]})
+        ok = nan == 0 and math.isfinite(err) and err <= tol
+        results.append({"output": path.name, "ok": ok, "rel_l2": err, "nan": nan, "tol": tol})
     return results
 
 
