@@ -10,10 +10,11 @@ It writes into OUT_DIR (each file only when its text changes: no needless rebuil
 - deployfuse_op_specs.h: per op `spec::<Op>`, its name, input counts, attribute indices and the
   `AttrSpec` table (defaults, required, allowed values) both runtime adapters read attributes
   with; the list of ops the registration lists check themselves against;
-- deployfuse_ort_ops.h: every op's ONNX Runtime adapter (`<op>/<op>_ort.h`, `ort::<Op>`), included
-  and listed as `ort::Registered`, which ort_ops.cc registers;
-- deployfuse_trt_ops.h: every op's TensorRT adapter (`<op>/<op>_trt.h`, `trt::<Op>Op`), included
-  and listed as `trt::Registered`, which trt_plugins.cpp and the C ABI (ops_capi.cu) use;
+- deployfuse_ort_ops.h: every op's ONNX Runtime adapter, `ort::Adapter<<Op>Attrs>` (generic, over
+  the op's <op>.h and <op>.cuh) or the op's own `ort::<Op>` when it has `<op>/<op>_ort.h`,
+  listed as `ort::Registered`, which ort_ops.cc registers;
+- deployfuse_trt_ops.h: the same for TensorRT (`trt::Adapter<<Op>Attrs>` or `<op>/<op>_trt.h`'s
+  `trt::<Op>Op`), listed as `trt::Registered`, which trt_plugins.cpp and the C ABI (ops_capi.cu) use;
 
 and prints two lines for CMake: the ops' folder names (= their defs module names) and the Python
 files the specs came from.
@@ -105,17 +106,35 @@ def _folder(module: ModuleType) -> str:
     return module.__name__.rsplit(".", 1)[-1]
 
 
+def own_adapter(module: ModuleType, runtime: str) -> Path | None:
+    """plugins/<op>/<op>_<runtime>.h when the op writes its own adapter for `runtime`, else None
+    (the generic `<runtime>::Adapter<<Op>Attrs>` over its sizes, run_cpu and run_cuda)."""
+    path = HERE / _folder(module) / f"{_folder(module)}_{runtime}.h"
+    return path if path.is_file() else None
+
+
 def adapter_list(runtime: str) -> str:
-    """deployfuse_<runtime>_ops.h: every op's adapter for `runtime` ("ort" or "trt"), included
-    from its folder and listed in the registry's order as `<runtime>::Registered`."""
-    suffix = "" if runtime == "ort" else "Op"
-    includes = "".join(f'#include "{_folder(m)}/{_folder(m)}_{runtime}.h"\n' for m in sorted(OP_MODULES, key=_folder))
-    names = ", ".join(m.SPEC.name + suffix for m in OP_MODULES)
+    """deployfuse_<runtime>_ops.h: every op's adapter for `runtime` ("ort" or "trt"), its headers
+    included and the adapters listed in the registry's order as `<runtime>::Registered`."""
+    includes, cuda_includes, names = set(), set(), []
+    for m in OP_MODULES:
+        folder, name = _folder(m), m.SPEC.name
+        if own_adapter(m, runtime):
+            includes.add(f"{folder}/{folder}_{runtime}.h")
+            names.append(name if runtime == "ort" else f"{name}Op")
+            continue
+        includes.add(f"{folder}/{folder}.h")
+        (cuda_includes if runtime == "ort" else includes).add(f"{folder}/{folder}.cuh")
+        names.append(f"Adapter<{name}Attrs>")
+    framework = "common/ort_adapter.h" if runtime == "ort" else "common/trt_plugin.h"
+    text = "".join(f'#include "{h}"\n' for h in sorted(includes | {framework}))
+    if cuda_includes:
+        text += "#ifdef DEPLOYFUSE_WITH_CUDA\n" + "".join(f'#include "{h}"\n' for h in sorted(cuda_includes)) + "#endif\n"
     return (
         "// Generated from the op registry (deployfuse/ops/specs.py) by plugins/gen_op_specs.py when the\n"
         f"// plugins build. Do not edit: register the op there. Every op's {'ONNX Runtime' if runtime == 'ort' else 'TensorRT'} adapter.\n"
-        f"#pragma once\n{includes}\nnamespace deployfuse {{\nnamespace {runtime} {{\n\n"
-        f"using Registered = OpList<{names}>;\n\n}}  // namespace {runtime}\n}}  // namespace deployfuse\n"
+        f"#pragma once\n{text}\nnamespace deployfuse {{\nnamespace {runtime} {{\n\n"
+        f"using Registered = OpList<{', '.join(names)}>;\n\n}}  // namespace {runtime}\n}}  // namespace deployfuse\n"
     )
 
 

@@ -2,12 +2,14 @@
 // op's attributes read from the kernel info through its generated spec, shape helpers, errors,
 // and (with DEPLOYFUSE_WITH_CUDA) the launch of a CUDA launcher in the tensor's element type.
 //
-// An adapter is a small struct on the op's attributes (plugins/<op>/<op>.h):
+// Most ops use the generic Adapter<<Op>Attrs> at the bottom; an op whose output is not shaped
+// like its first input writes its own, a small struct on the op's attributes (plugins/<op>/<op>.h):
 //   struct <Op> : <Op>Attrs {                       // Spec = spec::<Op>: name, inputs, attributes
 //     using <Op>Attrs::<Op>Attrs;                   // from AttrValues; throws on a bad value
 //     void Run(Call&, bool on_cuda) const;          // throws std::runtime_error on a bad input
 //   };
-// ort_ops.cc registers it for the CPU EP (fp32) and the CUDA EP (fp32/fp16/bf16).
+// in plugins/<op>/<op>_ort.h. ort_ops.cc registers every op for the CPU EP (fp32) and the CUDA EP
+// (fp32/fp16/bf16).
 #pragma once
 #include <cstring>
 #include <stdexcept>
@@ -19,6 +21,7 @@
 #undef ORT_API_MANUAL_INIT
 
 #include "common/attrs.h"
+#include "common/op_inputs.h"
 #include "deployfuse_op_specs.h"
 
 #ifdef DEPLOYFUSE_WITH_CUDA
@@ -84,6 +87,44 @@ void launch_cuda(const char* op, const Call& c, Fn&& launch) {
   if (err != cudaSuccess) fail(op, std::string("CUDA error: ") + cudaGetErrorString(err));
 }
 #endif
+
+// The adapter of every op without its own <op>/<op>_ort.h: Y has X's shape; the op's sizes come
+// from <Op>Attrs::sizes (std::invalid_argument names a bad input) and it runs through the op's
+// run_cpu (<op>/<op>.h) or run_cuda (<op>/<op>.cuh).
+template <typename Attrs>
+struct Adapter : Attrs {
+  using Attrs::Attrs;
+  void Run(Call& c, bool on_cuda) const {
+    Inputs in;
+    typename Attrs::Sizes sizes;
+    try {
+      for (size_t i = 0; i < c.ctx.GetInputCount(); ++i) {
+        auto value = c.ctx.GetInput(i);
+        if (!value) break;  // an absent optional input: the rest are absent too
+        const auto dims = value.GetTensorTypeAndShapeInfo().GetShape();
+        in.add(value.GetTensorRawData(), dims.data(), static_cast<int>(dims.size()));
+      }
+      sizes = this->sizes(in);
+    } catch (const std::invalid_argument& e) {
+      fail(Attrs::Spec::kName, e.what());
+    }
+    auto y = c.ctx.GetOutput(0, std::vector<int64_t>(in[0].dims, in[0].dims + in[0].rank));
+    if (!on_cuda) {
+      run_cpu(*this, sizes, in, y.GetTensorMutableData<float>());
+      return;
+    }
+#ifdef DEPLOYFUSE_WITH_CUDA
+    launch_cuda(Attrs::Spec::kName, c, [&](auto* tag) {
+      using T = std::remove_pointer_t<decltype(tag)>;
+      try {
+        return run_cuda(*this, sizes, in, static_cast<T*>(y.GetTensorMutableRawData()), static_cast<cudaStream_t>(c.stream));
+      } catch (const std::invalid_argument& e) {
+        fail(Attrs::Spec::kName, e.what());
+      }
+    });
+#endif
+  }
+};
 
 }  // namespace ort
 }  // namespace deployfuse

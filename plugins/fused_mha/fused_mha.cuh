@@ -1,14 +1,23 @@
 // FusedMHA CUDA launcher: Y = softmax(Q K^T * scale + mask [+ causal]) V per (batch, head).
 #pragma once
-#include <cstdint>
 #include <cuda_runtime.h>
 
+#include <cstdint>
+#include <stdexcept>
+
 #include "common/mha_shape.h"
+#include "fused_mha/fused_mha.h"
 
 namespace deployfuse {
 
 // mask may be null. head_dim <= 256. T = float, __half or __nv_bfloat16 (fp32 math).
 template <typename T>
 cudaError_t launch_fused_mha(cudaStream_t stream, const T* q, const T* k, const T* v, const T* mask, T* y, const MhaShape& shape);
+
+template <typename T>
+cudaError_t run_cuda(const FusedMHAAttrs&, const MhaShape& s, const Inputs& in, T* y, cudaStream_t stream) {
+  if (s.head_dim > 256) throw std::invalid_argument("head_dim > 256 is not supported on CUDA");
+  return launch_fused_mha<T>(stream, in[0].as<T>(), in[1].as<T>(), in[2].as<T>(), in.count() > 3 ? in[3].as<T>() : nullptr, y, s);
+}
 
 }  // namespace deployfuse

@@ -5,10 +5,12 @@ fails here, naming the piece:
 - Python (deployfuse/ops/defs/<op>.py): a torch op whose arguments and defaults are the spec's,
   an ONNX translation writing the spec's node with the spec's attributes, a function body for
   every variant, example inputs for every input;
-- native (plugins/<op>/): CPU kernel, CUDA launcher, an ONNX Runtime adapter and a TensorRT
-  adapter, both in the registration lists generated from the registry (the ORT one registered
-  for the CPU and CUDA EPs; the TensorRT creator's fields are the spec's attributes, from the
-  header generated from the spec; the GPU checks' C ABI runs the TensorRT adapter);
+- native (plugins/<op>/): attributes and call sizes (<op>.h), CPU kernel and run_cpu, CUDA
+  launcher and run_cuda (what the generic ONNX Runtime and TensorRT adapters call), or the op's
+  own adapter files; both adapters in the registration lists generated from the registry (the
+  ORT one registered for the CPU and CUDA EPs; the TensorRT creator's fields are the spec's
+  attributes, from the header generated from the spec; the GPU checks' C ABI runs the TensorRT
+  adapter);
 - a rewrite rule that emits it, or the spec says `users_only`;
 - test cases covering every variant (tests/ops/cases.py; the GPU check runs them too) and its
   name in the README's list of deployfuse ops (the one place the docs list the ops).
@@ -121,21 +123,34 @@ def _python_pieces(module: types.ModuleType, folder: str) -> list[str]:
 
 def _native_pieces(spec: OpSpec, folder: str) -> list[str]:
     missing = []
-    for rel, needle in (
+    needles = [
         (f"{folder}/{folder}.h", f"struct {spec.name}Attrs {{\n  using Spec = spec::{spec.name};"),
         (f"{folder}/{folder}.h", f"void {folder}_cpu("),
         (f"{folder}/{folder}_cpu.cc", f"void {folder}_cpu("),
         (f"{folder}/{folder}.cuh", f"launch_{folder}("),
         (f"{folder}/{folder}.cu", f"launch_{folder}("),
-        (f"{folder}/{folder}_ort.h", f"struct {spec.name} : {spec.name}Attrs {{"),
-        (f"{folder}/{folder}_ort.h", "launch_cuda("),  # its CUDA EP path
-        (f"{folder}/{folder}_trt.h", f"struct {spec.name}Op : {spec.name}Attrs {{"),
-    ):
+    ]
+    # Each runtime: the generic Adapter<<Op>Attrs> over the op's sizes and run_cpu / run_cuda, or
+    # the op's own adapter file (an op whose output is not shaped like X, or with a workspace).
+    adapters = {}
+    for runtime in ("ort", "trt"):
+        own = f"{folder}/{folder}_{runtime}.h"
+        if (PLUGINS / own).is_file():
+            adapters[runtime] = spec.name if runtime == "ort" else f"{spec.name}Op"
+            needles.append((own, f"struct {adapters[runtime]} : {spec.name}Attrs {{"))
+            needles += [(own, "launch_cuda(")] if runtime == "ort" else []  # its CUDA EP path
+        else:
+            adapters[runtime] = f"Adapter<{spec.name}Attrs>"
+            if runtime == "ort":
+                needles += [(f"{folder}/{folder}.h", "Sizes sizes(const Inputs& in) const"), (f"{folder}/{folder}.h", f"run_cpu(const {spec.name}Attrs&")]
+            else:
+                needles.append((f"{folder}/{folder}.cuh", f"run_cuda(const {spec.name}Attrs&"))
+    for rel, needle in needles:
         if needle not in _read(PLUGINS / rel):
             missing.append(f"plugins/{rel} with `{needle.splitlines()[0]}`")
-    for runtime, adapter in (("ort", spec.name), ("trt", f"{spec.name}Op")):
-        listed = re.search(r"using Registered = OpList<([\w, ]+)>;", GENERATED[f"deployfuse_{runtime}_ops.h"])
-        if f'#include "{folder}/{folder}_{runtime}.h"' not in GENERATED[f"deployfuse_{runtime}_ops.h"] or not listed or adapter not in listed[1].split(", "):
+    for runtime, adapter in adapters.items():
+        listed = re.search(r"using Registered = OpList<(.*)>;", GENERATED[f"deployfuse_{runtime}_ops.h"])
+        if not listed or adapter not in listed[1].split(", "):
             missing.append(f"{'ONNX Runtime' if runtime == 'ort' else 'TensorRT'} registration: {runtime}::{adapter} in the generated deployfuse_{runtime}_ops.h")
     block = re.search(rf"struct {spec.name} \{{.*?kAttrs\[\] = \{{(.*?)\}};\n\}};", HEADER, flags=re.S)
     if not block or re.findall(r'\{"(\w+)", AttrKind', block[1]) != list(spec.attrs):
@@ -186,7 +201,7 @@ def test_native_lists_come_from_the_registry():
     assert re.search(r"add_all\(ops, kCpu,", ort) and re.search(r"add_all\(ops, kCuda, t\)", ort), "both the CPU and the CUDA EP"
     assert '#include "deployfuse_trt_ops.h"' in trt and "creators(deployfuse::trt::Registered{}" in trt
     assert '#include "deployfuse_trt_ops.h"' in capi and "run_named(trt::Registered{}" in capi
-    for text in (ort, trt, capi):
+    for text in (ort, trt):  # (ops_capi.cu may add op-specific entries beside the generic df_run)
         assert not any(f"{m.__name__.rsplit('.', 1)[-1]}_" in text for m in OP_MODULES), "an op named by hand in a native list"
 
 
@@ -195,8 +210,8 @@ def test_a_new_op_without_its_pieces_is_reported():
     stub = types.ModuleType("deployfuse.ops.defs.rms_norm_act")
     stub.SPEC = spec
     missing = "\n".join(missing_pieces(stub))
-    for piece in ("torch op", "ONNX translation (", "a test case", "rms_norm_act.h", "rms_norm_act_cpu.cc", "rms_norm_act.cu", "rms_norm_act_ort.h",
-                  "rms_norm_act_trt.h", "ONNX Runtime registration", "TensorRT registration", "generated spec::<Op>",
+    for piece in ("torch op", "ONNX translation (", "a test case", "rms_norm_act.h", "rms_norm_act_cpu.cc", "rms_norm_act.cu", "Sizes sizes(",
+                  "run_cpu(const RMSNormActAttrs&", "run_cuda(const RMSNormActAttrs&", "ONNX Runtime registration", "TensorRT registration", "generated spec::<Op>",
                   "a rewrite rule", "README's list"):
         assert piece in missing, piece
     assert "a rewrite rule" not in "\n".join(missing_pieces(types.SimpleNamespace(__name__=stub.__name__, SPEC=dataclasses.replace(spec, users_only=True))))
