@@ -15,6 +15,7 @@ from deployfuse.tables import show
 
 EPILOG = """\
 examples:
+  deployfuse compare bert-folder/ bert.onnx --json cmp.json     a save_pretrained folder, loaded for the task bert.onnx records
   deployfuse compare bert.pt2 bert.onnx --json cmp.json --report cmp.html
   deployfuse compare resnet.ts resnet.onnx --input x:8x3x224x224 --backends torch,ort-cpu,ort-cuda --atol logits:1e-3
   deployfuse compare bert.pt2 bert.onnx --backends torch,trt --engine bert.plan --plugins libdeployfuse_trt.so
