@@ -1,9 +1,10 @@
-// libdeployfuse_ort: the ONNX Runtime custom-op library. One adapter per op
-// (plugins/<op>/<op>_ort.h, on common/ort_adapter.h) turns ORT tensors and attributes into calls
-// of the CPU kernels / CUDA launchers; ort::Registered, generated from the op registry
-// (deployfuse_ort_ops.h, by gen_op_specs.py), lists them, and make_registrations registers every
-// one for the CPU EP in fp32, and with DEPLOYFUSE_WITH_CUDA for the CUDA EP in fp32/fp16/bf16.
-// Nothing here changes when an op is added. Built against ORT API 21 headers; loads in ORT >= 1.21.
+// libdeployfuse_ort: the ONNX Runtime custom-op library. One adapter per op (the generic
+// ort::Adapter<<Op>Attrs> of common/ort_adapter.h, or the op's own plugins/<op>/<op>_ort.h)
+// turns ORT tensors and attributes into calls of the CPU kernels / CUDA launchers;
+// ort::Registered, generated from the op registry (deployfuse_ort_ops.h, by gen_op_specs.py),
+// lists them, and make_registrations registers every one for the CPU EP in fp32, and with
+// DEPLOYFUSE_WITH_CUDA for the CUDA EP in fp32/fp16/bf16. Nothing here changes when an op is
+// added. Built against ORT API 21 headers; loads in ORT >= 1.21.
 #include <cstring>
 #include <memory>
 #include <stdexcept>

@@ -1,8 +1,9 @@
-// libdeployfuse_trt: the TensorRT IPluginV3 plugins. One adapter per op
-// (plugins/<op>/<op>_trt.h, on common/trt_plugin.h) turns TensorRT tensor descriptions and plugin
-// fields into calls of the CUDA launchers (the same ones behind the ONNX Runtime library);
-// getCreators registers every adapter of trt::Registered, generated from the op registry
-// (deployfuse_trt_ops.h, by gen_op_specs.py): nothing here changes when an op is added. Names = the ONNX op types,
+// libdeployfuse_trt: the TensorRT IPluginV3 plugins. One adapter per op (the generic
+// trt::Adapter<<Op>Attrs> of common/trt_plugin.h, or the op's own plugins/<op>/<op>_trt.h)
+// turns TensorRT tensor descriptions and plugin fields into calls of the CUDA launchers (the
+// same ones behind the ONNX Runtime library); getCreators registers every adapter of
+// trt::Registered, generated from the op registry (deployfuse_trt_ops.h, by gen_op_specs.py):
+// nothing here changes when an op is added. Names = the ONNX op types,
 // namespace "deployfuse" (the ONNX domain), version "1", so TensorRT's ONNX parser maps
 // `deployfuse.*` nodes to them. Loaded with IPluginRegistry::loadLibrary, which in TensorRT 10
 // and TensorRT-RTX alike needs the two entry points below: `setLoggerFinder` and `getCreators`.
