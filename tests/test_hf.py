@@ -209,7 +209,7 @@ def test_compare_loads_the_folder_for_the_task_the_export_recorded(cli, tmp_path
     code, stdout, stderr = cli("compare", folder, out, "--iterations", "0", "--json", report)
     assert code == 0, stdout + stderr
     data = json.loads(report.read_text())
-    assert data["passed"] and all(list(a["shapes"]) == inputs for a in data["accuracy"])
+    assert data["passed"] and data["task"] == recorded and all(list(a["shapes"]) == inputs for a in data["accuracy"])
     assert {o["name"] for a in data["accuracy"] for o in a["outputs"]} == {output}
     assert max(o["max_abs_error"] for a in data["accuracy"] for o in a["outputs"]) < 1e-3
     row = next(line.split() for line in stdout.splitlines() if line.startswith(f"{output} "))  # the piped table: plain columns

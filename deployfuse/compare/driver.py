@@ -199,7 +199,7 @@ def compare(
     dtypes = _output_dtypes(onnx_model)
     # A quantized artefact is judged by the accuracy budget it was exported with, unless tolerances are given.
     budget = recorded_budget(onnx_model) if not (tolerances.atol or tolerances.rtol) else None
-    result = CompareResult(str(model) if not isinstance(model, torch.nn.Module) else type(model).__name__, str(onnx_file), chosen)
+    result = CompareResult(str(model) if not isinstance(model, torch.nn.Module) else type(model).__name__, str(onnx_file), chosen, task=loaded.task)
     result.provenance["seed"] = seed
 
     from polygraphy.comparator import Comparator

@@ -42,6 +42,7 @@ class CompareResult:
     model: str
     onnx: str
     backends: list[str]
+    task: str | None = None  # the Hugging Face task MODEL (a save_pretrained folder) was loaded for
     accuracy: list[BackendAccuracy] = field(default_factory=list)
     latency: list[LatencyStats] = field(default_factory=list)
     localization: Localization | None = None
@@ -79,7 +80,7 @@ class CompareResult:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "model": self.model, "onnx": self.onnx, "backends": self.backends, "reference": self.reference, "passed": self.passed,
+            "model": self.model, "onnx": self.onnx, "task": self.task, "backends": self.backends, "reference": self.reference, "passed": self.passed,
             "accuracy": [a.to_dict() for a in self.accuracy],
             "latency": [lat.to_dict() for lat in self.latency],
             "first_divergence": self.first_divergence,
