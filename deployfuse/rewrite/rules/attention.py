@@ -42,7 +42,7 @@ from deployfuse.rewrite.rules._attention_shapes import (
     split_heads_source,
     split_source,
 )
-from deployfuse.rewrite.rules._common import default_opset, dtype_name
+from deployfuse.rewrite.rules._common import FusionRule, is_op
 from deployfuse.rewrite.rules._projection import projection
 from deployfuse.targets import DEPLOYFUSE, MS, Target, get_target
 
@@ -59,15 +59,14 @@ def _lowest(dtype: ir.DataType | None) -> float:
     return float(np.finfo(dtype.numpy() if dtype is not None and dtype.is_floating_point() else np.float32).min)
 
 
-class _Attention(pattern.RewriteRuleClassBase):
+class _Attention(FusionRule):
     """Softmax → [NaN guard] → MatMul V [→ Transpose(0,2,1,3) → Reshape to [B, S, H·Dv]]."""
 
     def __init__(self, target: str | Target, nan_guard: bool, merged: bool) -> None:
-        super().__init__(name="attention" if merged else "attention_core")
-        self._target = get_target(target)
-        self._domain, self._fused_op = self._target.lowering("attention")[0].domain, self._target.lowering("attention")[0].op_type
+        super().__init__("attention" if merged else "attention_core", target)
         self._nan_guard, self._merged = nan_guard, merged
         self._core: Core | None = None
+        self._keep_reshape = False
 
     def pattern(self, op, scores, value, zero, merged_shape):
         probs = op.Softmax(scores, _outputs=["probs"])
@@ -88,9 +87,9 @@ class _Attention(pattern.RewriteRuleClassBase):
         core = read_core(scores, value)
         if isinstance(core, str):
             return result.fail(core, scores)
-        domain, opset, dtype = self._domain, default_opset(context), dtype_name(value)
-        if not self._target.emits(domain, self._fused_op, opset, dtype):
-            return result.fail(f"{self._target} has no kernel for {domain}::{self._fused_op} on {dtype or 'this dtype'} (opset {opset})", scores)
+        chosen = self.choose(context, value, self.target.lowering("attention"))
+        if not chosen:
+            return chosen
         self._keep_reshape = False
         if merged is not None:
             reason = self._check_merge(merged, core)
@@ -127,11 +126,13 @@ class _Attention(pattern.RewriteRuleClassBase):
         key = _merged_bshd(op, core.key) if core.key_layout == "bshd" else merged_heads(op, _repeated_heads(op, core), core.heads, core.head_dim)
         value = merged_heads(op, core.value, core.heads, core.value_head_dim)
         out_shape = attended.shape  # [B, H, S, Dv]
-        mask = None if core.mask is None or _zero(core.mask) else _bias(op, core.mask, query, key, self._fused_op == "MultiHeadAttention")
-        if self._fused_op == "MultiHeadAttention":
-            fused = op.MultiHeadAttention(query, key, value, None, None, mask, num_heads=core.heads, scale=core.scale, _domain=MS)
-        else:
-            fused = op.FusedMHA(query, key, value, *([mask] if mask is not None else []), num_heads=core.heads, scale=core.scale, causal=0, _domain=DEPLOYFUSE)
+        assert self.lowering is not None
+        mha = (self.lowering.domain, self.lowering.op_type) == (MS, "MultiHeadAttention")
+        mask = None if core.mask is None or _zero(core.mask) else _bias(op, core.mask, query, key, mha)
+        if mha:  # the mask is its attention_bias input (key_padding_mask and bias in between)
+            fused = self.emit(op, query, key, value, None, None, mask, num_heads=core.heads, scale=core.scale)
+        else:  # FusedMHA: the mask, when present, is its last input
+            fused = self.emit(op, query, key, value, *([mask] if mask is not None else []), num_heads=core.heads, scale=core.scale, causal=0)
         _describe(fused, attended, None if out_shape is None else [out_shape[0], out_shape[2], core.heads * core.value_head_dim])
         if merged is not None:
             return op.Reshape(fused, merged.producer().inputs[1]) if self._keep_reshape else fused
@@ -155,7 +156,7 @@ def merged_heads(op, value: ir.Value, heads: int, head_dim: int) -> ir.Value:
     if source is not None and source[1:] == (heads, head_dim):
         return source[0]
     node = value.producer()
-    is_merge = node is not None and node.op_type == "Transpose" and node.domain in ("", "ai.onnx") and list(node.attributes.get_ints("perm", [])) == [0, 2, 1, 3]
+    is_merge = is_op(node, "Transpose") and list(node.attributes.get_ints("perm", [])) == [0, 2, 1, 3]
     unsplit = node.inputs[0] if is_merge else None
     merged = op.Reshape(unsplit if unsplit is not None else op.Transpose(value, perm=[0, 2, 1, 3]), _const(op, [0, 0, heads * head_dim]))
     _describe(merged, value, None if value.shape is None else [value.shape[0], value.shape[2], heads * head_dim])
@@ -207,7 +208,7 @@ def _projected_from(value: ir.Value) -> ir.Value:
     projection (GPT-2's Conv1D), with W, b constants: x has the same [B, S]. Else `value`.
     Reading S from x leaves the projection free for the packed_qkv family."""
     node = value.producer()
-    if node is not None and node.op_type == "Split" and node.domain in ("", "ai.onnx"):
+    if is_op(node, "Split"):
         source = node.inputs[0]
         axis = node.attributes.get_int("axis", 0)
         if rank(source) == 3 and axis % 3 == 2:
@@ -219,7 +220,7 @@ def _projected_from(value: ir.Value) -> ir.Value:
 def _select(mask: ir.Value) -> tuple[ir.Value, float, float] | None:
     """`(c, a, b)` when `mask` is Where(c, a, b) with scalar constants a, b."""
     node = mask.producer()
-    if node is None or node.op_type != "Where" or node.domain not in ("", "ai.onnx"):
+    if not is_op(node, "Where"):
         return None
     a, b = scalar(node.inputs[1]), scalar(node.inputs[2])
     return None if a is None or b is None else (node.inputs[0], a, b)
@@ -244,18 +245,19 @@ def _zero(mask: ir.Value) -> bool:
         return False
     cond = select[0]
     node = cond.producer()
-    if node is not None and node.op_type == "Expand" and node.domain in ("", "ai.onnx"):
+    if is_op(node, "Expand"):
         cond = node.inputs[0]
     array = constant(cond)
     return array is not None and array.dtype == np.bool_ and bool(array.all())
 
 
-class _MergeRoundTrip(pattern.RewriteRuleClassBase):
+class _MergeRoundTrip(FusionRule):
     """Reshape(Transpose(Transpose(Reshape(Y, [B,S,H,Dv]), 0213) [no-op Reshapes], 0213), [B,S,H·Dv]) → Y
-    for Y a fused attention output: the split `attention_core` emits, undone by the model's merge."""
+    for Y a fused attention output: the split `attention_core` emits, undone by the model's merge.
+    It emits no fused op (only Identity), so it needs no lowering of the target."""
 
-    def __init__(self) -> None:
-        super().__init__(name="attention_merge")
+    def __init__(self, target: str | Target) -> None:
+        super().__init__("attention_merge", target)
         self._source: ir.Value | None = None
 
     def pattern(self, op, heads, shape):
@@ -291,4 +293,4 @@ def rules(target: str | Target) -> list[pattern.RewriteRule]:
     if not lowering or not get_target(target).emits(lowering[0].domain, lowering[0].op_type, opset=0):
         return []
     found = [_Attention.rule(target, guard, merged) for merged in (True, False) for guard in (True, False)]
-    return [*found, _MergeRoundTrip.rule()]
+    return [*found, _MergeRoundTrip.rule(target)]
