@@ -76,13 +76,14 @@ def installed(tmp_path_factory) -> Installed:
     venv = tmp / "venv"
     # No pip of its own: an ensurepip setuptools in the venv would shadow the newer one torch requires.
     _run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)], cwd=tmp)
+    # ONNX Runtime's headers as this checkout fetched them (Debian's package), so no download here;
+    # no PYTHONPATH: a checkout on it would count as deployfuse installed.
+    env = {**os.environ, "ONNXRUNTIME_INCLUDE_DIR": str(ort_include_dir()), "PYTHONPATH": ""}
     # [hf] as a user installs it; --no-index: every dependency must already be met by this
     # interpreter's packages (the venv sees them), so torch and transformers are not installed again.
-    _run([str(venv / "bin" / "python"), "-m", "pip", "install", "--no-index", "-q", f"{wheel}[hf]"], cwd=tmp)
+    _run([str(venv / "bin" / "python"), "-m", "pip", "install", "--no-index", "-q", f"{wheel}[hf]"], cwd=tmp, env=env)
     work = tmp / "elsewhere"
     work.mkdir()
-    # ONNX Runtime's headers as this checkout fetched them (Debian's package), so no download here.
-    env = {**os.environ, "ONNXRUNTIME_INCLUDE_DIR": str(ort_include_dir()), "PYTHONPATH": ""}
     python = venv / "bin" / "python"
     where = _run([str(python), "-c", "import deployfuse; print(deployfuse.__file__)"], cwd=work, env=env)
     package = Path(where.strip())
