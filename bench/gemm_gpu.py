@@ -8,7 +8,7 @@ result (the launch must be capturable once its shape has run).
 
 Speed (GPU ms per call, CUDA-graph replays of 20 calls): torch.matmul + bias + activation
 (eager, TF32 allowed), F.linear (addmm: cuBLASLt's bias epilogue) + activation, "ORT style"
-(torch.matmul = cuBLAS, then deployfuse's BiasAct kernel as ORT's separate bias kernel), GemmAct
+(torch.matmul = cuBLAS, then a separate bias pass: torch's add, or deployfuse's BiasAct with an activation), GemmAct
 at the heuristic's first choice (algo -1) and at the fastest candidate (its index printed).
 
     python bench/gemm_gpu.py LIB.so                  # checks + timings
@@ -65,8 +65,23 @@ def load(path: str) -> ctypes.CDLL:
     P, I64, INT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
     lib.df_gemm_act.argtypes = [INT, P, P, P, P, P, P, I64, I64, I64, INT, INT, P, ctypes.c_size_t]
     lib.df_gemm_act_candidates.argtypes = [INT, P, P, P, P, P, I64, I64, I64, INT]
-    lib.df_bias_act.argtypes = [INT, P, P, P, P, I64, I64, INT]
+    lib.df_run.argtypes = [ctypes.c_char_p, INT, P, INT, ctypes.POINTER(P), ctypes.POINTER(ctypes.POINTER(I64)), ctypes.POINTER(INT), P,
+                           ctypes.POINTER(ctypes.c_double), ctypes.POINTER(ctypes.c_char_p)]
     return lib
+
+
+def bias_act(lib: ctypes.CDLL, x: torch.Tensor, bias: torch.Tensor, y: torch.Tensor, act: str) -> None:
+    """y = act(x + bias) by deployfuse's BiasAct through the generic C ABI (df_run), or torch's add
+    for no activation: the separate bias pass ORT runs after its MatMul."""
+    if act == "none":
+        torch.add(x, bias, out=y)
+        return
+    dims = [(ctypes.c_int64 * t.dim())(*t.shape) for t in (x, bias)]
+    rc = lib.df_run(b"BiasAct", DT[x.dtype], torch.cuda.current_stream().cuda_stream, 2, (ctypes.c_void_p * 2)(x.data_ptr(), bias.data_ptr()),
+                    (ctypes.POINTER(ctypes.c_int64) * 2)(*[ctypes.cast(d, ctypes.POINTER(ctypes.c_int64)) for d in dims]),
+                    (ctypes.c_int * 2)(x.dim(), bias.dim()), y.data_ptr(), (ctypes.c_double * 1)(0.0), (ctypes.c_char_p * 1)(act.encode()))
+    if rc != 0:
+        raise RuntimeError(f"df_run(BiasAct): {rc}")
 
 
 def ptr(t: torch.Tensor | None) -> int | None:
@@ -176,7 +191,7 @@ def bench_row(lib: ctypes.CDLL, name: str, m: int, k: int, n: int, act: str, dty
 
     def ort_style() -> None:  # ORT's MatMul (cuBLAS) and its separate bias(+activation) kernel
         torch.matmul(g.x, g.w, out=tmp)
-        lib.df_bias_act(DT[dtype], torch.cuda.current_stream().cuda_stream, ptr(tmp), ptr(g.bias), ptr(g.y), m * n, n, ACT[act])
+        bias_act(lib, tmp, g.bias, g.y, act)
 
     alt = {"torch": gpu_ms(lambda: f(g.x @ g.w + g.bias)), "linear": gpu_ms(lambda: f(F.linear(g.x, wt, g.bias))), "ort": gpu_ms(ort_style)}
     count = g.candidates()
@@ -198,6 +213,32 @@ def bench(lib: ctypes.CDLL) -> None:
             print(bench_row(lib, name, m, k, n, act, dtype))
 
 
+def tuner(path: str) -> bool:
+    """deployfuse.rewrite.gemm_tuning on this GPU: a one-node fp16 model of GPT-2's 64x128-token
+    up-projection (tanh GELU), its problem found, every candidate timed, the node's algo set."""
+    import numpy as np
+    import onnx
+    from onnx import helper, numpy_helper
+
+    from deployfuse.ops import attach_functions
+    from deployfuse.rewrite.gemm_tuning import gemm_problems, tune
+
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array((rng.standard_normal((768, 3072)) / 28).astype(np.float16), "w"),
+             numpy_helper.from_array(rng.standard_normal(3072).astype(np.float16), "b")]
+    node = helper.make_node("GemmAct", ["x", "w", "b"], ["y"], domain="deployfuse", activation="gelu_tanh")
+    graph = helper.make_graph([node], "gemm", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT16, ["batch", 128, 768])],
+                              [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT16, ["batch", 128, 3072])], initializer=inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)], ir_version=10)
+    attach_functions(model)
+    feed = {"x": rng.standard_normal((64, 128, 768)).astype(np.float16)}
+    print("tuner:", gemm_problems(model, feed))
+    print("tuner:", tune(model, feed, Path(path)))
+    algo = [helper.get_attribute_value(a) for a in model.graph.node[0].attribute if a.name == "algo"]
+    print("tuner: stored algo", algo)
+    return len(algo) == 1
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("lib", help="libdeployfuse_ops_cuda.so")
@@ -209,6 +250,7 @@ def main() -> int:
     print(torch.cuda.get_device_name(), "torch", torch.__version__)
     ok = check(lib, args.small)
     if not args.check_only:
+        ok &= tuner(args.lib)
         bench(lib)
     print("all checks passed" if ok else "SOME CHECKS FAILED")
     return 0 if ok else 1

@@ -25,28 +25,21 @@ namespace {
 #define DF_STR(x) DF_STR2(x)
 constexpr const char* kLibrary = "libcublasLt.so." DF_STR(CUBLAS_VER_MAJOR);
 
-// The cuBLASLt entry points GemmAct uses, resolved once.
+// The cuBLASLt entry points GemmAct uses, resolved once by name; each member is named like its function.
+// clang-format off
+#define DF_CUBLASLT_FUNCTIONS(X)                                                                         \
+  X(cublasLtCreate) X(cublasLtDestroy)                                                                  \
+  X(cublasLtMatmulDescCreate) X(cublasLtMatmulDescDestroy) X(cublasLtMatmulDescSetAttribute)            \
+  X(cublasLtMatrixLayoutCreate) X(cublasLtMatrixLayoutDestroy)                                          \
+  X(cublasLtMatmulPreferenceCreate) X(cublasLtMatmulPreferenceDestroy) X(cublasLtMatmulPreferenceSetAttribute) \
+  X(cublasLtMatmulAlgoGetHeuristic) X(cublasLtMatmul)
+// clang-format on
 struct Lt {
-  decltype(&cublasLtCreate) create = nullptr;
-  decltype(&cublasLtDestroy) destroy = nullptr;
-  decltype(&cublasLtMatmulDescCreate) desc_create = nullptr;
-  decltype(&cublasLtMatmulDescDestroy) desc_destroy = nullptr;
-  decltype(&cublasLtMatmulDescSetAttribute) desc_set = nullptr;
-  decltype(&cublasLtMatrixLayoutCreate) layout_create = nullptr;
-  decltype(&cublasLtMatrixLayoutDestroy) layout_destroy = nullptr;
-  decltype(&cublasLtMatmulPreferenceCreate) pref_create = nullptr;
-  decltype(&cublasLtMatmulPreferenceDestroy) pref_destroy = nullptr;
-  decltype(&cublasLtMatmulPreferenceSetAttribute) pref_set = nullptr;
-  decltype(&cublasLtMatmulAlgoGetHeuristic) heuristic = nullptr;
-  decltype(&cublasLtMatmul) matmul = nullptr;
+#define DF_MEMBER(name) decltype(&::name) name = nullptr;
+  DF_CUBLASLT_FUNCTIONS(DF_MEMBER)
+#undef DF_MEMBER
   std::string error;  // non-empty: unusable, and why
 };
-
-template <typename F>
-void resolve(void* lib, const char* name, F* out, std::string* error) {
-  *out = reinterpret_cast<F>(dlsym(lib, name));
-  if (*out == nullptr && error->empty()) *error = std::string(kLibrary) + " lacks " + name;
-}
 
 const Lt& lt() {
   static const Lt loaded = [] {
@@ -58,18 +51,11 @@ const Lt& lt() {
                 "load it when imported first)";
       return l;
     }
-    resolve(lib, "cublasLtCreate", &l.create, &l.error);
-    resolve(lib, "cublasLtDestroy", &l.destroy, &l.error);
-    resolve(lib, "cublasLtMatmulDescCreate", &l.desc_create, &l.error);
-    resolve(lib, "cublasLtMatmulDescDestroy", &l.desc_destroy, &l.error);
-    resolve(lib, "cublasLtMatmulDescSetAttribute", &l.desc_set, &l.error);
-    resolve(lib, "cublasLtMatrixLayoutCreate", &l.layout_create, &l.error);
-    resolve(lib, "cublasLtMatrixLayoutDestroy", &l.layout_destroy, &l.error);
-    resolve(lib, "cublasLtMatmulPreferenceCreate", &l.pref_create, &l.error);
-    resolve(lib, "cublasLtMatmulPreferenceDestroy", &l.pref_destroy, &l.error);
-    resolve(lib, "cublasLtMatmulPreferenceSetAttribute", &l.pref_set, &l.error);
-    resolve(lib, "cublasLtMatmulAlgoGetHeuristic", &l.heuristic, &l.error);
-    resolve(lib, "cublasLtMatmul", &l.matmul, &l.error);
+#define DF_RESOLVE(name)                                           \
+  l.name = reinterpret_cast<decltype(&::name)>(dlsym(lib, #name)); \
+  if (l.name == nullptr && l.error.empty()) l.error = std::string(kLibrary) + " lacks " #name;
+    DF_CUBLASLT_FUNCTIONS(DF_RESOLVE)
+#undef DF_RESOLVE
     return l;  // the library stays open for the process's lifetime
   }();
   return loaded;
@@ -117,12 +103,12 @@ class GemmActRunner {
     if (!lt().error.empty()) return;
     for (auto& entry : plans_) {
       Plan& p = entry.second;
-      if (p.a) lt().layout_destroy(p.a);
-      if (p.b) lt().layout_destroy(p.b);
-      if (p.d) lt().layout_destroy(p.d);
-      if (p.desc) lt().desc_destroy(p.desc);
+      if (p.a) lt().cublasLtMatrixLayoutDestroy(p.a);
+      if (p.b) lt().cublasLtMatrixLayoutDestroy(p.b);
+      if (p.d) lt().cublasLtMatrixLayoutDestroy(p.d);
+      if (p.desc) lt().cublasLtMatmulDescDestroy(p.desc);
     }
-    if (handle_) lt().destroy(handle_);
+    if (handle_) lt().cublasLtDestroy(handle_);
   }
 
   // The plan of the problem (made on first use); null with *err set when there is none.
@@ -145,29 +131,32 @@ class GemmActRunner {
                       alignment(y)};
     auto found = plans_.find(key);
     if (found != plans_.end()) return found->second.count > 0 ? &found->second : fail(cudaErrorNotSupported, err);
-    if (handle_ == nullptr && l.create(&handle_) != CUBLAS_STATUS_SUCCESS) return fail(cudaErrorInitializationError, err);
+    if (handle_ == nullptr && l.cublasLtCreate(&handle_) != CUBLAS_STATUS_SUCCESS) return fail(cudaErrorInitializationError, err);
     Plan& plan = plans_[key];
     const cudaDataType_t type = cuda_type<T>();
     const cublasComputeType_t compute = type == CUDA_R_32F ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
-    bool ok = l.desc_create(&plan.desc, compute, CUDA_R_32F) == CUBLAS_STATUS_SUCCESS &&
-              l.desc_set(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)) == CUBLAS_STATUS_SUCCESS &&
-              l.desc_set(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)) == CUBLAS_STATUS_SUCCESS &&
-              l.layout_create(&plan.a, type, p.n, p.k, p.n) == CUBLAS_STATUS_SUCCESS &&
-              l.layout_create(&plan.b, type, p.k, p.m, p.k) == CUBLAS_STATUS_SUCCESS &&
-              l.layout_create(&plan.d, type, p.n, p.m, p.n) == CUBLAS_STATUS_SUCCESS;
+    bool ok =
+        l.cublasLtMatmulDescCreate(&plan.desc, compute, CUDA_R_32F) == CUBLAS_STATUS_SUCCESS &&
+        l.cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)) == CUBLAS_STATUS_SUCCESS &&
+        l.cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)) == CUBLAS_STATUS_SUCCESS &&
+        l.cublasLtMatrixLayoutCreate(&plan.a, type, p.n, p.k, p.n) == CUBLAS_STATUS_SUCCESS &&
+        l.cublasLtMatrixLayoutCreate(&plan.b, type, p.k, p.m, p.k) == CUBLAS_STATUS_SUCCESS &&
+        l.cublasLtMatrixLayoutCreate(&plan.d, type, p.n, p.m, p.n) == CUBLAS_STATUS_SUCCESS;
     cublasLtMatmulPreference_t pref = nullptr;
-    ok = ok && l.pref_create(&pref) == CUBLAS_STATUS_SUCCESS;
+    ok = ok && l.cublasLtMatmulPreferenceCreate(&pref) == CUBLAS_STATUS_SUCCESS;
     const uint64_t workspace = kGemmActWorkspaceBytes;
     const uint32_t aligns[4] = {alignment(w), alignment(x), alignment(residual ? residual : y), alignment(y)};
     const cublasLtMatmulPreferenceAttributes_t align_attrs[4] = {
         CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
         CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
-    ok = ok && l.pref_set(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace, sizeof(workspace)) == CUBLAS_STATUS_SUCCESS;
-    for (int i = 0; ok && i < 4; ++i) ok = l.pref_set(pref, align_attrs[i], &aligns[i], sizeof(uint32_t)) == CUBLAS_STATUS_SUCCESS;
-    if (ok && l.heuristic(handle_, plan.desc, plan.a, plan.b, plan.d, plan.d, pref, kGemmActCandidates, plan.candidates, &plan.count) !=
-                  CUBLAS_STATUS_SUCCESS)
+    ok = ok && l.cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace, sizeof(workspace)) ==
+                   CUBLAS_STATUS_SUCCESS;
+    for (int i = 0; ok && i < 4; ++i)
+      ok = l.cublasLtMatmulPreferenceSetAttribute(pref, align_attrs[i], &aligns[i], sizeof(uint32_t)) == CUBLAS_STATUS_SUCCESS;
+    if (ok && l.cublasLtMatmulAlgoGetHeuristic(handle_, plan.desc, plan.a, plan.b, plan.d, plan.d, pref, kGemmActCandidates,
+                                               plan.candidates, &plan.count) != CUBLAS_STATUS_SUCCESS)
       plan.count = 0;
-    if (pref) l.pref_destroy(pref);
+    if (pref) l.cublasLtMatmulPreferenceDestroy(pref);
     return plan.count > 0 ? &plan : fail(cudaErrorNotSupported, err);
   }
 
@@ -183,11 +172,11 @@ class GemmActRunner {
     void* workspace = chosen.workspaceSize ? scratch.get(chosen.workspaceSize) : nullptr;
     if (chosen.workspaceSize && workspace == nullptr) return cudaErrorMemoryAllocation;
     const Lt& l = lt();
-    if (l.desc_set(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)) != CUBLAS_STATUS_SUCCESS)
+    if (l.cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)) != CUBLAS_STATUS_SUCCESS)
       return cudaErrorInvalidValue;
     const float one = 1.f, beta = residual ? 1.f : 0.f;
-    if (l.matmul(handle_, plan->desc, &one, w, plan->a, x, plan->b, &beta, residual ? residual : y, plan->d, y, plan->d, &chosen.algo,
-                 workspace, chosen.workspaceSize, stream) != CUBLAS_STATUS_SUCCESS)
+    if (l.cublasLtMatmul(handle_, plan->desc, &one, w, plan->a, x, plan->b, &beta, residual ? residual : y, plan->d, y, plan->d,
+                         &chosen.algo, workspace, chosen.workspaceSize, stream) != CUBLAS_STATUS_SUCCESS)
       return cudaErrorLaunchFailure;
     return cudaSuccess;
   }
