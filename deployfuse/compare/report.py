@@ -128,8 +128,9 @@ def html_report(result: CompareResult) -> str:
         "td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}.fail{background:#fdd}.verdict{font-size:1.3em;padding:.4em .8em;display:inline-block}"
         ".verdict.pass{background:#d4edda;color:#155724}.verdict.fail{background:#f8d7da;color:#721c24}.warn{background:#fff3cd;padding:.3em .6em}"
         ".text{text-align:left;font-family:monospace}</style>",
-        f"<h1>deployfuse compare</h1><p>model <code>{html.escape(result.model)}</code>, ONNX <code>{html.escape(result.onnx)}</code>, "
-        f"reference backend <b>{html.escape(result.reference)}</b></p>",
+        f"<h1>deployfuse compare</h1><p>model <code>{html.escape(result.model)}</code>"
+        + (f" (Hugging Face task <b>{html.escape(result.task)}</b>)" if result.task else "")
+        + f", ONNX <code>{html.escape(result.onnx)}</code>, reference backend <b>{html.escape(result.reference)}</b></p>",
         f"<p class='verdict {'pass' if result.passed else 'fail'}'>"
         f"{'PASSED: every backend matches ' + html.escape(result.reference) if result.passed else 'FAILED: ' + html.escape(', '.join(result.failures()))}</p>",
     ]

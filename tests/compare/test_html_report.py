@@ -62,3 +62,6 @@ def test_noisy_timing_is_flagged_and_a_failure_is_red(tmp_path):
     assert "noisy timing, " + result.noisy_timings()[0] in result.table(), "the terminal table warns too"
     assert "<p class='verdict fail'>FAILED: ort-cpu:output</p>" in page
     assert "<h2>Fusions in the ONNX file</h2><p>none" in page  # exported with fuse=False
+    assert "Hugging Face task" not in page  # a module, not a save_pretrained folder
+    result.task = "token-classification"  # as compare sets it for a folder (tests/test_hf.py)
+    assert "(Hugging Face task <b>token-classification</b>)" in html_report(result)
