@@ -6,11 +6,12 @@ of the flattened outputs. A `Budget` bounds the worst of each over all samples. 
 most sensitive quantized layer goes back to fp32 and the graph is quantized again, one layer at
 a time, until the gate passes or a quarter of the layers (at least 4) are back in fp32.
 
-A layer's sensitivity is the error it adds: the relative L2 error of its output in the quantized
-graph (against the same tensor of the fp32 graph, both run on the first calibration samples)
-minus the largest such error among its inputs. Later layers inherit the error of earlier ones;
-subtracting it ranks what each layer contributes. Quantizers keep each layer's output name
-(ONNX Runtime's and the Q/DQ placement's both do), which pairs the tensors.
+A layer's sensitivity is the gate's own measure with that layer alone quantized, on the first
+calibration samples: how far over (or how close to) the budget the model outputs get, as the
+largest of (1 - cosine) / (1 - budget cos) and error / bound. It is measured once, the first time
+the gate fails (one quantization per layer). A cheaper proxy, the error each layer adds to its
+own output tensor, ranks badly: on a tiny BERT it put the query and key projections first,
+whose error softmax all but removes, above the feed-forward layers that carry nearly all of it.
 """
 
 from __future__ import annotations
@@ -68,7 +69,7 @@ class Budget:
         return cls(**values)
 
     def text(self) -> str:
-        return ",".join(f"{k}={v:g}" for k, v in asdict(self).items() if v is not None)
+        return ",".join(f"{k}={v:.10g}" for k, v in asdict(self).items() if v is not None)
 
     def to_dict(self) -> dict[str, float]:
         return {k: v for k, v in asdict(self).items() if v is not None}
@@ -77,13 +78,28 @@ class Budget:
     def from_dict(cls, values: Mapping[str, Any]) -> Budget:
         return cls(**{k: float(v) for k, v in values.items() if k in _KEYS})
 
+    def score(self, errors: Sequence[OutputError]) -> float:
+        """How much of the budget the worst output uses: 1 is at the bound, above 1 over it."""
+        used = [0.0]
+        for e in errors:
+            pairs = [(1 - e.cos, 1 - self.cos), (e.rel, self.rel), (e.max_abs, self.abs), (e.p99_abs, self.p99)]
+            used += [_share(error, bound) for error, bound in pairs if bound is not None]
+        return max(used)
+
     def exceeded(self, error: OutputError) -> list[str]:
         """What `error` breaks, e.g. ["cos 0.9981 < 0.999"]; empty within budget."""
-        broken = [f"cos {error.cos:.5f} < {self.cos:g}"] if not error.cos >= self.cos else []
+        broken = [f"cos {error.cos:.7f} < {self.cos:.10g}"] if not error.cos >= self.cos else []
         broken += [f"rel {error.rel:.2e} > {self.rel:g}"] if not error.rel <= self.rel else []
         broken += [f"abs {error.max_abs:.2e} > {self.abs:g}"] if self.abs is not None and not error.max_abs <= self.abs else []
         broken += [f"p99 {error.p99_abs:.2e} > {self.p99:g}"] if self.p99 is not None and not error.p99_abs <= self.p99 else []
         return broken
+
+
+def _share(error: float, bound: float) -> float:
+    """error / bound; inf for any error (NaN included) against a zero bound."""
+    if math.isnan(error):
+        return math.inf
+    return error / bound if bound > 0 else (math.inf if error > 0 else 0.0)
 
 
 @dataclass
@@ -122,11 +138,12 @@ def output_error(name: str, samples: str, references: Sequence[np.ndarray], outp
 
 @dataclass
 class Layer:
-    """A layer kept in fp32 by the gate, with the error it added when quantized."""
+    """A layer kept in fp32 by the gate, with its sensitivity: the share of the budget the model
+    outputs used with this layer alone quantized."""
 
     node: str
     op_type: str
-    added_error: float
+    sensitivity: float
 
 
 @dataclass
@@ -161,35 +178,15 @@ def layers_of(model: onnx.ModelProto, op_types: Collection[str]) -> dict[str, on
     return {n.name: n for n in model.graph.node if n.op_type in op_types and n.name}
 
 
-def sensitivities(float_model: onnx.ModelProto, quantized: onnx.ModelProto, layers: Mapping[str, onnx.NodeProto],
-                  feeds: Sequence[Mapping[str, np.ndarray]]) -> dict[str, float]:
-    """Per layer, the relative L2 error its output adds in `quantized` (see the module docstring);
-    layers whose output `quantized` does not keep are left out."""
-    from deployfuse.compare.localize import with_outputs
-
-    produced = {o for n in quantized.graph.node for o in n.output}
-    constants = {t.name for t in float_model.graph.initializer} | {i.name for i in float_model.graph.input}
-    tensors = list(dict.fromkeys(t for node in layers.values() for t in [node.output[0], *node.input]
-                                 if t and t in produced and t not in constants))
-    runs = []
-    for model in (float_model, quantized):
-        session = ort_backend.session(with_outputs(model, tensors), optimize=False)
-        runs.append([ort_backend.run(session, feed) for feed in feeds])
-    error: dict[str, float] = {}
-    for name in tensors:
-        pairs = [(f[name], q[name]) for f, q in zip(*runs) if name in f and name in q]
-        norms = [float(np.linalg.norm(f.astype(np.float64))) for f, _ in pairs]
-        error[name] = max((float(np.linalg.norm(q.astype(np.float64) - f)) / n if n else 0.0 for (f, q), n in zip(pairs, norms)), default=0.0)
-    return {layer: error[node.output[0]] - max((error.get(i, 0.0) for i in node.input), default=0.0)
-            for layer, node in layers.items() if node.output[0] in error}
-
-
-def measure(model: onnx.ModelProto, calibration: Calibration, references: Mapping[str, Sequence[dict[str, torch.Tensor]]]) -> list[OutputError]:
-    """The worst error of each output of `model` on the calibration and held-out samples, against
-    `references` (PyTorch fp32 outputs, keyed "calibration" and "held-out", in sample order)."""
+def measure(model: onnx.ModelProto, calibration: Calibration, references: Mapping[str, Sequence[dict[str, torch.Tensor]]],
+            limit: int = GATE_SAMPLES, held_out: bool = True) -> list[OutputError]:
+    """The worst error of each output of `model` on (at most `limit` of) the calibration and
+    held-out samples, against `references` (PyTorch fp32 outputs, keyed "calibration" and
+    "held-out", in sample order)."""
     session = ort_backend.session(model)
     errors = []
-    for samples, feeds in (("calibration", calibration.feeds()[:GATE_SAMPLES]), ("held-out", calibration.feeds(held_out=True)[:GATE_SAMPLES])):
+    sets = [("calibration", calibration.feeds()[:limit])] + ([("held-out", calibration.feeds(held_out=True)[:limit])] if held_out else [])
+    for samples, feeds in sets:
         wanted = references[samples][: len(feeds)]
         outputs = [ort_backend.run(session, feed) for feed in feeds]
         for name, first in wanted[0].items() if wanted else ():
@@ -216,8 +213,7 @@ def run_gate(float_model: onnx.ModelProto, quantize: Callable[[set[str]], onnx.M
     """
     result = GateResult(budget, calibration.source, calibration.random, len(layers))
     max_fallback = max(4, len(layers) // 4)
-    probe = calibration.feeds()[:PROBE_SAMPLES]
-    added: dict[str, float] = {}
+    ranking: list[tuple[str, float]] | None = None
     while True:
         kept = {layer.node for layer in result.fp32_layers}
         quantized = quantize(kept)
@@ -229,9 +225,9 @@ def run_gate(float_model: onnx.ModelProto, quantize: Callable[[set[str]], onnx.M
         if not broken:
             result.passed = True
             return quantized, result
-        if len(kept) < max_fallback:
-            added = sensitivities(float_model, quantized, {k: v for k, v in layers.items() if k not in kept}, probe)
-        candidates = sorted(added.items(), key=lambda item: -item[1])
+        if ranking is None and len(kept) < max_fallback:
+            ranking = sensitivity_ranking(quantize, layers, calibration, references, budget)
+        candidates = [item for item in ranking or () if item[0] not in kept]
         if len(kept) >= max_fallback or not candidates:
             worst = next(iter(broken.items()))
             raise GateFailed(result, f"the quantized model is over the accuracy budget ({budget.text()}) even with {len(kept)} of {len(layers)} layers back "
@@ -239,6 +235,17 @@ def run_gate(float_model: onnx.ModelProto, quantize: Callable[[set[str]], onnx.M
                                   "representative --calibration-data, or export in fp16/fp32")
         node = layers[candidates[0][0]]
         result.fp32_layers.append(Layer(node.name, node.op_type, round(candidates[0][1], 6)))
+
+
+def sensitivity_ranking(quantize: Callable[[set[str]], onnx.ModelProto], layers: Mapping[str, onnx.NodeProto], calibration: Calibration,
+                        references: Mapping[str, Sequence[dict[str, torch.Tensor]]], budget: Budget) -> list[tuple[str, float]]:
+    """Every layer with its `Budget.score` when it alone is quantized (on the first calibration samples), most sensitive first."""
+    scores = []
+    for name in layers:
+        alone = quantize(set(layers) - {name})
+        scores.append((name, budget.score(measure(alone, calibration, references, limit=PROBE_SAMPLES, held_out=False))))
+        log.debug("accuracy gate: %s alone uses %.3g of the budget", name, scores[-1][1])
+    return sorted(scores, key=lambda item: -item[1])
 
 
 def table(result: GateResult) -> str:
@@ -266,4 +273,4 @@ def budget_of(text: str | None) -> Budget:
 
 
 __all__ = ["BUDGET_HELP", "Budget", "GateFailed", "GateResult", "Layer", "OutputError", "budget_of", "layers_of", "measure", "output_error", "recorded_budget", "run_gate",
-           "sensitivities", "table"]
+           "sensitivity_ranking", "table"]

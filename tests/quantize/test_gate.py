@@ -46,3 +46,11 @@ def test_budget_names_what_it_breaks():
     nan = OutputError("y", "calibration", math.nan, math.nan, math.nan, math.nan)
     assert len(Budget().exceeded(nan)) == 2  # NaN never passes
     assert output_error("y", "x", [np.ones(4, np.float32)], [np.array([1, np.nan, 1, 1], np.float32)]).cos == 0.0
+
+
+def test_budget_score_is_the_largest_share_of_any_bound():
+    budget = Budget(cos=0.999, rel=0.02, abs=0.5)
+    errors = [OutputError("a", "calibration", 0.1, 0.05, 0.01, 0.9995), OutputError("b", "held-out", 0.6, 0.1, 0.001, 0.99999)]
+    assert budget.score(errors) == pytest.approx(max(0.5, 0.5, 0.2, 0.01, 0.05, 1.2))  # b's max abs 0.6 of 0.5
+    assert budget.score([OutputError("a", "x", 0.0, 0.0, math.nan, 1.0)]) == math.inf
+    assert Budget(rel=0.0).score([OutputError("a", "x", 0.0, 0.0, 0.0, 1.0)]) == 0.0

@@ -1,0 +1,146 @@
+"""Issue 19 on CPU: deployfuse's int8 ort-cpu artefact against the ORT transformers optimizer's fp32
+graph and against ORT's own quantize_dynamic of that optimized graph (the best-configured int8
+alternative), on BERT-base (random weights from its config: HF's N(0, 0.02) init), seq 128.
+
+Every variant is exported once with a dynamic batch axis; every variant runs in ONNX Runtime with its normal optimisations and the same intra-op threads;
+runs are interleaved (one of each per round, the order rotating) and the figure is the median.
+Each int8 variant's accuracy is measured the way deployfuse's gate does (worst cosine and
+max|error| / max|reference| per output against PyTorch fp32) on fresh inputs: one draw with
+all-ones attention masks and one padded.
+
+    python bench/cpu_int8.py --batches 1,8 --rounds 10 --out bench/results/cpu_int8.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT / "bench")]
+
+from anchors import ORT_OPT_TYPES, build  # noqa: E402
+
+
+def _ort_optimized(plain: Path, out: Path) -> Path:
+    from onnxruntime.transformers.optimizer import optimize_model
+
+    model_type, heads, hidden = ORT_OPT_TYPES["bert"]
+    optimize_model(str(plain), model_type=model_type, num_heads=heads, hidden_size=hidden, opt_level=0, use_gpu=False).save_model_to_file(str(out))
+    return out
+
+
+def _ort_int8(source: Path, out: Path, per_channel: bool) -> Path:
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    quantize_dynamic(str(source), str(out), per_channel=per_channel, weight_type=QuantType.QInt8)
+    return out
+
+
+def _fuse_after_quantize(plain: Path, out: Path, feed: dict[str, np.ndarray]) -> Path:
+    """The other order: ORT quantizes the plain export, then deployfuse's ort-cpu fusions run."""
+    import onnx
+
+    from deployfuse.rewrite import fuse
+
+    quantized = _ort_int8(plain, out.with_suffix(".q.onnx"), per_channel=True)
+    fused, _ = fuse(onnx.load(str(quantized)), "ort-cpu", [feed])
+    onnx.save(fused, str(out))
+    return out
+
+
+def _accuracy(path: Path, module: torch.nn.Module, feeds: list[dict[str, np.ndarray]], threads: int) -> dict[str, float]:
+    from deployfuse.backends.ort import run, session
+    from deployfuse.export import flatten_outputs
+    from deployfuse.quantize.gate import output_error
+
+    sess = session(path, threads=threads)
+    worst = {"cos": 1.0, "rel": 0.0}
+    for feed in feeds:
+        with torch.no_grad():
+            reference = flatten_outputs(module(**{k: torch.from_numpy(v) for k, v in feed.items()}))
+        got = run(sess, feed)
+        for name, ref in reference.items():
+            name_in_graph = name if name in got else next(iter(got))
+            error = output_error(name, "fresh", [ref.numpy()], [got[name_in_graph]])
+            worst = {"cos": min(worst["cos"], error.cos), "rel": max(worst["rel"], error.rel)}
+    return worst
+
+
+def bench(batches: list[int], rounds: int, threads: int, budget: str, workdir: Path) -> list[dict[str, object]]:
+    """Export every variant once with a dynamic batch axis (at batch 1), then time each batch."""
+    import deployfuse
+    from deployfuse.backends.ort import run, session
+    from deployfuse.inputs import DynamicAxis
+
+    module, inputs = build("bert", 1)
+    batch_axis = [DynamicAxis("input_ids", 0, "batch"), DynamicAxis("attention_mask", 0, "batch")]
+    plain = workdir / "bert_plain.onnx"
+    deployfuse.export(module, plain, example_inputs=inputs, dynamic=batch_axis, fuse=False, verify=False)
+    feed1 = {k: v.numpy() for k, v in inputs.items()}
+    ortopt = _ort_optimized(plain, workdir / "bert_ortopt.onnx")
+    paths = {"ORT optimizer fp32": ortopt,
+             "ORT optimizer + quantize_dynamic": _ort_int8(ortopt, workdir / "bert_ortopt_int8.onnx", per_channel=False),
+             "ORT optimizer + quantize_dynamic per-channel": _ort_int8(ortopt, workdir / "bert_ortopt_int8pc.onnx", per_channel=True),
+             "ORT quantize_dynamic, then deployfuse fusions": _fuse_after_quantize(plain, workdir / "bert_q_then_fuse.onnx", feed1)}
+    ours = workdir / "bert_deployfuse_int8.onnx"
+    start = time.perf_counter()
+    result = deployfuse.export(module, ours, example_inputs=inputs, dynamic=batch_axis, precision="int8", accuracy_budget=budget, seed=0)
+    assert result.gate is not None
+    print(f"deployfuse export --precision int8 --accuracy-budget {budget}: {time.perf_counter() - start:.0f} s; gate attempts {result.gate.attempts}; "
+          f"fp32 layers {[layer.node for layer in result.gate.fp32_layers]}", flush=True)
+    paths["deployfuse int8 (fuse, then quantize)"] = ours
+    sessions = {name: session(path, threads=threads) for name, path in paths.items()}
+    rows = []
+    for batch in batches:
+        _, batch_inputs = build("bert", batch)
+        feed = {k: v.numpy() for k, v in batch_inputs.items()}
+        lengths = np.random.default_rng(batch).integers(16, 129, (batch, 1))
+        padded = dict(feed, attention_mask=(np.arange(128) < lengths).astype(np.int64))
+        times: dict[str, list[float]] = {name: [] for name in sessions}
+        for sess in sessions.values():
+            run(sess, feed)
+        names = list(sessions)
+        for round_ in range(rounds):
+            for name in names[round_ % len(names):] + names[: round_ % len(names)]:  # rotate who goes first
+                start = time.perf_counter()
+                run(sessions[name], feed)
+                times[name].append((time.perf_counter() - start) * 1e3)
+        base = statistics.median(times["ORT optimizer fp32"])
+        for name, path in paths.items():
+            median = statistics.median(times[name])
+            accuracy = _accuracy(path, module, [feed, padded], threads)
+            row = {"batch": batch, "variant": name, "median_ms": round(median, 2), "vs_ort_opt_fp32": round(median / base, 3),
+                   "worst_cos": round(accuracy["cos"], 6), "worst_rel": float(f"{accuracy['rel']:.3e}")}
+            if name.startswith("deployfuse"):
+                row.update(budget=budget, fp32_layers=[layer.node for layer in result.gate.fp32_layers], quantized_layers=result.gate.quantized_layers)
+            rows.append(row)
+            print(f"batch {batch}  {name:46s} {median:9.2f} ms  x{median / base:5.3f} of ORT opt fp32   worst cos {accuracy['cos']:.6f}  "
+                  f"rel {accuracy['rel']:.2e}", flush=True)
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batches", default="1,8")
+    parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--budget", default="cos=0.999,rel=3e-2", help="deployfuse's --accuracy-budget (see bench/results/cpu_int8.md)")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="deployfuse-int8-bench-") as tmp:
+        rows = bench([int(b) for b in args.batches.split(",")], args.rounds, args.threads, args.budget, Path(tmp))
+    if args.out:
+        args.out.write_text(json.dumps(rows, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
