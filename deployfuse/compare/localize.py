@@ -41,7 +41,8 @@ RULE_KEY = "deployfuse.rule"  # the metadata deployfuse.rewrite puts on every no
 
 @dataclass
 class Divergence:
-    """A fused node whose output differs from the unfused graph's tensor of the same name."""
+    """A fused node whose output differs from the unfused graph's tensor of the same name (in a
+    quantized artefact: the node making the first tensor past the accuracy budget)."""
 
     node: str
     op_type: str
