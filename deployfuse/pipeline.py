@@ -336,6 +336,10 @@ def _run(request: _Request, out_path: Path, report: ExportReport, steps: _Steps,
                                             on_family=getattr(steps.progress, "family", None), families=_families(request))
             report.fusion = fusion.to_dict()
             step.detail = f"{len(onnx_model.graph.node)} nodes"
+            if request.autotune and request.target == ORT_CUDA:  # GemmAct's cuBLASLt algorithm per shape, timed on this GPU
+                from deployfuse.rewrite.gemm_tuning import tune
+
+                step.detail += "; " + tune(onnx_model, {k: to_numpy(v) for k, v in example.items()})
     else:
         fusion = None
         steps.skip("fuse", "--no-fuse")

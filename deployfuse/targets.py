@@ -145,9 +145,10 @@ ORT_CUDA = Target(
         "gelu_tanh": (Lowering(MS, "FastGelu"),),
         "rmsnorm": _ORT_SIMPLIFIED_LN,
         "attention": _MHA,
+        "gemm_act": (Lowering(DEPLOYFUSE, "GemmAct"),),
         **_NORM_ACT,
     },
-    activations={"bias_act": ("relu", "silu", "sigmoid")},
+    activations={"bias_act": ("relu", "silu", "sigmoid"), "gemm_act": ("relu", "gelu_tanh")},  # gemm_act: cuBLASLt's epilogues
 )
 
 TENSORRT = Target(

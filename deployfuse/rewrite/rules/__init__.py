@@ -4,8 +4,10 @@ Families run in this order; each module exposes `FAMILY: str` and
 `rules(target) -> list[RewriteRule]` (empty when it has nothing for that target). The order
 matters: BatchNorm folds first (Conv + activation rules then see the folded Conv), norms and GELU are recognised first so that attention, skip-norm, bias+activation and
 norm+activation rules can match the fused forms; rotary runs right before attention (its 3-D
-outputs let Q and K feed the fused node without a re-merge); bias_gelu runs before bias_act so ONNX Runtime
-gets its own BiasGelu kernel and bias_act keeps the remaining epilogues.
+outputs let Q and K feed the fused node without a re-merge); gemm_act (ort-cuda) runs after the
+attention and skip-norm families have taken their projections and biases, and before bias_gelu and
+bias_act, whose epilogues it leaves alone when cuBLASLt cannot compute them; bias_gelu runs before
+bias_act so ONNX Runtime gets its own BiasGelu kernel and bias_act keeps the remaining epilogues.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ FAMILY_MODULES: tuple[str, ...] = (
     "grouped_attention",
     "packed_qkv",
     "skip_layernorm",
+    "gemm_act",
     "bias_gelu",
     "bias_act",
     "norm_act",

@@ -1,0 +1,97 @@
+"""GEMM epilogues: MatMul / Gemm (constant weight) + bias [+ ReLU / tanh-GELU] -> deployfuse.GemmAct on ort-cuda,
+with the numbers of the unfused graph; exact GELU, SiLU and sigmoid stay with bias_gelu / bias_act;
+nothing on ort-cpu or tensorrt."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from _export import build, check_case, fused
+from onnx import helper, numpy_helper
+
+from deployfuse.backends.ort import run, session
+from deployfuse.rewrite import fuse
+from deployfuse.rewrite.gemm_tuning import gemm_problems, tune
+from deployfuse.rewrite.rules import gemm_act
+
+
+@pytest.mark.parametrize("exporter", ["dynamo", "torchscript"])
+def test_relu_tanh_gelu_and_plain_bias_fuse_on_cuda(exporter):
+    """hand_norms: Linear + ReLU, Linear + tanh-GELU, and Linear + QuickGELU (no epilogue for it:
+    the bias alone moves in); SiLU and sigmoid stay BiasAct."""
+    check_case("hand_norms", exporter, "ort-cuda", {"gemm_act_relu": 1, "gemm_act_gelu_tanh": 1, "gemm_act": 1, "bias_act_silu": 1, "bias_act_sigmoid": 1,
+                                                    "bias_act_relu": 0, "bias_gelu": 0},
+               {"deployfuse::GemmAct": 3, "deployfuse::BiasAct": 2, "com.microsoft::QuickGelu": 1, "com.microsoft::FastGelu": 0, "Relu": 0})
+
+
+def test_gpt2_conv1d_gemms():
+    """GPT-2's addmm (Gemm) + view (+ tanh GELU): every linear layer outside the packed QKV."""
+    model = check_case("gpt2", "dynamo", "ort-cuda", {"gemm_act_gelu_tanh": 2, "gemm_act": 4}, {"deployfuse::GemmAct": 6, "Gemm": 0, "com.microsoft::FastGelu": 0})
+    acts = sorted(helper.get_attribute_value(a).decode() for n in model.graph.node if n.op_type == "GemmAct" for a in n.attribute if a.name == "activation")
+    assert acts == ["gelu_tanh"] * 2 + ["none"] * 4
+    assert {f.name for f in model.functions} >= {"GemmAct"}
+
+
+@pytest.mark.parametrize("name", ["bert", "vit"])
+def test_exact_gelu_stays_bias_gelu(name):
+    """cuBLASLt's GELU is the tanh form: MatMul + bias + exact GELU stays MatMul + BiasGelu."""
+    check_case(name, "dynamo", "ort-cuda", {"gemm_act": 0, "bias_gelu": 2}, {"com.microsoft::BiasGelu": 2, "deployfuse::GemmAct": 0})
+
+
+@pytest.mark.parametrize("target", ["ort-cpu", "tensorrt"])
+def test_not_on_cpu_or_tensorrt(target):
+    assert gemm_act.rules(target) == []
+    check_case("hand_norms", "dynamo", target, {"gemm_act": 0, "gemm_act_relu": 0}, {"deployfuse::GemmAct": 0})
+
+
+def _near_misses() -> onnx.ModelProto:
+    """Three linear layers GemmAct must not take: a weight that is an input, a Gemm with transB=1,
+    and a bias that is a matrix."""
+    rng = np.random.default_rng(0)
+    const = {name: numpy_helper.from_array(rng.standard_normal(shape).astype(np.float32), name)
+             for name, shape in (("w_t", (4, 8)), ("b", (4,)), ("w", (8, 4)), ("b2", (3, 4)))}
+    nodes = [
+        helper.make_node("MatMul", ["x", "y"], ["m0"]), helper.make_node("Add", ["m0", "b"], ["a0"]), helper.make_node("Relu", ["a0"], ["r0"]),
+        helper.make_node("Gemm", ["x2", "w_t", "b"], ["g1"], transB=1), helper.make_node("Relu", ["g1"], ["r1"]),
+        helper.make_node("MatMul", ["x", "w"], ["m2"]), helper.make_node("Add", ["m2", "b2"], ["r2"]),
+    ]
+    inputs = [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [3, 8]), helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [8, 4]),
+              helper.make_tensor_value_info("x2", onnx.TensorProto.FLOAT, [3, 8])]
+    outputs = [helper.make_tensor_value_info(f"r{i}", onnx.TensorProto.FLOAT, [3, 4]) for i in range(3)]
+    graph = helper.make_graph(nodes, "near_misses", inputs, outputs, initializer=list(const.values()))
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=10)
+
+
+def test_near_misses_are_left_alone():
+    model = _near_misses()
+    rng = np.random.default_rng(1)
+    feed = {"x": rng.standard_normal((3, 8), dtype=np.float32), "y": rng.standard_normal((8, 4), dtype=np.float32),
+            "x2": rng.standard_normal((3, 8), dtype=np.float32)}
+    out, report = fuse(model, "ort-cuda", [feed])
+    assert not [n for n in out.graph.node if n.op_type == "GemmAct"]
+    assert not {k: v for k, v in report.counts().items() if k.startswith("gemm_act") and v}
+    want, got = run(session(model, optimize=False), feed), run(session(out, optimize=False), feed)
+    for key in want:
+        np.testing.assert_allclose(got[key], want[key], rtol=1e-5, atol=1e-6)
+
+
+def test_tuning_sees_each_node_problem_at_the_export_shapes():
+    """--autotune times each GemmAct's problem (M tokens x K x N, activation) at the export shapes;
+    without a CUDA device every node keeps the heuristic's choice, and says so."""
+    model, _, _ = fused("gpt2", "dynamo", "ort-cuda")
+    module, example = build("gpt2")
+    feed = {k: v.numpy() for k, v in example.items()}
+    tokens, hidden = math.prod(feed["input_ids"].shape), module.config.n_embd
+    problems = gemm_problems(model, feed)
+    assert sorted((p.m, p.k, p.n, p.activation, p.residual) for p in problems.values()) == sorted(
+        [(tokens, hidden, 4 * hidden, "gelu_tanh", False)] * 2 + [(tokens, hidden, hidden, "none", False)] * 2 + [(tokens, 4 * hidden, hidden, "none", False)] * 2)
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    line = tune(copy, feed)
+    if not torch.cuda.is_available():
+        assert line.startswith("GemmAct algorithms not tuned: no CUDA device"), line
+        assert copy == model
