@@ -1,6 +1,7 @@
 """Report tables for the terminal, drawn with `rich`.
 
-On a terminal: a ruled header and coloured verdicts. Anywhere else (a pipe, a CI log, a test):
+On a terminal: a ruled header and coloured verdicts, every cell whole (a table wider than the
+terminal is not squeezed into ellipses: the terminal wraps its lines). Anywhere else (a pipe, a CI log, a test):
 plain text with the same rows, columns two spaces apart, no box characters, no escape codes
 and no wrapping, so what a script reads is what a person sees. rich honours NO_COLOR,
 FORCE_COLOR and TERM=dumb.
@@ -29,8 +30,8 @@ def grid(*columns: str, title: str | None = None, header: bool = True) -> Table:
     """A table with these column headers; a header starting with ">" is right-aligned (numbers)."""
     table = Table(title=title, title_justify="left", title_style="bold", box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False,
                   show_header=header, header_style="bold")
-    for index, column in enumerate(columns):  # on a narrow terminal only the last column wraps
-        table.add_column(column.removeprefix(">"), justify="right" if column.startswith(">") else "left", no_wrap=index < len(columns) - 1)
+    for column in columns:
+        table.add_column(column.removeprefix(">"), justify="right" if column.startswith(">") else "left", no_wrap=True)
     return table
 
 
@@ -67,13 +68,18 @@ def show(items: Iterable[RenderableType], file: IO[str] | None = None) -> None:
 
 
 def _render(console: Console, items: Iterable[RenderableType], boxes: bool) -> None:
+    width = console.width
     for item in items:
         ruled = item.box if isinstance(item, Table) else None
-        if isinstance(item, Table) and not boxes:
-            item.box = None
+        if isinstance(item, Table):
+            item.box = ruled if boxes else None
+            # Never squeeze a column into an ellipsis: a terminal narrower than the table
+            # wraps its lines instead.
+            console.width = max(width, console.measure(item, options=console.options.update_width(_WIDE)).maximum)
         try:
             console.print(item, markup=False, soft_wrap=not isinstance(item, Table))
         finally:
+            console.width = width
             if isinstance(item, Table):
                 item.box = ruled
 

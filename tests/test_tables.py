@@ -44,6 +44,10 @@ def test_terminal_tables_have_colour_and_a_ruled_header(monkeypatch):
     text = out.getvalue()
     assert ESCAPE.search(text) and BOX.search(text)
     assert "\x1b[1;31mFAIL" in text and "\x1b[32mok" in text  # red failure, green pass
+    monkeypatch.setenv("COLUMNS", "40")  # a narrow terminal: the lines get long, no cell is cut to an ellipsis
+    out = io.StringIO()
+    tables.show(_report().tables(), file=out)
+    assert "\u2026" not in out.getvalue() and "logits[0]" in out.getvalue() and "1.000e-07" in out.getvalue()
     monkeypatch.setenv("NO_COLOR", "1")
     out = io.StringIO()
     tables.show(_report().tables(), file=out)
