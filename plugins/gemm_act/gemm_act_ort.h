@@ -23,12 +23,13 @@ class OrtScratch final : public GemmActScratch {
   explicit OrtScratch(const Ort::KernelContext& ctx) : ctx_(ctx) {}
   ~OrtScratch() {
     if (ptr_ != nullptr) allocator_->Free(allocator_, ptr_);
+    if (allocator_ != nullptr) Ort::GetApi().ReleaseAllocator(allocator_);  // KernelContext_GetAllocator hands out an owned wrapper
   }
   void* get(size_t bytes) override {
     int device = 0;
     if (cudaGetDevice(&device) != cudaSuccess) return nullptr;
     Ort::MemoryInfo info("Cuda", OrtDeviceAllocator, device, OrtMemTypeDefault);
-    allocator_ = ctx_.GetAllocator(*static_cast<const OrtMemoryInfo*>(info));
+    if (allocator_ == nullptr) allocator_ = ctx_.GetAllocator(*static_cast<const OrtMemoryInfo*>(info));
     ptr_ = allocator_ ? allocator_->Alloc(allocator_, bytes) : nullptr;
     return ptr_;
   }
