@@ -98,6 +98,12 @@ GPU_CASES: list[tuple[str, tuple[int, ...], dict[str, Any]]] = [
     # head_dim 128, keys past the last tile; one row per batch with -inf entries, causal, 3 warpgroups.
     ("FusedMHA", (2, 150, 264, 1024), {"num_heads": 8, "mask": "bhqk", "mask_inf": 0.3}),
     ("FusedMHA", (3, 300, 136, 512), {"num_heads": 8, "mask": True, "mask_inf": 0.2, "causal": 1}),
+    # GemmAct (shape = X's dims + N): BERT/GPT-2 sizes (8x128 and 64x128 tokens, residual), K and N
+    # not multiples of 8, N = 1, one big square, storage one element off alignment (cuBLASLt's
+    # heuristic then offers only the algorithms that take it), a candidate index past the first.
+    ("GemmAct", (8, 128, 768, 3072), {"activation": "gelu_tanh"}), ("GemmAct", (64, 128, 3072, 768), {"activation": "none", "mask": True}),
+    ("GemmAct", (7, 33, 130, 257), {"activation": "relu", "algo": 3}), ("GemmAct", (5, 3, 64, 1), {"activation": "none", "mask": True}),
+    ("GemmAct", (1, 4096, 4096), {"activation": "gelu_tanh", "algo": 5}), ("GemmAct", (3, 50, 66, 98), {"activation": "relu", "misalign": True}),
 ]
 
 
