@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # A/B of the CUDA kernels in one run on a CUDA machine: this tree's plugins against another
 # revision's, both built here for sm_90 (plugins/build/ort-include and trt-include carried).
-#   git archive REV plugins | tar -x -C OLD_DIR     (on the machine with the repo)
+#   git archive REV plugins deployfuse | tar -x -C OLD_DIR     (on the machine with the repo; REV at
+#                                                               or after f276172: the generic df_run)
 #   bash bench/gpu_ops_ab.sh OLD_DIR                 -> full check + benchmark of this tree,
 #                                                       then the old kernels' times on the same shapes
 set -euo pipefail
