@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -173,11 +173,6 @@ class GateFailed(AccuracyError):
         self.result = result
 
 
-def layers_of(model: onnx.ModelProto, op_types: Collection[str]) -> dict[str, onnx.NodeProto]:
-    """The top-level nodes of `op_types` (the layers a quantizer may quantize), by name."""
-    return {n.name: n for n in model.graph.node if n.op_type in op_types and n.name}
-
-
 def measure(model: onnx.ModelProto, calibration: Calibration, references: Mapping[str, Sequence[dict[str, torch.Tensor]]],
             limit: int = GATE_SAMPLES, held_out: bool = True) -> list[OutputError]:
     """The worst error of each output of `model` on (at most `limit` of) the calibration and
@@ -272,5 +267,5 @@ def budget_of(text: str | None) -> Budget:
     return Budget() if text is None else Budget.parse(text)
 
 
-__all__ = ["BUDGET_HELP", "Budget", "GateFailed", "GateResult", "Layer", "OutputError", "budget_of", "layers_of", "measure", "output_error", "recorded_budget", "run_gate",
+__all__ = ["BUDGET_HELP", "Budget", "GateFailed", "GateResult", "Layer", "OutputError", "budget_of", "measure", "output_error", "recorded_budget", "run_gate",
            "sensitivity_ranking", "table"]

@@ -17,11 +17,10 @@ import torch
 from deployfuse.errors import UsageError
 from deployfuse.quantize import ort_int8
 from deployfuse.quantize.calibration import Calibration
-from deployfuse.quantize.gate import Budget, GateResult, budget_of, layers_of, run_gate
+from deployfuse.quantize.gate import Budget, GateResult, budget_of, run_gate
 from deployfuse.targets import ORT_CPU, Target
 
 QUANTIZED = ("int8", "fp8")
-QDQ_OP_TYPES = ("MatMul", "Gemm", "Conv")  # the layers the Q/DQ placement quantizes, for the gate's ranking
 MIN_FP8_OPSET = 19  # float8 QuantizeLinear/DequantizeLinear
 
 
@@ -55,9 +54,6 @@ def check_options(precision: str, target: Target, opset: int, calibration_data: 
         raise UsageError("--int8-mode chooses ONNX Runtime's CPU quantization: it needs --precision int8 --target ort-cpu")
     if int8_mode is not None and int8_mode not in ort_int8.MODES:
         raise UsageError(f"--int8-mode {int8_mode!r}: choose {' or '.join(ort_int8.MODES)}")
-    if target != ORT_CPU and not _qdq_ready(precision):
-        raise UsageError(f"--precision {precision} --target {target.name} is not available yet (Q/DQ placement is being written); "
-                         "int8 runs on --target ort-cpu")
     mode = (int8_mode or "dynamic") if target == ORT_CPU else "qdq"
     return QuantizeOptions(precision, mode, budget_of(accuracy_budget), calibration_data)
 
@@ -74,7 +70,11 @@ def quantize(model: onnx.ModelProto, target: Target, options: QuantizeOptions, c
         quantizer = ort_int8.quantizer(model, options.mode, calibration)
         layers = ort_int8.layers(model, options.mode)
     else:
-        quantizer, layers = _qdq_quantizer(model, options.precision, calibration), layers_of(model, QDQ_OP_TYPES)
+        from deployfuse.quantize.qdq import quantizable_nodes
+
+        quantizer = _qdq_quantizer(model, options.precision, calibration)
+        names = set(quantizable_nodes(model, options.precision))
+        layers = {n.name: n for n in model.graph.node if n.name in names}
     if references is None:
         quantized = quantizer(set())
         result = None
@@ -83,20 +83,6 @@ def quantize(model: onnx.ModelProto, target: Target, options: QuantizeOptions, c
     quantized.metadata_props.clear()
     quantized.metadata_props.extend(model.metadata_props)  # the export's facts, whatever the quantizer kept
     return quantized, result
-
-
-def _qdq_ready(precision: str) -> bool:
-    """False while `place_qdq` is a placeholder (it raises NotImplementedError even on an empty graph)."""
-    from deployfuse.quantize.qdq import place_qdq
-
-    empty = onnx.helper.make_model(onnx.helper.make_graph([], "probe", [], []))
-    try:
-        place_qdq(empty, precision, Calibration([], [], "probe"), set())
-    except NotImplementedError:
-        return False
-    except Exception:  # a real placement may reject an empty graph: it exists
-        return True
-    return True
 
 
 def _qdq_quantizer(model: onnx.ModelProto, precision: str, calibration: Calibration) -> Callable[[set[str]], onnx.ModelProto]:
