@@ -22,18 +22,11 @@ constexpr int kBadRequest = -2;  // attributes or input descriptions rejected (d
 
 thread_local std::string g_last_error;
 
-// Whether the adapter declares a workspace (Op::kWorkspaceBytes; its enqueue then takes one, see
-// common/trt_plugin.h).
-template <typename Op, typename = void>
-struct TakesWorkspace : std::false_type {};
-template <typename Op>
-struct TakesWorkspace<Op, std::void_t<decltype(Op::kWorkspaceBytes)>> : std::true_type {};
-
 // op.enqueue as TensorRT calls it, with a stream-ordered workspace when the adapter wants one.
 template <typename Op>
 cudaError_t enqueue(const Op& op, const trt::PluginTensorDesc* desc, int n_inputs, const void* const* inputs, void* y,
                     cudaStream_t stream) {
-  if constexpr (TakesWorkspace<Op>::value) {
+  if constexpr (trt::HasWorkspace<Op>::value) {  // its enqueue then takes one (common/trt_plugin.h)
     void* workspace = nullptr;
     cudaError_t err = cudaMallocAsync(&workspace, Op::kWorkspaceBytes, stream);
     if (err != cudaSuccess) return err;
