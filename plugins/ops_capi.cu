@@ -16,7 +16,6 @@ namespace {
 
 using namespace deployfuse;
 
-constexpr int kMaxInputs = 8;
 constexpr int kUnknownOp = -1;   // no registered op has that name
 constexpr int kBadRequest = -2;  // attributes or input descriptions rejected (df_last_error says why)
 
