@@ -446,7 +446,7 @@ def _quantize_detail(options: QuantizeOptions, gate: GateResult | None) -> str:
     head = f"{options.precision} {options.mode}"
     if gate is None:
         return f"{head}; not gated (--no-verify)"
-    worst_cos, worst_rel = min(e.cos for e in gate.errors), max(e.rel for e in gate.errors)
+    worst_cos, worst_rel = gate.attempts[-1]["worst_cos"], gate.attempts[-1]["worst_rel"]
     return (f"{head}, {gate.quantized_layers - len(gate.fp32_layers)} of {gate.quantized_layers} layers quantized; gate passed: worst cosine "
             f"{worst_cos:.6f}, rel {worst_rel:.2e} (budget {options.budget.text()})")
 

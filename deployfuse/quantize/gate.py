@@ -193,9 +193,9 @@ def measure(model: onnx.ModelProto, calibration: Calibration, references: Mappin
     return errors
 
 
-def run_gate(float_model: onnx.ModelProto, quantize: Callable[[set[str]], onnx.ModelProto], layers: Mapping[str, onnx.NodeProto],
+def run_gate(quantize: Callable[[set[str]], onnx.ModelProto], layers: Mapping[str, onnx.NodeProto],
              calibration: Calibration, references: Mapping[str, Sequence[dict[str, torch.Tensor]]], budget: Budget) -> tuple[onnx.ModelProto, GateResult]:
-    """Quantize `float_model` with `quantize(names of layers to keep in fp32)` and check it against
+    """Quantize with `quantize(names of layers to keep in fp32)` and check the result against
     `budget`; over budget, keep the most sensitive of `layers` (the nodes `quantize` quantizes, by
     name) in fp32 and try again.
 
@@ -214,8 +214,8 @@ def run_gate(float_model: onnx.ModelProto, quantize: Callable[[set[str]], onnx.M
         quantized = quantize(kept)
         result.errors = measure(quantized, calibration, references)
         broken = {f"{e.name} ({e.samples})": b for e in result.errors if (b := budget.exceeded(e))}
-        result.attempts.append({"fp32_layers": len(kept), "worst_cos": min(e.cos for e in result.errors),
-                                "worst_rel": max(e.rel for e in result.errors), "passed": not broken})
+        result.attempts.append({"fp32_layers": len(kept), "worst_cos": min((e.cos for e in result.errors), default=1.0),
+                                "worst_rel": max((e.rel for e in result.errors), default=0.0), "passed": not broken})
         log.info("accuracy gate, %d layer(s) in fp32: %s", len(kept), "; ".join(f"{k} {', '.join(v)}" for k, v in broken.items()) or "within budget")
         if not broken:
             result.passed = True

@@ -79,7 +79,7 @@ def quantize(model: onnx.ModelProto, target: Target, options: QuantizeOptions, c
         quantized = quantizer(set())
         result = None
     else:
-        quantized, result = run_gate(model, quantizer, layers, calibration, references, options.budget)
+        quantized, result = run_gate(quantizer, layers, calibration, references, options.budget)
     quantized.metadata_props.clear()
     quantized.metadata_props.extend(model.metadata_props)  # the export's facts, whatever the quantizer kept
     return quantized, result
