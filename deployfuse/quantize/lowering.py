@@ -1,8 +1,9 @@
 """Which quantizer a precision and target get, the export options they take, and the gate around them.
 
-`int8` on ort-cpu goes through ONNX Runtime's quantizer (`ort_int8`: its int8 CPU kernels);
-`int8` and `fp8` on tensorrt and ort-cuda get standard QuantizeLinear/DequantizeLinear pairs
-(`qdq.place_qdq`), which TensorRT fuses into its int8/fp8 GEMMs. fp8 has no CPU kernel, so
+`int8` on ort-cpu goes through ONNX Runtime's dynamic quantizer by default (`ort_int8`: its int8
+CPU kernels); static int8 there, and `int8` and `fp8` on tensorrt and ort-cuda, get standard
+QuantizeLinear/DequantizeLinear pairs (`qdq.place_qdq`), which ORT's CPU optimizer folds into
+its int8 kernels and TensorRT into its int8/fp8 GEMMs. fp8 has no CPU kernel, so
 ort-cpu refuses it. Either way the accuracy gate (`gate.run_gate`) decides which layers stay fp32.
 """
 
@@ -66,9 +67,8 @@ def quantize(model: onnx.ModelProto, target: Target, options: QuantizeOptions, c
     Raises:
         GateFailed: over budget even with the bound on fp32 layers reached.
     """
-    if target == ORT_CPU:
-        quantizer = ort_int8.quantizer(model, options.mode, calibration)
-        layers = ort_int8.layers(model, options.mode)
+    if options.mode == "dynamic":
+        quantizer, layers = ort_int8.quantizer(model), ort_int8.layers(model)
     else:
         from deployfuse.quantize.qdq import quantizable_nodes
 
