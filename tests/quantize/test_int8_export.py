@@ -178,3 +178,12 @@ def test_fp8_for_a_gpu_target_goes_through_qdq_placement_and_the_same_gate(tmp_p
     assert float8 and any(n.op_type == "DequantizeLinear" and n.input[0] in float8 for n in graph.graph.node)
     cos, rel = _fp32_error(model, tmp_path / "bert.onnx", make_inputs(specs_of(example), model, seed=9, pad_masks=True))
     assert cos >= 0.999 and 1e-5 < rel <= 2e-2
+
+
+def test_no_verify_quantizes_without_a_gate_and_says_so(tmp_path, bert_calibration):
+    model, example = build()
+    result = deployfuse.export(model, tmp_path / "bert.onnx", example_inputs=example, precision="int8", calibration_data=bert_calibration, verify=False)
+    assert result.gate is None and "gate" not in (result.report.quantization or {})
+    step = next(s for s in result.report.steps if s.name == "quantize")
+    assert "not gated (--no-verify)" in step.detail
+    assert "MatMulInteger" in {n.op_type for n in onnx.load(tmp_path / "bert.onnx").graph.node}
