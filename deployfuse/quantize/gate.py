@@ -1,8 +1,8 @@
 """The accuracy gate: a quantized graph is judged against the fp32 PyTorch model, per output.
 
 Per output, on the calibration samples and on the held-out ones: max |error|, p99 |error|, the
-relative error max|error| / max|reference| (the measure `--rtol` uses) and the cosine similarity
-of the flattened outputs. A `Budget` bounds the worst of each over all samples. Over budget, the
+relative error max|error| / max|reference| (one number per output, unlike `--rtol`'s element-wise
+rule |a - r| <= atol + rtol * |r|) and the cosine similarity of the flattened outputs. A `Budget` bounds the worst of each over all samples. Over budget, the
 most sensitive quantized layer goes back to fp32 and the graph is quantized again, one layer at
 a time, until the gate passes or a quarter of the layers (at least 4) are back in fp32.
 
