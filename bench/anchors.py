@@ -1,7 +1,7 @@
 """The graphs deployfuse is measured against, made from one export of one model.
 
 `build` makes the benchmark models (real architectures from their library configs, random
-weights); `variants` writes the ONNX files a user could pick instead of deployfuse: the plain
+weights with a trained model's kind of biases and norm statistics, see `trained_like`); `variants` writes the ONNX files a user could pick instead of deployfuse: the plain
 dynamo export, the ORT transformers optimizer's output, onnxscript's `optimize_for_ort`
 output, and deployfuse's own export for a target. A variant that cannot be made maps to its
 error message instead of a path.
@@ -20,6 +20,34 @@ ORT_OPT_TYPES = {"bert": ("bert", 12, 768), "vit": ("vit", 12, 768), "gpt2": ("g
 def build(name: str, batch: int, seq: int = 128) -> tuple[torch.nn.Module, dict[str, torch.Tensor]]:
     """BERT-base, ViT-B/16 (224), GPT-2 (124M) or ResNet-50, with inputs of the given batch."""
     torch.manual_seed(0)
+    module, inputs = _from_config(name, batch, seq)
+    return trained_like(module), inputs
+
+
+@torch.no_grad()
+def trained_like(module: torch.nn.Module) -> torch.nn.Module:
+    """Non-zero biases, norm scales and BatchNorm statistics, as every trained model has.
+
+    A config-built model starts with zero biases (HF Linear/Conv1D, torchvision BatchNorm shift),
+    unit norm scales and BatchNorm statistics of 0 and 1. Exporters drop a zero Gemm bias, so a
+    fusion that needs one (GemmAct on GPT-2's Conv1D) found nothing to fuse in the H200 run of
+    2026-12-01 (bench/results/gpu_session_h200.md), while a trained GPT-2 has it. Every variant of
+    a row is exported from this same module, so the comparison stays like with like.
+    """
+    for name, tensor in list(module.named_parameters()) + list(module.named_buffers()):
+        leaf = name.rsplit(".", 1)[-1]
+        if leaf == "bias":
+            tensor.normal_(0.0, 0.02)
+        elif leaf == "weight" and tensor.dim() == 1:  # LayerNorm / BatchNorm scale
+            tensor.normal_(1.0, 0.05)
+        elif leaf == "running_mean":
+            tensor.normal_(0.0, 0.1)
+        elif leaf == "running_var":
+            tensor.uniform_(0.5, 1.5)
+    return module
+
+
+def _from_config(name: str, batch: int, seq: int) -> tuple[torch.nn.Module, dict[str, torch.Tensor]]:
     if name == "resnet50":
         import torchvision
 
