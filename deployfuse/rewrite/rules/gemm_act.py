@@ -22,8 +22,8 @@ import onnx_ir as ir
 from onnxscript.rewriter import MatchResult, pattern
 
 from deployfuse.rewrite.rules._activations import activations, gelu20_approximate
-from deployfuse.rewrite.rules._common import FusionRule, Lowering, const_1d, either, is_op
-from deployfuse.targets import DEPLOYFUSE, MS, Target, get_target
+from deployfuse.rewrite.rules._common import FusionRule, const_1d, either, is_op
+from deployfuse.targets import MS, Target, get_target
 
 FAMILY = "gemm_act"
 
@@ -80,7 +80,7 @@ class GemmEpilogue(FusionRule):
             out = reshaped if reshaped is not None else (linear if self.gemm else self._sum(linear))
             if out is None or any(user.op_type in _LEFT_FOR_LATER and user.domain in ("", "ai.onnx", MS) for user, _ in out.uses()):
                 return fail("the biased output feeds an activation a later family fuses with the bias", out)
-        return self.choose(context, x, [Lowering(DEPLOYFUSE, "GemmAct")])
+        return self.choose(context, x, self.target.lowering(FAMILY))
 
     @staticmethod
     def _sum(linear: ir.Value) -> ir.Value | None:
@@ -99,9 +99,9 @@ def rules(target: str | Target) -> list[pattern.RewriteRule]:
     """GEMM + bias (+ activation) rules for `target` (ort-cuda); activations first, so the plain
     bias rule sees only the adds no activation rule took."""
     target = get_target(target)
-    if not target.lowering("gemm_act"):
+    if not target.lowering(FAMILY):
         return []
-    out = [GemmEpilogue.rule(target, gemm, reshape, activation, build) for activation, build in activations(target.activations.get("gemm_act", ()))
+    out = [GemmEpilogue.rule(target, gemm, reshape, activation, build) for activation, build in activations(target.activations.get(FAMILY, ()))
            for gemm, reshape in ((False, False), (True, False), (True, True))]
     out += [GemmEpilogue.rule(target, False, False, "none", None, swap) for swap in (False, True)]
     return out + [GemmEpilogue.rule(target, True, reshape, "none", None) for reshape in (False, True)]
