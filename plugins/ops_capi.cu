@@ -118,18 +118,26 @@ DF_EXPORT int df_fused_mha(int dtype, void* stream, const void* q, const void* k
   }));
 }
 
-// GemmAct with one cuBLASLt runner for the process (df_run makes an adapter, and so a runner, per
-// call): plans are made once, so launches can be captured in a CUDA graph, as the algorithm tuner
-// (deployfuse/rewrite/gemm_tuning.py) and bench/gemm_gpu.py time them. workspace: ws_bytes of device memory.
+// The cuBLASLt runner of the two GemmAct entries below, one for the process (df_run makes an adapter,
+// and so a runner, per call): a problem's plan, made by whichever entry sees it first, serves both,
+// so its heuristic is queried once and launches can be captured in a CUDA graph.
+namespace {
+GemmActRunner& process_gemm_act_runner() {
+  static const auto runner = make_gemm_act_runner();
+  return *runner;
+}
+}  // namespace
+
+// GemmAct on the process's runner, as the algorithm tuner (deployfuse/rewrite/gemm_tuning.py) and
+// bench/gemm_gpu.py time it. workspace: ws_bytes of device memory.
 DF_EXPORT int df_gemm_act(int dtype, void* stream, const void* x, const void* w, const void* bias, const void* residual, void* y, int64_t m,
                           int64_t n, int64_t k, int act, int algo, void* workspace, size_t ws_bytes) {
-  static const auto runner = make_gemm_act_runner();
   FixedScratch scratch(workspace, ws_bytes);
   return static_cast<int>(with_dtype(static_cast<DType>(dtype), [&](auto* t) {
     using T = std::remove_pointer_t<decltype(t)>;
-    return launch_gemm_act<T>(*runner, static_cast<cudaStream_t>(stream), GemmActProblem{m, n, k, static_cast<Act>(act), algo},
-                              static_cast<const T*>(x), static_cast<const T*>(w), static_cast<const T*>(bias),
-                              static_cast<const T*>(residual), static_cast<T*>(y), scratch);
+    return launch_gemm_act<T>(process_gemm_act_runner(), static_cast<cudaStream_t>(stream),
+                              GemmActProblem{m, n, k, static_cast<Act>(act), algo}, static_cast<const T*>(x), static_cast<const T*>(w),
+                              static_cast<const T*>(bias), static_cast<const T*>(residual), static_cast<T*>(y), scratch);
   }));
 }
 
@@ -137,11 +145,10 @@ DF_EXPORT int df_gemm_act(int dtype, void* stream, const void* x, const void* w,
 // alignments count); negative: a cudaError_t.
 DF_EXPORT int df_gemm_act_candidates(int dtype, const void* x, const void* w, const void* bias, const void* residual, const void* y,
                                      int64_t m, int64_t n, int64_t k, int act) {
-  static const auto runner = make_gemm_act_runner();
   int count = 0;
   const cudaError_t err = with_dtype(static_cast<DType>(dtype), [&](auto* t) {
     using T = std::remove_pointer_t<decltype(t)>;
-    count = gemm_act_candidates<T>(*runner, GemmActProblem{m, n, k, static_cast<Act>(act), -1}, static_cast<const T*>(x),
+    count = gemm_act_candidates<T>(process_gemm_act_runner(), GemmActProblem{m, n, k, static_cast<Act>(act), -1}, static_cast<const T*>(x),
                                    static_cast<const T*>(w), static_cast<const T*>(bias), static_cast<const T*>(residual),
                                    static_cast<const T*>(y));
     return cudaSuccess;
