@@ -19,14 +19,14 @@ from deployfuse import metadata
 from deployfuse.compare import feeds as feed_lib
 from deployfuse.compare.accuracy import OutputStats, StatsCompareFunc
 from deployfuse.compare.latency import measure
-from deployfuse.compare.localize import Localization, fused_nodes, localize, localize_quantized
+from deployfuse.compare.localize import Localization, fused_nodes, localize
 from deployfuse.compare.result import BackendAccuracy, CompareResult
 from deployfuse.compare.tolerances import Tolerances
 from deployfuse.errors import UsageError
 from deployfuse.inputs import DynamicAxis, InputSpec
 from deployfuse.io import check_outputs, default_opset, load_onnx
 from deployfuse.loading import LoadedModel, load_model
-from deployfuse.quantize.gate import Budget, output_error, recorded_budget
+from deployfuse.quantize.gate import Budget, recorded_budget
 
 BACKENDS = ("torch", "ort-cpu", "ort-cuda", "trt")
 DEFAULT_BACKENDS = ("torch", "ort-cpu")
@@ -240,15 +240,11 @@ def compare(
                 say("exporting the unfused reference graph for localisation")
                 reference_file = _derive_reference(model, onnx_model, feeds[failing], dynamic, trust_pickle, loaded.task, workdir)
             expected = run_results[chosen.index("torch")][1][failing] if "torch" in chosen else None
-            if budget is not None:
-                say("localising: the first tensor of the quantized graph past the accuracy budget")
-                result.localization = localize_quantized(onnx_model, load_onnx(reference_file), feeds[failing], budget,
-                                                         str(reference_file) if reference_onnx is not None else "(derived: unfused export of MODEL)", custom_ops)
-            else:
-                say("localising: fused-node outputs against the unfused graph")
-                result.localization = localize(onnx_model, load_onnx(reference_file), feeds[failing], tolerances,
+            say("localising: " + ("the first tensor of the quantized graph past the accuracy budget" if budget is not None
+                                  else "fused-node outputs against the unfused graph"))
+            result.localization = localize(onnx_model, load_onnx(reference_file), feeds[failing], budget or tolerances,
                                            str(reference_file) if reference_onnx is not None else "(derived: unfused export of MODEL)", custom_ops,
-                                               expected=expected, weight_names=loaded.module.state_dict().keys())
+                                           expected=expected, weight_names=loaded.module.state_dict().keys())
         elif not result.passed and localize_failures:
             result.localization = Localization(str(reference_onnx or ""), 0, 0, note="the ONNX model has no fused nodes (none carries deployfuse.rule metadata)")
         _write_outputs(result, feeds, targets)
@@ -259,7 +255,7 @@ def _judge_by_budget(stats: Iterable[OutputStats], reference: Mapping[str, np.nd
     """Give each float output the verdict of `budget` (cosine, max|error| / max|reference|, ...) instead of the element-wise one."""
     for s in stats:
         if s.name in actual and np.issubdtype(np.asarray(reference[s.name]).dtype, np.floating) and not s.reason:
-            broken = budget.exceeded(output_error(s.name, "feed", [np.asarray(reference[s.name])], [np.asarray(actual[s.name])]))
+            broken = budget.broken_by(s.name, np.asarray(reference[s.name]), np.asarray(actual[s.name]))
             s.passed, s.reason = not broken, "; ".join(broken)
 
 

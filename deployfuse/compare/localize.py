@@ -7,8 +7,8 @@ from fusing anything, and a fused region's inside has no counterpart anyway. Bot
 with ORT graph optimisations off on the same inputs; the first fused node, in topological
 order, whose output is outside tolerance is where the difference starts.
 
-A quantized artefact (int8/fp8: it records its accuracy budget) is localised by
-`localize_quantized` instead: the first tensor, in graph order, whose error against the same
+A quantized artefact (int8/fp8: it records its accuracy budget) is localised against that
+budget instead of tolerances: the first tensor, in graph order, whose error against the same
 tensor of the fp32 graph breaks the budget is where quantization error grows past it.
 
 A fusion is blamed only when the rest of the two graphs agree. When the ONNX file did not
@@ -23,7 +23,7 @@ from __future__ import annotations
 import os
 from collections.abc import Collection, Mapping
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import onnx
@@ -32,9 +32,7 @@ from onnx import numpy_helper
 from deployfuse.backends import ort as ort_backend
 from deployfuse.compare.accuracy import OutputStats, output_stats
 from deployfuse.compare.tolerances import Tolerances
-
-if TYPE_CHECKING:
-    from deployfuse.quantize.gate import Budget
+from deployfuse.quantize.gate import Budget
 
 RULE_KEY = "deployfuse.rule"  # the metadata deployfuse.rewrite puts on every node it creates
 
@@ -134,22 +132,36 @@ def _check(name: str, want: np.ndarray, got: np.ndarray | None, tolerances: Tole
     return output_stats(name, want, got, *tolerances.for_output(name, str(want.dtype)))
 
 
+def _run_both(model: onnx.ModelProto, reference: onnx.ModelProto, names: list[str], feed: Mapping[str, np.ndarray],
+              custom_ops: str | os.PathLike[str] | None) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """The tensors `names` as `model` (deployfuse ops on `custom_ops`) and as `reference` compute
+    them on `feed`, both with ORT graph optimisations off (which would fuse or rename them)."""
+    got = ort_backend.run(ort_backend.session(with_outputs(model, names), optimize=False, custom_ops_library=custom_ops), feed)
+    want = ort_backend.run(ort_backend.session(with_outputs(reference, names), optimize=False), feed)
+    return got, want
+
+
 def localize(
-    fused: onnx.ModelProto,
+    model: onnx.ModelProto,
     reference: onnx.ModelProto,
     feed: Mapping[str, np.ndarray],
-    tolerances: Tolerances,
+    judge: Tolerances | Budget,
     reference_name: str = "",
     custom_ops: str | os.PathLike[str] | None = None,
     expected: Mapping[str, np.ndarray] | None = None,
     weight_names: Collection[str] = (),
 ) -> Localization:
-    """Compare fused-node outputs of `fused` with the same tensors of `reference` on `feed`.
+    """Where `model` departs from `reference` on `feed`: with `Tolerances`, the first fused node
+    whose output differs from the unfused graph's tensor of the same name; with a `Budget` (a
+    quantized artefact against the fp32 export), the first tensor past it (`_localize_quantized`).
 
     `expected` (PyTorch's outputs on `feed`) lets it first check that `reference` itself
     matches the model, and `weight_names` (the model's state-dict names) that the weights
-    outside the fused nodes are the same; each check is skipped without them.
+    outside the fused nodes are the same; each check is skipped without them (and for a budget).
     """
+    if isinstance(judge, Budget):
+        return _localize_quantized(model, reference, feed, judge, reference_name, custom_ops)
+    fused, tolerances = model, judge
     nodes = fused_nodes(fused)
     common = _produced(reference)
     boundary = [(node, rule, out) for node, rule in nodes for out in node.output if out and out in common]
@@ -165,8 +177,7 @@ def localize(
     graph_inputs = {i.name for i in fused.graph.input} | {t.name for t in fused.graph.initializer}
     upstream = [i for node, _, _ in boundary for i in node.input if i and i in common and i not in graph_inputs]
     names = list(dict.fromkeys([out for _, _, out in boundary] + upstream))
-    got = ort_backend.run(ort_backend.session(with_outputs(fused, names), optimize=False, custom_ops_library=custom_ops), feed)
-    want = ort_backend.run(ort_backend.session(with_outputs(reference, names), optimize=False), feed)
+    got, want = _run_both(fused, reference, names, feed, custom_ops)
     off = [o for o, value in (expected or {}).items() if o in want and not _check(o, np.asarray(value), want[o], tolerances).passed]
     if off:
         return result.rule_out(f"the unfused export already differs from MODEL ({', '.join(off)}): {NOT_FROM_MODEL}")
@@ -196,14 +207,8 @@ def localize(
 QUANTIZATION_RULE = "quantization"  # what a Divergence of a quantized artefact blames
 
 
-def localize_quantized(
-    quantized: onnx.ModelProto,
-    reference: onnx.ModelProto,
-    feed: Mapping[str, np.ndarray],
-    budget: Budget,
-    reference_name: str = "",
-    custom_ops: str | os.PathLike[str] | None = None,
-) -> Localization:
+def _localize_quantized(quantized: onnx.ModelProto, reference: onnx.ModelProto, feed: Mapping[str, np.ndarray], budget: Budget, reference_name: str,
+                        custom_ops: str | os.PathLike[str] | None) -> Localization:
     """The first tensor of `quantized` (in node order) whose error against the same-named tensor
     of `reference` (the fp32 export) breaks `budget`, with the node that makes it.
 
@@ -211,8 +216,6 @@ def localize_quantized(
     and the float tensors between them, pair with the fp32 graph's by name. Tensors equal in
     both (masks, constants) are skipped; so are integer tensors.
     """
-    from deployfuse.quantize.gate import output_error
-
     graph_inputs = {i.name for i in quantized.graph.input} | {t.name for t in quantized.graph.initializer}
     common = _produced(reference) - graph_inputs
     candidates = [(node, out) for node in quantized.graph.node for out in node.output if out in common]
@@ -220,12 +223,11 @@ def localize_quantized(
     result = Localization(reference_name, 0, len(names))
     if not names:
         return result.rule_out(f"no tensor of the quantized graph has a tensor of the same name in the reference graph: {NOT_FROM_MODEL}")
-    got = ort_backend.run(ort_backend.session(with_outputs(quantized, names), optimize=False, custom_ops_library=custom_ops), feed)
-    want = ort_backend.run(ort_backend.session(with_outputs(reference, names), optimize=False), feed)
+    got, want = _run_both(quantized, reference, names, feed, custom_ops)
     for node, out in candidates:
         if out not in got or out not in want or not np.issubdtype(want[out].dtype, np.floating) or np.array_equal(want[out], got[out], equal_nan=True):
             continue
-        broken = budget.exceeded(output_error(out, "feed", [want[out]], [got[out]]))
+        broken = budget.broken_by(out, want[out], got[out])
         if broken:
             stats = output_stats(out, want[out], got[out], 0.0, 0.0)
             stats.passed, stats.reason = False, "; ".join(broken)

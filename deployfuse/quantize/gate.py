@@ -94,6 +94,10 @@ class Budget:
         broken += [f"p99 {error.p99_abs:.2e} > {self.p99:g}"] if self.p99 is not None and not error.p99_abs <= self.p99 else []
         return broken
 
+    def broken_by(self, name: str, reference: np.ndarray, actual: np.ndarray) -> list[str]:
+        """What output `name`'s `actual` breaks against `reference` on one sample (`exceeded`)."""
+        return self.exceeded(output_error(name, "feed", [reference], [actual]))
+
 
 def _share(error: float, bound: float) -> float:
     """error / bound; inf for any error (NaN included) against a zero bound."""
