@@ -117,9 +117,6 @@ class OutputError:
     rel: float
     cos: float
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
 
 def output_error(name: str, samples: str, references: Sequence[np.ndarray], outputs: Sequence[np.ndarray]) -> OutputError:
     """The worst max / p99 |error|, relative error and cosine of one output over sample pairs
@@ -166,7 +163,7 @@ class GateResult:
     def to_dict(self) -> dict[str, Any]:
         return {"budget": self.budget.to_dict(), "calibration": self.calibration, "random_calibration": self.random_calibration,
                 "quantized_layers": self.quantized_layers, "fp32_layers": [asdict(layer) for layer in self.fp32_layers],
-                "errors": [e.to_dict() for e in self.errors], "attempts": self.attempts, "passed": self.passed}
+                "errors": [asdict(e) for e in self.errors], "attempts": self.attempts, "passed": self.passed}
 
 
 class GateFailed(AccuracyError):
