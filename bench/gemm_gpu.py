@@ -28,12 +28,12 @@ import torch.nn.functional as F
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from deployfuse.ops.schema import TF32_TOLERANCE  # noqa: E402
 from deployfuse.ops.specs import SPECS  # noqa: E402
+from deployfuse.rewrite.gemm_tuning import ACT_CODES, WORKSPACE_BYTES, load_library  # noqa: E402
 
 DT = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
-ACT = {"none": 0, "relu": 1, "gelu_tanh": 3}  # plugins/common/activation.h Act
-TOL = {torch.float32: 2e-3, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}  # fp32 runs in TF32
-WORKSPACE = 32 << 20  # kGemmActWorkspaceBytes
+TOL = {torch.float32: TF32_TOLERANCE, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}  # fp32 runs in TF32
 
 # (leading dims of X, K, N, activation, residual)
 CHECKS = [
@@ -61,10 +61,9 @@ BENCH = [
 
 
 def load(path: str) -> ctypes.CDLL:
-    lib = ctypes.CDLL(path)
+    """The library with GemmAct's entries (as the tuner declares them) and the generic df_run."""
+    lib = load_library(path)
     P, I64, INT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
-    lib.df_gemm_act.argtypes = [INT, P, P, P, P, P, P, I64, I64, I64, INT, INT, P, ctypes.c_size_t]
-    lib.df_gemm_act_candidates.argtypes = [INT, P, P, P, P, P, I64, I64, I64, INT]
     lib.df_run.argtypes = [ctypes.c_char_p, INT, P, INT, ctypes.POINTER(P), ctypes.POINTER(ctypes.POINTER(I64)), ctypes.POINTER(INT), P,
                            ctypes.POINTER(ctypes.c_double), ctypes.POINTER(ctypes.c_char_p)]
     return lib
@@ -99,15 +98,15 @@ class Gemm:
         self.bias = torch.randn(n, device="cuda").to(dtype)
         self.residual = torch.randn(*lead, n, device="cuda").to(dtype) if residual else None
         self.y = torch.empty(*lead, n, device="cuda", dtype=dtype)
-        self.workspace = torch.empty(WORKSPACE, dtype=torch.uint8, device="cuda")
+        self.workspace = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device="cuda")
 
     def candidates(self) -> int:
         return self.lib.df_gemm_act_candidates(DT[self.dtype], ptr(self.x), ptr(self.w), ptr(self.bias), ptr(self.residual), ptr(self.y),
-                                               self.m, self.n, self.k, ACT[self.act])
+                                               self.m, self.n, self.k, ACT_CODES[self.act])
 
     def run(self, algo: int = -1) -> None:
         err = self.lib.df_gemm_act(DT[self.dtype], torch.cuda.current_stream().cuda_stream, ptr(self.x), ptr(self.w), ptr(self.bias),
-                                   ptr(self.residual), ptr(self.y), self.m, self.n, self.k, ACT[self.act], algo, ptr(self.workspace), WORKSPACE)
+                                   ptr(self.residual), ptr(self.y), self.m, self.n, self.k, ACT_CODES[self.act], algo, ptr(self.workspace), WORKSPACE_BYTES)
         if err != 0:
             raise RuntimeError(f"df_gemm_act: CUDA error {err}")
 

@@ -27,9 +27,11 @@ from deployfuse.ops.schema import DOMAIN
 
 MARGIN = 0.03
 """A candidate must be this much faster than the heuristic's choice (single timings move by up to ~10 %; medians of interleaved rounds far less)."""
-_ACT_CODES = {"none": 0, "relu": 1, "gelu_tanh": 3}  # plugins/common/activation.h Act
+ACT_CODES = {"none": 0, "relu": 1, "gelu_tanh": 3}
+"""GemmAct's activations as the C ABI's `act` codes (plugins/common/activation.h `Act`)."""
 _DTYPES: dict[int, int] = {onnx.TensorProto.FLOAT: 0, onnx.TensorProto.FLOAT16: 1, onnx.TensorProto.BFLOAT16: 2}
-_WORKSPACE = 32 << 20  # kGemmActWorkspaceBytes
+WORKSPACE_BYTES = 32 << 20
+"""The most workspace a GemmAct algorithm may ask for (plugins/gemm_act/gemm_act.cuh `kGemmActWorkspaceBytes`)."""
 
 
 @dataclass(frozen=True)
@@ -83,7 +85,8 @@ def gemm_problems(model: onnx.ModelProto, feed: Mapping[str, np.ndarray]) -> dic
     return out
 
 
-def _load(library: Path) -> ctypes.CDLL:
+def load_library(library: Path | str) -> ctypes.CDLL:
+    """The CUDA library (libdeployfuse_ops_cuda.so) with its GemmAct C ABI entries declared."""
     lib = ctypes.CDLL(str(library))
     p, i64, c_int = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
     lib.df_gemm_act.argtypes = [c_int, p, p, p, p, p, p, i64, i64, i64, c_int, c_int, p, ctypes.c_size_t]
@@ -96,22 +99,22 @@ def time_candidates(library: Path, problem: GemmProblem, rounds: int = 5, calls:
     over `rounds` interleaved rounds, each a CUDA-graph replay of `calls` launches."""
     import torch
 
-    lib = _load(library)
+    lib = load_library(library)
     dtype = {0: torch.float32, 1: torch.float16, 2: torch.bfloat16}[_DTYPES[problem.dtype]]
-    code, act = _DTYPES[problem.dtype], _ACT_CODES[problem.activation]
+    code, act = _DTYPES[problem.dtype], ACT_CODES[problem.activation]
     x = torch.randn(problem.m, problem.k, device="cuda").to(dtype)
     w = (torch.randn(problem.k, problem.n, device="cuda") / problem.k**0.5).to(dtype)
     bias = torch.randn(problem.n, device="cuda").to(dtype)
     y = torch.empty(problem.m, problem.n, device="cuda", dtype=dtype)
     residual = torch.randn_like(y) if problem.residual else None
-    workspace = torch.empty(_WORKSPACE, dtype=torch.uint8, device="cuda")
+    workspace = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device="cuda")
     ptrs = [t.data_ptr() if t is not None else None for t in (x, w, bias, residual, y)]
     count = lib.df_gemm_act_candidates(code, *ptrs, problem.m, problem.n, problem.k, act)
     if count <= 0:
         raise RuntimeError(f"cuBLASLt has no algorithm for {problem} (code {count})")
 
     def launch(algo: int) -> None:
-        err = lib.df_gemm_act(code, torch.cuda.current_stream().cuda_stream, *ptrs, problem.m, problem.n, problem.k, act, algo, workspace.data_ptr(), _WORKSPACE)
+        err = lib.df_gemm_act(code, torch.cuda.current_stream().cuda_stream, *ptrs, problem.m, problem.n, problem.k, act, algo, workspace.data_ptr(), WORKSPACE_BYTES)
         if err:
             raise RuntimeError(f"df_gemm_act: CUDA error {err} for {problem}, algo {algo}")
 
