@@ -25,23 +25,7 @@ from polygraphy.common import TensorMetadata
 
 from deployfuse.errors import UsageError
 
-__all__ = ["LoadedEngine", "TrtRunner", "choose_profile", "engine_profiles", "host_output", "load_engine", "load_plugins"]
-
-
-def load_plugins(trt: ModuleType, libraries: Sequence[str | os.PathLike[str]] = (), own: bool = True) -> list[Path]:
-    """Load `libraries` into `trt`'s plugin registry, and deployfuse's own plugin library when it
-    is built and `own` is set (an engine with deployfuse plugin layers needs it to deserialize).
-
-    Returns the libraries loaded; UsageError names one that is missing or fails to load.
-    """
-    from deployfuse.engine import plugins as plugin_libs
-
-    paths = [Path(p) for p in libraries]
-    mine = plugin_libs.deployfuse_plugin_library() if own else None
-    if mine is not None and mine not in paths:
-        paths.append(mine)
-    plugin_libs.load_libraries(trt, paths)
-    return paths
+__all__ = ["LoadedEngine", "TrtRunner", "choose_profile", "engine_profiles", "host_output", "load_engine"]
 
 
 @dataclass
@@ -70,6 +54,7 @@ def load_engine(engine: str | os.PathLike[str] | bytes, trt: ModuleType | None =
             with TensorRT's own last error.
     """
     from deployfuse.engine import builders
+    from deployfuse.engine.plugins import load_plugins
 
     if not isinstance(engine, bytes):
         if not Path(engine).is_file():

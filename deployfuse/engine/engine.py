@@ -137,11 +137,7 @@ def build_engine(
             say(f"timing cache {cache} not used: TensorRT-RTX has none (its timing cache calls are no-ops)")
             cache = None
 
-        libraries = [Path(p) for p in plugins]
-        own = plugin_libs.deployfuse_plugin_library() if deployfuse_plugins and _uses_domain(onnx_model, DEPLOYFUSE_DOMAIN) else None
-        if own is not None and own not in libraries:
-            libraries.append(own)
-        plugin_libs.load_libraries(trt, libraries)
+        libraries = plugin_libs.load_plugins(trt, plugins, own=deployfuse_plugins and _uses_domain(onnx_model, DEPLOYFUSE_DOMAIN))
         registered = plugin_libs.registered_plugins(trt)
         if not deployfuse_plugins:  # the registry is per process: ignore deployfuse creators loaded earlier
             registered = {p for p in registered if p[1] != DEPLOYFUSE_DOMAIN}

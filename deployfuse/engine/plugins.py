@@ -20,6 +20,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
 
@@ -35,6 +36,21 @@ def deployfuse_plugin_library() -> Path | None:
     except Exception:  # not built: the ops run from their ONNX function bodies instead
         return None
     return Path(path) if path is not None and Path(path).is_file() else None
+
+
+def load_plugins(trt: ModuleType, libraries: Sequence[str | os.PathLike[str]] = (), own: bool = True) -> list[Path]:
+    """Load `libraries` into `trt`'s plugin registry, and deployfuse's own plugin library when it
+    is built and `own` is set (an engine with deployfuse plugin layers needs it to build or
+    deserialize).
+
+    Returns the libraries loaded; UsageError names one that is missing or fails to load.
+    """
+    paths = [Path(p) for p in libraries]
+    mine = deployfuse_plugin_library() if own else None
+    if mine is not None and mine not in paths:
+        paths.append(mine)
+    load_libraries(trt, paths)
+    return paths
 
 
 _LOADED: set[tuple[str, Path]] = set()
