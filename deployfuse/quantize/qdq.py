@@ -2,17 +2,18 @@
 
 ONNX Runtime's static quantizer (`onnxruntime.quantization.quantize_static`, QDQ format) does
 the calibration and the placement; this module chooses its settings and mends what its output
-lacks for TensorRT and deployfuse's FP8 GEMM rule:
+lacks for TensorRT:
 
 - only GEMM-bearing nodes with a constant weight are quantized (`quantizable_nodes`): MatMul
   and Gemm (attention projections, MLPs, heads), and Conv in int8. Activation x activation
   MatMuls (QK^T, PV), norms, softmax and residual sums stay in the float type;
 - scales are symmetric (zero point 0, which TensorRT requires) and biases stay float, so
   TensorRT folds them into its GEMM epilogue; int8 weights are per output channel, fp8 weights
-  per tensor (the form the ort-cuda FP8 GEMM rule takes);
+  per tensor;
 - each quantized node gets its own Q -> DQ pair on its activation input and none on its output:
   `Q(X, s_x, 0) -> DQ -> MatMul(., DQ(W_q, s_w, 0)) [-> Add bias] [-> activation]`, the pattern
-  TensorRT fuses into an int8/fp8 GEMM and `deployfuse/rewrite/rules/gemm_act.py` into GemmAct;
+  TensorRT fuses into an int8/fp8 GEMM (deployfuse's GemmAct rule takes constant weights only and
+  leaves these GEMMs alone);
 - a tensor quantized for a GEMM reaches its other consumers (a residual Add) unquantized:
   ONNX Runtime hands them the dequantized copy, `_unquantized_elsewhere` gives the original back;
 - fp8 activation scales are amax / 448 (E4M3's largest finite value), the max calibration of

@@ -1,7 +1,7 @@
 """Q/DQ placement for tensorrt and ort-cuda (`deployfuse.quantize.qdq`) on a tiny BERT and ResNet-18:
 where the pairs go (GEMM inputs only, never around norms, softmax or residual sums), the scales
-(symmetric, per channel for int8 weights, amax / 448 for fp8 activations), the exact form the
-ort-cuda FP8 GEMM rule takes, `exclude`, and the quantized graph's outputs against PyTorch fp32."""
+(symmetric, per channel for int8 weights, amax / 448 for fp8 activations), the exact Q/DQ form
+of a GEMM, `exclude`, and the quantized graph's outputs against PyTorch fp32."""
 
 from __future__ import annotations
 
