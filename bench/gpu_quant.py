@@ -11,8 +11,8 @@ Variants, each the alternative at its best settings:
 - `{ort-plain,ort-opt,onnxscript,deployfuse}-fp16+cudagraph`: ONNX Runtime's CUDA EP on the fp16
   ONNX files bench/gpu_models.py times (bench/anchors.py makes them), IO binding, CUDA graph.
 - `deployfuse-fp8[+cudagraph]`: `deployfuse export --target ort-cuda --precision fp8` (Q/DQ on
-  the GEMMs, calibrated on random inputs, accuracy-gated against fp32; the GemmAct FP8 rewrite
-  runs when the export has it: the row's `settings` counts its nodes).
+  the GEMMs, calibrated on random inputs, accuracy-gated against fp32; the row's `settings`
+  counts its GemmAct nodes, the GEMMs kept in float, and its QuantizeLinear nodes).
 
 Each variant records `median_ms` (host wall clock per call after a device synchronise,
 bench/gpu_models.py's `median_ms`), `max_abs_err` of the first output against PyTorch fp32
