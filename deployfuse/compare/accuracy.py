@@ -58,6 +58,14 @@ def _failed(name: str, ref: np.ndarray, atol: float, rtol: float, reason: str) -
     return OutputStats(name, tuple(ref.shape), str(ref.dtype), inf, inf, inf, inf, inf, inf, inf, inf, 0.0, int(ref.size), atol, rtol, False, reason)
 
 
+def special_mismatches(reference: np.ndarray, actual: np.ndarray) -> int:
+    """Elements (same shapes) where NaN/Inf differ: a non-finite reference value the actual does
+    not repeat (NaN matches NaN), or a finite one the actual makes non-finite."""
+    finite = np.isfinite(reference)
+    kept = (reference == actual) | (np.isnan(reference) & np.isnan(actual))
+    return int(np.count_nonzero(~finite & ~kept)) + int(np.count_nonzero(finite & ~np.isfinite(actual)))
+
+
 def output_stats(name: str, reference: np.ndarray, actual: np.ndarray | None, atol: float, rtol: float) -> OutputStats:
     """Compare `actual` with `reference` elementwise (see the module docstring)."""
     ref = np.asarray(reference)
@@ -69,9 +77,8 @@ def output_stats(name: str, reference: np.ndarray, actual: np.ndarray | None, at
     if not (np.issubdtype(ref.dtype, np.floating) or np.issubdtype(got.dtype, np.floating)):
         atol = rtol = 0.0  # token ids, masks, argmax: exact
     r, a = ref.astype(np.float64).ravel(), got.astype(np.float64).ravel()
-    finite = np.isfinite(r)
-    special_bad = int(np.count_nonzero(~finite & ~((r == a) | (np.isnan(r) & np.isnan(a))))) + int(np.count_nonzero(finite & ~np.isfinite(a)))
-    both = finite & np.isfinite(a)
+    special_bad = special_mismatches(r, a)
+    both = np.isfinite(r) & np.isfinite(a)
     r, a = r[both], a[both]
     if r.size == 0:
         return OutputStats(name, tuple(ref.shape), str(ref.dtype), 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0, special_bad, atol, rtol, special_bad == 0)
