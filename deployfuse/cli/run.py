@@ -31,10 +31,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Open the session, run warm-up and timed iterations, print a short table."""
+    """Open the session, run warm-up and timed iterations, print a short table (`deployfuse.tables`)."""
     import onnx
 
     from deployfuse.runtime import CPU, CUDA, InferenceSession, input_shapes, random_feed
+    from deployfuse.tables import add, grid, show
 
     if args.iterations < 1 or args.warmup < 0:
         raise UsageError("--iterations must be >= 1 and --warmup >= 0")
@@ -60,11 +61,16 @@ def run(args: argparse.Namespace) -> int:
     first = next(iter(shapes.values()), ())
     batch = first[0] if first else 1
     ops = "native library" if session.native_ops else ("ONNX function bodies" if session.uses_deployfuse_ops else "none in the model")
-    print(f"model       {args.model}")
-    print(f"providers   {', '.join(session.get_providers())}")
-    print(f"deployfuse  {ops}")
-    print("inputs      " + ", ".join(f"{n} {'x'.join(map(str, s))} {feed[n].dtype}" for n, s in shapes.items()))
-    print("outputs     " + ", ".join(f"{o.name} {'x'.join(map(str, v.shape))}" for o, v in zip(session.get_outputs(), outputs)))
-    print(f"latency     median {np.median(ms):.3f} ms, p90 {np.percentile(ms, 90):.3f} ms, min {ms.min():.3f} ms over {args.iterations} runs")
-    print(f"throughput  {1e3 / np.median(ms):.1f} runs/s ({batch * 1e3 / np.median(ms):.1f} samples/s at batch {batch})")
+    summary = grid("", "", header=False)
+    for key, value in [
+        ("model", args.model),
+        ("providers", ", ".join(session.get_providers())),
+        ("deployfuse", ops),
+        ("inputs", ", ".join(f"{n} {'x'.join(map(str, s))} {feed[n].dtype}" for n, s in shapes.items())),
+        ("outputs", ", ".join(f"{o.name} {'x'.join(map(str, v.shape))}" for o, v in zip(session.get_outputs(), outputs))),
+        ("latency", f"median {np.median(ms):.3f} ms, p90 {np.percentile(ms, 90):.3f} ms, min {ms.min():.3f} ms over {args.iterations} runs"),
+        ("throughput", f"{1e3 / np.median(ms):.1f} runs/s ({batch * 1e3 / np.median(ms):.1f} samples/s at batch {batch})"),
+    ]:
+        add(summary, key, value)
+    show([summary])
     return 0
