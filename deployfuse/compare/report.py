@@ -27,7 +27,6 @@ def _png(figure) -> str:
     return base64.b64encode(buffer.getvalue()).decode("ascii")
 
 
-
 def latency_png(result: CompareResult) -> str:
     """Median latency per backend, with the p90 as a whisker, on a log axis so that a backend
     100x faster than another still shows (base64 PNG)."""
