@@ -33,7 +33,7 @@ from deployfuse.io import check_outputs, check_writable_target, default_opset, w
 from deployfuse.loading import LoadedModel, given_inputs, load_model
 from deployfuse.quantize.calibration import RANDOM_WARNING, Calibration, load_calibration, random_calibration
 from deployfuse.quantize.gate import GATE_SAMPLES, GateResult
-from deployfuse.quantize.lowering import QuantizeOptions, check_options
+from deployfuse.quantize.lowering import QuantizeOptions, before_fusion, check_options
 from deployfuse.report import ExportReport, Step
 from deployfuse.rewrite import FusionReport, fuse as fuse_graph
 from deployfuse.targets import DEPLOYFUSE, ORT_CUDA, TARGETS, Target, get_target
@@ -326,6 +326,11 @@ def _run(request: _Request, out_path: Path, report: ExportReport, steps: _Steps,
         if request.precision == "bf16":
             _check_runnable(onnx_model, request.target, request.fuse, request.verify)
 
+    gate = None
+    quantize_first = before_fusion(request.target, request.quantize)
+    if quantize_first:  # the fusions then run on the Q/DQ graph
+        onnx_model, gate = _quantize_step(onnx_model, request, calibration, gate_references, report, steps)
+
     if request.fuse:
         with steps.step("fuse") as step:
             # The guard checks each family on the first two draws of each shape (masks all ones,
@@ -336,6 +341,8 @@ def _run(request: _Request, out_path: Path, report: ExportReport, steps: _Steps,
                                             on_family=getattr(steps.progress, "family", None), families=_families(request))
             report.fusion = fusion.to_dict()
             step.detail = f"{len(onnx_model.graph.node)} nodes"
+            if quantize_first and gate is not None:
+                _gate_fused(onnx_model, gate, calibration, gate_references, report)
             if request.autotune and request.target == ORT_CUDA:  # GemmAct's cuBLASLt algorithm per shape, timed on this GPU
                 from deployfuse.rewrite.gemm_tuning import tune
 
@@ -356,11 +363,9 @@ def _run(request: _Request, out_path: Path, report: ExportReport, steps: _Steps,
         metadata.write(onnx_model, metadata.CUDA_PROVIDER_OPTIONS, cuda_provider_options(onnx_model, request.cuda_graph, request.tf32, request.precision, timer))
     report.op_histogram = dict(Counter(f"{n.domain + '.' if n.domain else ''}{n.op_type}" for n in onnx_model.graph.node).most_common())
 
-    gate = None
     if request.quantize is not None:
-        with steps.step("quantize") as step:
-            onnx_model, gate = _quantized(onnx_model, request, calibration, gate_references, report)
-            step.detail = _quantize_detail(request.quantize, gate)
+        if not quantize_first:
+            onnx_model, gate = _quantize_step(onnx_model, request, calibration, gate_references, report, steps)
         steps.skip("verify", "the accuracy gate (quantize step) judged the quantized model against PyTorch fp32" if gate else "--no-verify")
     elif request.verify:
         with steps.step("verify") as step:
@@ -416,6 +421,30 @@ def _calibration(loaded: LoadedModel, example: Inputs, request: _Request, checki
         return calibration, None
     return calibration, {"calibration": [_reference_run(loaded, s) for s in calibration.samples[:GATE_SAMPLES]],
                          "held-out": [_reference_run(loaded, s) for s in calibration.held_out[:GATE_SAMPLES]]}
+
+
+def _quantize_step(model: onnx.ModelProto, request: _Request, calibration: Calibration, references: dict[str, list[dict[str, torch.Tensor]]] | None,
+                   report: ExportReport, steps: _Steps) -> tuple[onnx.ModelProto, GateResult | None]:
+    assert request.quantize is not None
+    with steps.step("quantize") as step:
+        quantized, gate = _quantized(model, request, calibration, references, report)
+        step.detail = _quantize_detail(request.quantize, gate)
+    return quantized, gate
+
+
+def _gate_fused(model: onnx.ModelProto, gate: GateResult, calibration: Calibration, references: dict[str, list[dict[str, torch.Tensor]]] | None,
+                report: ExportReport) -> None:
+    """Hold the fused artefact of a graph quantized before fusion to the gate's budget: the guard
+    kept each fusion close to the Q/DQ graph the gate passed; the gate's errors become the fused graph's."""
+    from deployfuse.quantize.gate import GateFailed, measure
+
+    assert references is not None and report.quantization is not None
+    gate.errors = measure(model, calibration, references)
+    broken = [f"{e.name} ({e.samples}) {', '.join(b)}" for e in gate.errors if (b := gate.budget.exceeded(e))]
+    gate.passed = not broken
+    report.quantization["gate"] = gate.to_dict()
+    if broken:
+        raise GateFailed(gate, f"the fused quantized model is over the accuracy budget ({gate.budget.text()}) that its unfused Q/DQ graph met: {broken[0]}")
 
 
 def _quantized(model: onnx.ModelProto, request: _Request, calibration: Calibration, references: dict[str, list[dict[str, torch.Tensor]]] | None,

@@ -5,6 +5,13 @@ CPU kernels); static int8 there, and `int8` and `fp8` on tensorrt and ort-cuda, 
 QuantizeLinear/DequantizeLinear pairs (`qdq.place_qdq`), which ORT's CPU optimizer folds into
 its int8 kernels and TensorRT into its int8/fp8 GEMMs. fp8 has no CPU kernel, so
 ort-cpu refuses it. Either way the accuracy gate (`gate.run_gate`) decides which layers stay fp32.
+
+Where the quantization runs (`before_fusion`): on ort-cuda, on the unfused graph, and deployfuse's
+fusions then run on the Q/DQ graph. After the fusions the Q/K/V projections sit inside a packed
+com.microsoft Attention node that no Q/DQ can reach (a tiny BERT: 7 of its 13 GEMMs quantizable
+instead of 13), while on the Q/DQ graph MultiHeadAttention, SkipLayerNormalization and
+BiasGelu/FastGelu still fuse. On tensorrt every GEMM stays a MatMul after the fusions, so the
+Q/DQ go on the fused graph; on ort-cpu the int8 quantizers need the fused Attention (`ort_int8`).
 """
 
 from __future__ import annotations
@@ -19,7 +26,7 @@ from deployfuse.errors import UsageError
 from deployfuse.quantize import ort_int8
 from deployfuse.quantize.calibration import Calibration
 from deployfuse.quantize.gate import Budget, GateResult, budget_of, run_gate
-from deployfuse.targets import ORT_CPU, Target
+from deployfuse.targets import ORT_CPU, ORT_CUDA, Target
 
 QUANTIZED = ("int8", "fp8")
 MIN_FP8_OPSET = 19  # float8 QuantizeLinear/DequantizeLinear
@@ -59,9 +66,14 @@ def check_options(precision: str, target: Target, opset: int, calibration_data: 
     return QuantizeOptions(precision, mode, budget_of(accuracy_budget), calibration_data)
 
 
+def before_fusion(target: Target, options: QuantizeOptions | None) -> bool:
+    """Whether `options` quantize the unfused graph for `target` (then fused), not the fused one."""
+    return options is not None and target == ORT_CUDA
+
+
 def quantize(model: onnx.ModelProto, target: Target, options: QuantizeOptions, calibration: Calibration,
              references: Mapping[str, Sequence[dict[str, torch.Tensor]]] | None) -> tuple[onnx.ModelProto, GateResult | None]:
-    """`model` (fp32, fused for `target`) quantized, and the gate's result; without `references`
+    """`model` (fp32; fused for `target` unless `before_fusion`) quantized, and the gate's result; without `references`
     (no verification asked for) every layer is quantized and nothing is judged.
 
     Raises:
@@ -94,4 +106,4 @@ def _qdq_quantizer(model: onnx.ModelProto, precision: str, calibration: Calibrat
     return quantize
 
 
-__all__ = ["QUANTIZED", "QuantizeOptions", "check_options", "quantize"]
+__all__ = ["QUANTIZED", "QuantizeOptions", "before_fusion", "check_options", "quantize"]

@@ -187,3 +187,34 @@ def test_no_verify_quantizes_without_a_gate_and_says_so(tmp_path, bert_calibrati
     step = next(s for s in result.report.steps if s.name == "quantize")
     assert "not gated (--no-verify)" in step.detail
     assert "MatMulInteger" in {n.op_type for n in onnx.load(tmp_path / "bert.onnx").graph.node}
+
+
+def test_ort_cuda_places_qdq_before_the_fusions_so_every_gemm_quantizes(tmp_path):
+    """ort-cuda: Q/DQ on the unfused graph, then fused. On the fused fp32 graph the Q/K/V
+    projections sit in a packed Attention node no Q/DQ reaches; quantized first, every Linear of
+    the zoo's tiny BERT is a quantized GEMM and attention, skip-norm and GELU still fuse."""
+    import zoo
+
+    from deployfuse.quantize.gate import recorded_budget
+    from deployfuse.quantize.qdq import quantizable_nodes
+
+    torch.manual_seed(0)
+    model, example = zoo.ZOO["bert"].build()
+    linears = [name for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)]
+    qkv = [name for name in linears if name.rsplit(".", 1)[-1] in ("query", "key", "value")]
+    deployfuse.export(model, tmp_path / "fused.onnx", example_inputs=example, target="ort-cuda", verify=False)
+    assert len(quantizable_nodes(onnx.load(tmp_path / "fused.onnx"), "int8")) == len(linears) - len(qkv)  # 7 of 13: what quantizing after fusion reached
+
+    result = deployfuse.export(model, tmp_path / "int8.onnx", example_inputs=example, target="ort-cuda", precision="int8", seed=0)
+    assert result.gate is not None and result.gate.passed and result.gate.quantized_layers == len(linears)
+    graph = onnx.load(tmp_path / "int8.onnx")
+    producer = {o: n for n in graph.graph.node for o in n.output}
+    quantized_gemms = [n for n in graph.graph.node if n.op_type in ("MatMul", "Gemm") and getattr(producer.get(n.input[1]), "op_type", "") == "DequantizeLinear"]
+    assert len(quantized_gemms) == len(linears) - len(result.gate.fp32_layers)
+    ops = {n.op_type for n in graph.graph.node}
+    assert {"MultiHeadAttention", "SkipLayerNormalization"} <= ops and ops & {"BiasGelu", "FastGelu"}
+    assert "Attention" not in ops
+    assert recorded_budget(graph) is not None and result.report.quantization is not None
+    assert result.report.quantization["gate"]["passed"]
+    cos, rel = _fp32_error(model, tmp_path / "int8.onnx", make_inputs(specs_of(example), model, seed=9, pad_masks=True))
+    assert cos >= 0.999 and 1e-5 < rel <= 2e-2
