@@ -26,10 +26,8 @@ from deployfuse.errors import UsageError
 from deployfuse.quantize import ort_int8
 from deployfuse.quantize.calibration import Calibration
 from deployfuse.quantize.gate import Budget, GateResult, budget_of, run_gate
+from deployfuse.quantize.qdq import MIN_OPSET, PRECISIONS as QUANTIZED, place_qdq, quantizable_nodes
 from deployfuse.targets import ORT_CPU, ORT_CUDA, Target
-
-QUANTIZED = ("int8", "fp8")
-MIN_FP8_OPSET = 19  # float8 QuantizeLinear/DequantizeLinear
 
 
 @dataclass(frozen=True)
@@ -56,8 +54,8 @@ def check_options(precision: str, target: Target, opset: int, calibration_data: 
         raise UsageError(f"--rtol does not judge a {precision} export: its accuracy gate does, with --accuracy-budget (e.g. cos=0.999,rel=2e-2)")
     if precision == "fp8" and target == ORT_CPU:
         raise UsageError("--precision fp8 needs --target tensorrt or ort-cuda (Hopper-class fp8 GEMMs); ONNX Runtime's CPU has no fp8 kernels: use int8")
-    if precision == "fp8" and opset < MIN_FP8_OPSET:
-        raise UsageError(f"--precision fp8 needs --opset {MIN_FP8_OPSET} or newer (float8 QuantizeLinear/DequantizeLinear)")
+    if precision == "fp8" and opset < MIN_OPSET["fp8"]:
+        raise UsageError(f"--precision fp8 needs --opset {MIN_OPSET['fp8']} or newer (float8 QuantizeLinear/DequantizeLinear)")
     if int8_mode is not None and (precision != "int8" or target != ORT_CPU):
         raise UsageError("--int8-mode chooses ONNX Runtime's CPU quantization: it needs --precision int8 --target ort-cpu")
     if int8_mode is not None and int8_mode not in ort_int8.MODES:
@@ -82,8 +80,6 @@ def quantize(model: onnx.ModelProto, target: Target, options: QuantizeOptions, c
     if options.mode == "dynamic":
         quantizer, layers = ort_int8.quantizer(model), ort_int8.layers(model)
     else:
-        from deployfuse.quantize.qdq import quantizable_nodes
-
         quantizer = _qdq_quantizer(model, options.precision, calibration)
         names = set(quantizable_nodes(model, options.precision))
         layers = {n.name: n for n in model.graph.node if n.name in names}
@@ -98,8 +94,6 @@ def quantize(model: onnx.ModelProto, target: Target, options: QuantizeOptions, c
 
 
 def _qdq_quantizer(model: onnx.ModelProto, precision: str, calibration: Calibration) -> Callable[[set[str]], onnx.ModelProto]:
-    from deployfuse.quantize.qdq import place_qdq
-
     def quantize(exclude: set[str]) -> onnx.ModelProto:
         return place_qdq(model, precision, calibration, exclude)
 

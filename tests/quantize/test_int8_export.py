@@ -129,6 +129,7 @@ def test_static_int8_cnn_with_random_calibration_warns(tmp_path, capsys):
     (["--precision", "int8", "--calibration-data", "{bad}"], "lacks input 'attention_mask'"),
     (["--calibration-data", "{bad}"], "--calibration-data applies to quantized exports"),
     (["--precision", "fp8"], "--precision fp8 needs --target tensorrt or ort-cuda"),
+    (["--precision", "fp8", "--target", "ort-cuda", "--opset", "18"], "--precision fp8 needs --opset 19 or newer"),
     (["--precision", "int8", "--rtol", "0.1"], "--rtol does not judge a int8 export"),
     (["--precision", "int8", "--accuracy-budget", "cosine=1"], "--accuracy-budget 'cosine=1'"),
 ])
