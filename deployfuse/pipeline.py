@@ -459,7 +459,7 @@ def _quantized(model: onnx.ModelProto, request: _Request, calibration: Calibrati
     report.quantization = {"precision": options.precision, "mode": options.mode, "budget": options.budget.to_dict(), "calibration": calibration.source,
                            "warning": RANDOM_WARNING if calibration.random else None}
     try:
-        quantized, gate = quantize(model, request.target, options, calibration, references)
+        quantized, gate = quantize(model, options, calibration, references)
     except GateFailed as exc:
         report.quantization["gate"] = exc.result.to_dict()
         raise

@@ -69,10 +69,11 @@ def before_fusion(target: Target, options: QuantizeOptions | None) -> bool:
     return options is not None and target == ORT_CUDA
 
 
-def quantize(model: onnx.ModelProto, target: Target, options: QuantizeOptions, calibration: Calibration,
+def quantize(model: onnx.ModelProto, options: QuantizeOptions, calibration: Calibration,
              references: Mapping[str, Sequence[dict[str, torch.Tensor]]] | None) -> tuple[onnx.ModelProto, GateResult | None]:
-    """`model` (fp32; fused for `target` unless `before_fusion`) quantized, and the gate's result; without `references`
-    (no verification asked for) every layer is quantized and nothing is judged.
+    """`model` (fp32; fused for the target unless `before_fusion`) quantized as `options.mode` says,
+    and the gate's result; without `references` (no verification asked for) every layer is
+    quantized and nothing is judged.
 
     Raises:
         GateFailed: over budget even with the bound on fp32 layers reached.
