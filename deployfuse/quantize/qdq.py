@@ -212,7 +212,7 @@ def _quantize(source: Path, target: Path, precision: str, nodes: list[str], samp
         activation_type=qtype, weight_type=qtype, per_channel=precision == "int8",
         op_types_to_quantize=list(GEMM_OPS[precision]), nodes_to_quantize=nodes,
         # ONNX Runtime takes only its Distribution method for float8; the fp8 activation scales
-        # are overridden with max calibration (`_fp8_activation_scales`).
+        # are overridden with max calibration (`_fp8_overrides`).
         calibrate_method=CalibrationMethod.MinMax if precision == "int8" else CalibrationMethod.Distribution,
         use_external_data_format=external, extra_options=options, calibration_cache_path=cache,
     )
