@@ -8,7 +8,7 @@ Each int8 variant's accuracy is measured the way deployfuse's gate does (worst c
 max|error| / max|reference| per output against PyTorch fp32) on fresh inputs: one draw with
 all-ones attention masks and one padded.
 
-    python bench/cpu_int8.py --batches 1,8 --rounds 10 --out bench/results/cpu_int8.json
+    python bench/cpu_int8.py --batches 1,8 --rounds 20      # bench/results/cpu_int8.md
 """
 
 from __future__ import annotations
