@@ -105,7 +105,7 @@ def test_int8_scales_are_symmetric_and_per_output_channel(bert, cnn):
     assert len(quantizable_nodes(cnn.onnx, "int8")) == len(convs) + 1 and len(quantizable_nodes(cnn.onnx, "fp8")) == 1  # fp8: the Gemm head only
 
 
-def test_fp8_is_the_form_the_ort_cuda_gemm_rule_takes(bert):
+def test_fp8_gemm_is_e4m3_qdq_with_per_tensor_scales_and_max_calibration(bert):
     """Q(X, s_x, zp e4m3) -> DQ -> MatMul(., DQ(W e4m3 initializer, s_w)) -> Add(bias), scalar
     scales, on the unfused graph; each activation scale is amax / 448 over the calibration."""
     model = exported("bert", fuse=False).onnx
