@@ -197,8 +197,7 @@ def localize(
             return result.rule_out(f"the inputs of {first.node}, the first fused node that differs, already differ ({', '.join(before)}): "
                                    f"the graphs part before any fusion, so {NOT_FROM_MODEL}")
     if not result.divergences:
-        outputs_differ = any(not output_stats(o.name, want[o.name], got.get(o.name), *tolerances.for_output(o.name, str(want[o.name].dtype))).passed
-                             for o in reference.graph.output if o.name in want)
+        outputs_differ = any(not _check(o.name, want[o.name], got.get(o.name), tolerances).passed for o in reference.graph.output if o.name in want)
         result.note = ("the fused graph departs from the unfused one outside the fused nodes" if outputs_differ
                        else "the fused graph matches the unfused export: the difference is not in a fusion (look at the export or the runtime)")
     return result
