@@ -11,7 +11,9 @@ fusions then run on the Q/DQ graph. After the fusions the Q/K/V projections sit 
 com.microsoft Attention node that no Q/DQ can reach (a tiny BERT: 7 of its 13 GEMMs quantizable
 instead of 13), while on the Q/DQ graph MultiHeadAttention, SkipLayerNormalization and
 BiasGelu/FastGelu still fuse. On tensorrt every GEMM stays a MatMul after the fusions, so the
-Q/DQ go on the fused graph; on ort-cpu the int8 quantizers need the fused Attention (`ort_int8`).
+Q/DQ go on the fused graph; on ort-cpu, fused with QKV left unpacked (`ort_int8.SKIPPED_FAMILIES`),
+every GEMM quantizes after the fusions too, and dynamic int8's MatMulInteger chains would leave the
+attention fusion no pattern (`ort_int8`).
 """
 
 from __future__ import annotations

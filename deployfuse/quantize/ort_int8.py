@@ -9,11 +9,11 @@ the calibration samples, the same QuantizeLinear/DequantizeLinear placement the 
 quantizer hands the dequantized tensor to every consumer, residual sums included: on a tiny BERT
 that alone cost 1.4e-2 of relative error whichever single layer was quantized.)
 
-Quantization runs after deployfuse's fusions: ORT's quantizer knows the com.microsoft Attention
-node the ort-cpu fusions emit (as QAttention), while fusing after quantization would find no
-attention pattern left in a graph of MatMulInteger nodes (bench/results/cpu_int8.md measures both).
+Quantization runs after deployfuse's fusions (less `SKIPPED_FAMILIES`, so the Q/K/V projections
+stay MatMuls that quantize): fusing after quantization would find no attention pattern left in a
+graph of MatMulInteger nodes (bench/results/cpu_int8.md measures both orders).
 Only GEMM-bearing ops are quantized; norms, softmax, residual sums and embeddings stay fp32.
-An Attention node with inputs beyond `mask_index` (an additive attention bias, past state) stays
+A com.microsoft Attention node (which these fusions no longer emit) with inputs beyond `mask_index` (an additive attention bias, past state) stays
 fp32 too: QAttention has no such inputs and ORT's quantizer drops them silently (the mask with
 them: a tiny BERT's attention output then differs by 27 % of its range on padded batches).
 """
