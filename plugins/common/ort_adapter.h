@@ -1,5 +1,5 @@
 // What every ONNX Runtime op adapter (plugins/<op>/<op>_ort.h) uses: the call it runs with, the
-// op's attributes read from the kernel info through its generated spec, shape helpers, errors,
+// op's attributes read from the kernel info through its generated spec, its inputs (inputs_of), errors,
 // and (with DEPLOYFUSE_WITH_CUDA) the launch of a CUDA launcher in the tensor's element type.
 //
 // Most ops use the generic Adapter<<Op>Attrs> at the bottom; an op whose output is not shaped
@@ -62,10 +62,17 @@ AttrValues read_attrs(const Ort::ConstKernelInfo& info) {
   });
 }
 
-inline int64_t product(const std::vector<int64_t>& dims, size_t begin, size_t end) {
-  int64_t n = 1;
-  for (size_t i = begin; i < end; ++i) n *= dims[i];
-  return n;
+// The present inputs of the call in the spec's order (an absent optional input ends them: the
+// rest are absent too); throws std::invalid_argument past kMaxInputs inputs or kMaxRank dims.
+inline Inputs inputs_of(const Ort::KernelContext& ctx) {
+  Inputs in;
+  for (size_t i = 0; i < ctx.GetInputCount(); ++i) {
+    auto value = ctx.GetInput(i);
+    if (!value) break;
+    const auto dims = value.GetTensorTypeAndShapeInfo().GetShape();
+    in.add(value.GetTensorRawData(), dims.data(), static_cast<int>(dims.size()));
+  }
+  return in;
 }
 
 #ifdef DEPLOYFUSE_WITH_CUDA
@@ -98,12 +105,7 @@ struct Adapter : Attrs {
     Inputs in;
     typename Attrs::Sizes sizes;
     try {
-      for (size_t i = 0; i < c.ctx.GetInputCount(); ++i) {
-        auto value = c.ctx.GetInput(i);
-        if (!value) break;  // an absent optional input: the rest are absent too
-        const auto dims = value.GetTensorTypeAndShapeInfo().GetShape();
-        in.add(value.GetTensorRawData(), dims.data(), static_cast<int>(dims.size()));
-      }
+      in = inputs_of(c.ctx);
       sizes = this->sizes(in);
     } catch (const std::invalid_argument& e) {
       fail(Attrs::Spec::kName, e.what());

@@ -136,10 +136,11 @@ inline DType dtype_of(DataType type) {
   }
 }
 
-inline int64_t volume(const nvinfer1::Dims& d, int32_t begin, int32_t end) {
-  int64_t n = 1;
-  for (int32_t i = begin; i < end; ++i) n *= d.d[i];
-  return n;
+// The inputs of an enqueue as linear tensors; throws std::invalid_argument past kMaxInputs inputs.
+inline Inputs inputs_of(const PluginTensorDesc* desc, int32_t nb_in, const void* const* inputs) {
+  Inputs in;
+  for (int32_t i = 0; i < nb_in; ++i) in.add(inputs[i], desc[i].dims.d, desc[i].dims.nbDims);
+  return in;
 }
 
 // Whether an adapter has the optional members above.
@@ -297,8 +298,7 @@ struct Adapter : Attrs {
   cudaError_t enqueue(DataType type, const PluginTensorDesc* desc, int32_t nb_in, const void* const* inputs, void* y,
                       cudaStream_t stream) const {
     try {
-      Inputs in;
-      for (int32_t i = 0; i < nb_in; ++i) in.add(inputs[i], desc[i].dims.d, desc[i].dims.nbDims);
+      const Inputs in = inputs_of(desc, nb_in, inputs);
       const typename Attrs::Sizes sizes = this->sizes(in);
       return with_dtype(dtype_of(type), [&](auto* tag) {
         using T = std::remove_pointer_t<decltype(tag)>;

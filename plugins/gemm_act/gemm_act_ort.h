@@ -44,37 +44,32 @@ class OrtScratch final : public GemmActScratch {
 struct GemmAct : GemmActAttrs {
   using GemmActAttrs::GemmActAttrs;
   void Run(Call& c, bool on_cuda) const {
-    auto x = c.ctx.GetInput(0), w = c.ctx.GetInput(1), bias = c.ctx.GetInput(2);
-    auto xd = x.GetTensorTypeAndShapeInfo().GetShape(), wd = w.GetTensorTypeAndShapeInfo().GetShape();
-    if (xd.empty() || wd.size() != 2 || wd[0] != xd.back()) fail(Spec::kName, "X must be [..., K] and W [K, N]");
-    const int64_t k = wd[0], n = wd[1], m = product(xd, 0, xd.size() - 1);
-    if (bias.GetTensorTypeAndShapeInfo().GetElementCount() != static_cast<size_t>(n)) fail(Spec::kName, "Bias must have W's N elements");
-    std::vector<int64_t> yd = xd;
-    yd.back() = n;
-    const void* residual = nullptr;
-    if (c.ctx.GetInputCount() > 3) {
-      auto r = c.ctx.GetInput(3);
-      if (r) {
-        if (r.GetTensorTypeAndShapeInfo().GetShape() != yd) fail(Spec::kName, "Residual must have Y's shape [..., N]");
-        residual = r.GetTensorRawData();
-      }
+    Inputs in;
+    Sizes s;
+    try {
+      in = inputs_of(c.ctx);
+      s = this->sizes(in);
+    } catch (const std::invalid_argument& e) {
+      fail(Spec::kName, e.what());
     }
+    std::vector<int64_t> yd(in[0].dims, in[0].dims + in[0].rank);
+    yd.back() = s.n;
     auto y = c.ctx.GetOutput(0, yd);
+    const void* residual = in.count() > 3 ? in[3].data : nullptr;
     if (!on_cuda) {
-      gemm_act_cpu(x.GetTensorData<float>(), w.GetTensorData<float>(), bias.GetTensorData<float>(), static_cast<const float*>(residual),
-                   y.GetTensorMutableData<float>(), m, n, k, act);
+      gemm_act_cpu(in[0].as<float>(), in[1].as<float>(), in[2].as<float>(), static_cast<const float*>(residual),
+                   y.GetTensorMutableData<float>(), s.m, s.n, s.k, act);
       return;
     }
 #ifdef DEPLOYFUSE_WITH_CUDA
     if (const char* why = gemm_act_unavailable()) fail(Spec::kName, why);
-    if (k == 0) fail(Spec::kName, "K must be positive on CUDA");
+    if (s.k == 0) fail(Spec::kName, "K must be positive on CUDA");
     OrtScratch scratch(c.ctx);
     launch_cuda(Spec::kName, c, [&](auto* tag) {
       using T = std::remove_pointer_t<decltype(tag)>;
-      return launch_gemm_act<T>(*runner, static_cast<cudaStream_t>(c.stream), GemmActProblem{m, n, k, act, algo},
-                                static_cast<const T*>(x.GetTensorRawData()), static_cast<const T*>(w.GetTensorRawData()),
-                                static_cast<const T*>(bias.GetTensorRawData()), static_cast<const T*>(residual),
-                                static_cast<T*>(y.GetTensorMutableRawData()), scratch);
+      return launch_gemm_act<T>(*runner, static_cast<cudaStream_t>(c.stream), GemmActProblem{s.m, s.n, s.k, act, algo}, in[0].as<T>(),
+                                in[1].as<T>(), in[2].as<T>(), static_cast<const T*>(residual), static_cast<T*>(y.GetTensorMutableRawData()),
+                                scratch);
     });
 #endif
   }

@@ -22,21 +22,28 @@ struct GemmActOp : GemmActAttrs {
     return true;
   }
 
-  cudaError_t enqueue(DataType type, const PluginTensorDesc* in, int32_t nb_in, const void* const* inputs, void* y, void* workspace,
+  cudaError_t enqueue(DataType type, const PluginTensorDesc* desc, int32_t nb_in, const void* const* inputs, void* y, void* workspace,
                       cudaStream_t stream) const {
-    const nvinfer1::Dims &xd = in[0].dims, &wd = in[1].dims;
-    if (xd.nbDims < 1 || wd.nbDims != 2 || wd.d[0] != xd.d[xd.nbDims - 1] || wd.d[0] == 0) return cudaErrorInvalidValue;
-    if (gemm_act_unavailable() != nullptr) {
-      report(Spec::kName, gemm_act_unavailable());
+    Inputs in;
+    Sizes s;
+    try {
+      in = inputs_of(desc, nb_in, inputs);
+      s = sizes(in);
+    } catch (const std::exception& e) {
+      report(Spec::kName, e.what());
+      return cudaErrorInvalidValue;
+    }
+    if (s.k == 0) return cudaErrorInvalidValue;
+    if (const char* why = gemm_act_unavailable()) {
+      report(Spec::kName, why);
       return cudaErrorSharedObjectInitFailed;
     }
-    const GemmActProblem p{volume(xd, 0, xd.nbDims - 1), wd.d[1], wd.d[0], act, algo};
-    const void* residual = nb_in > 3 ? inputs[3] : nullptr;
+    const void* residual = in.count() > 3 ? in[3].data : nullptr;
     FixedScratch scratch(workspace, kWorkspaceBytes);
     return with_dtype(dtype_of(type), [&](auto* tag) {
       using T = std::remove_pointer_t<decltype(tag)>;
-      return launch_gemm_act<T>(*runner, stream, p, static_cast<const T*>(inputs[0]), static_cast<const T*>(inputs[1]),
-                                static_cast<const T*>(inputs[2]), static_cast<const T*>(residual), static_cast<T*>(y), scratch);
+      return launch_gemm_act<T>(*runner, stream, GemmActProblem{s.m, s.n, s.k, act, algo}, in[0].as<T>(), in[1].as<T>(), in[2].as<T>(),
+                                static_cast<const T*>(residual), static_cast<T*>(y), scratch);
     });
   }
 
