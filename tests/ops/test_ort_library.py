@@ -46,3 +46,16 @@ def test_native_kernel_rejects_bad_attribute(library):
     del model.functions[:]
     with pytest.raises(Exception, match="channels not divisible by num_groups"):
         run(session(model, custom_ops_library=library), {"X": xs[0], "Scale": xs[1], "Bias": xs[2]})
+
+
+@pytest.mark.parametrize("bad,why", [("Bias", "Bias must have W's N elements"), ("Residual", r"Residual must have Y's shape")])
+def test_gemm_act_names_the_input_that_does_not_fit(library, bad, why):
+    """GemmAct's shape checks (GemmActAttrs::sizes, which both runtimes' adapters call) reject a Bias
+    or Residual one column short instead of reading past it."""
+    xs = example_inputs("GemmAct", (2, 3, 8, 5), mask=True)
+    model = single_op_model("GemmAct", xs)
+    del model.functions[:]
+    feed = dict(zip(SPECS["GemmAct"].inputs, xs))
+    feed[bad] = np.ascontiguousarray(feed[bad][..., :-1])
+    with pytest.raises(Exception, match=why):
+        run(session(model, custom_ops_library=library), feed)
