@@ -85,13 +85,17 @@ def stage_printer(show: bool = True) -> Callable[[str], None]:
 
 
 @contextlib.contextmanager
-def log_to_file(path: str, reads: Mapping[str, Any] | None = None, writes: Mapping[str, Any] | None = None) -> Iterator[None]:
+def log_to_file(path: str | None, reads: Mapping[str, Any] | None = None, writes: Mapping[str, Any] | None = None) -> Iterator[None]:
     """Within the block, deployfuse's log and every Python warning (torch, transformers, the
     exporters) go to the file at `path` instead of the terminal; all is restored afterwards.
+    No `path` (no --log-file): nothing changes.
 
     `reads` and `writes` (flag -> path) are the run's inputs and other outputs: the log file is
     checked against them (`io.check_outputs`) before it is opened, so it never truncates one.
     """
+    if not path:
+        yield
+        return
     check_outputs({"--log-file": path, **(writes or {})}, reads)
     try:
         handler = logging.FileHandler(path, mode="w", encoding="utf-8")

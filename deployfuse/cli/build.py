@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 
 from deployfuse.engine import BUILDERS, build_engine
 from deployfuse.engine.profiles import parse_profile
@@ -45,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
 
     profiles = [parse_profile(p) for p in args.profile]
     reads = {"ONNX": args.onnx, **{f"--plugins {p}": p for p in args.plugins}, "--timing-cache": args.timing_cache}
-    with log_to_file(args.log_file, reads, {"-o": args.output}) if args.log_file else contextlib.nullcontext():
+    with log_to_file(args.log_file, reads, {"-o": args.output}):
         result = build_engine(
             args.onnx, args.output, precision=args.precision, profiles=profiles, plugins=args.plugins,
             timing_cache=args.timing_cache, workspace_mib=args.workspace, compute_capability=args.compute_capability,

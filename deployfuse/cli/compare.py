@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import sys
 from collections.abc import Callable
 
@@ -90,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
     reads = {"MODEL": args.model, "ONNX": args.onnx, "--reference-onnx": args.reference_onnx, "--engine": args.engine, "--custom-ops": args.custom_ops,
              "--example-inputs": args.example_inputs}
     writes = {"--json": args.json, "--report": args.report, "--save-results": args.save_results}
-    with log_to_file(args.log_file, reads, writes) if args.log_file else contextlib.nullcontext():
+    with log_to_file(args.log_file, reads, writes):
         return _compare(args, stage_printer(show=not args.quiet))
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import sys
 
 from deployfuse.cli._args import add_model_input_arguments
@@ -95,8 +94,7 @@ def run(args: argparse.Namespace) -> int:
     from deployfuse.cli._progress import ExportProgress, log_to_file
 
     reads = {"MODEL": args.model, "--example-inputs": args.example_inputs, "--calibration-data": args.calibration_data}
-    log_context = log_to_file(args.log_file, reads, {"-o": args.output, "--report": args.report}) if args.log_file else contextlib.nullcontext()
-    with log_context, ExportProgress(show=not args.quiet) as progress:
+    with log_to_file(args.log_file, reads, {"-o": args.output, "--report": args.report}), ExportProgress(show=not args.quiet) as progress:
         return _export(args, progress)
 
 
