@@ -51,5 +51,7 @@ def run(args: argparse.Namespace) -> int:
             builder=args.builder, progress=stage_printer(show=not args.quiet),
         )
         log.info("%s", result.summary())
-    print(result.summary())
+    from deployfuse.tables import show
+
+    show(result.tables())
     return 0

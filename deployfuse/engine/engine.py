@@ -21,8 +21,9 @@ from pathlib import Path
 from typing import Any
 
 import onnx
+from rich.console import RenderableType
 
-from deployfuse import provenance
+from deployfuse import provenance, tables
 from deployfuse.engine import builders, plugins as plugin_libs, precision as lowp
 from deployfuse.engine.inspect import network_record, record_path
 from deployfuse.engine.messages import captured
@@ -56,27 +57,29 @@ class BuildResult:
     record: Path | None = None  # ENGINE.plan.build.json, what `deployfuse inspect` reads when no runtime can load the engine
 
     def summary(self) -> str:
-        """A few lines for the terminal."""
+        """`tables()` as plain text: a few lines for the terminal and the log."""
+        return tables.plain(*self.tables())
+
+    def tables(self) -> list[RenderableType]:
+        """The summary as a key/value grid (rich renderables: `deployfuse.tables`)."""
         target = f"compute capability {self.compute_capability}" if self.compute_capability else "the builder's default target"
         nodes = f"{sum(self.preflight.native.values())} native"
         if self.preflight.plugin:
             nodes += ", plugins: " + ", ".join(f"{op} x{n}" for op, n in self.preflight.plugin.items())
         if self.preflight.function:
             nodes += ", from function bodies: " + ", ".join(f"{op} x{n}" for op, n in self.preflight.function.items())
-        lines = [
-            f"engine     {self.engine} ({self.size_bytes / 1e6:.2f} MB, built in {self.seconds:.1f} s)",
-            f"builder    {self.builder} {self.builder_version}, {target}",
-            f"precision  {self.precision}",
-            f"layers     {self.network_layers} in the network, {self.plugin_layers} of them plugins",
-            f"nodes      {nodes}",
-        ]
-        for number, profile in enumerate(self.profiles if len(self.profiles) > 1 else [], 1):
-            lines += [f"profile {number:<2} {p}" for p in profile]
-        if len(self.profiles) == 1:
-            lines += [f"profile    {p}" for p in self.profiles[0]]
+        summary = tables.grid("", "", header=False)
+        tables.add(summary, "engine", f"{self.engine} ({self.size_bytes / 1e6:.2f} MB, built in {self.seconds:.1f} s)")
+        tables.add(summary, "builder", f"{self.builder} {self.builder_version}, {target}")
+        tables.add(summary, "precision", self.precision)
+        tables.add(summary, "layers", f"{self.network_layers} in the network, {self.plugin_layers} of them plugins")
+        tables.add(summary, "nodes", nodes)
+        for number, profile in enumerate(self.profiles, 1):
+            for p in profile:
+                tables.add(summary, f"profile {number}" if len(self.profiles) > 1 else "profile", str(p))
         if self.timing_cache is not None:
-            lines.append(f"timing     {self.timing_cache}")
-        return "\n".join(lines)
+            tables.add(summary, "timing", str(self.timing_cache))
+        return [summary]
 
 
 def build_engine(
