@@ -141,7 +141,7 @@ ROWS = [
     (E, [*EXPORT, "--input", "x:2x64", "--rtol", "0"], 2, "--rtol must be a positive number", ()),
     (E, [*EXPORT, "--input", "x:2x64", "--rtol", "nan"], 2, "--rtol must be a positive number", ()),
     (E, [*EXPORT, "--input", "x:2x64", "--target", "tpu"], 2, "invalid choice: 'tpu'", ()),
-    (E, [*EXPORT, "--input", "x:2x64", "--precision", "fp8"], 2, "invalid choice: 'fp8'", ()),
+    (E, [*EXPORT, "--input", "x:2x64", "--precision", "fp8"], 2, "--precision fp8 needs --target tensorrt or ort-cuda", ()),
     (E, [*EXPORT, "--input", "x:2x64", "--cuda-graph"], 2, "--cuda-graph needs --target ort-cuda", ()),
     (E, [*EXPORT, "--input", "x:2x64", "--no-tf32"], 2, "--no-tf32 is an ONNX Runtime CUDA option", ()),
     (E, ["conv.ts", "-o", "out/m.onnx", "-q", "--input", "x:1x3x8x8", "--precision", "bf16"], 2, "cannot run this bfloat16 model", ()),
