@@ -11,10 +11,12 @@ import pytest
 
 from deployfuse.engine import build_engine
 from deployfuse.engine.profiles import parse_profile
+from deployfuse.ops.native import trt_plugins_library
 
 
 @pytest.fixture(scope="module")
 def bert_engine(bert_onnx, tmp_path_factory):
+    trt_plugins_library()  # built as a user builds it, so the engine takes the deployfuse nodes as plugins (without it: function bodies)
     out = tmp_path_factory.mktemp("inspect") / "bert.plan"
     profiles = [parse_profile("input_ids:1x8:1x16:1x32"), parse_profile("input_ids:4x8:8x16:8x32")]
     return build_engine(bert_onnx, out, precision="fp16", profiles=profiles, compute_capability="8.9")
