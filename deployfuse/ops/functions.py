@@ -31,6 +31,8 @@ def function_body(spec: OpSpec, opset: int, variant: dict[str, Any]) -> onnx.Fun
     inputs are present), written against default-domain `opset`."""
     if opset < MIN_OPSET:
         raise ValueError(f"deployfuse ops need ONNX opset >= {MIN_OPSET}; the model uses {opset}")
+    if opset < spec.min_opset:
+        raise ValueError(f"{spec.name} needs ONNX opset >= {spec.min_opset}; the model uses {opset}")
     body = Body(opset)
     out = spec.body_fn(body, variant)
     body.nodes.append(helper.make_node("Identity", [out], [spec.outputs[0]]))

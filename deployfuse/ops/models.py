@@ -1,7 +1,10 @@
 """One-node ONNX models around a deployfuse op, and example inputs for them.
 
 The tests, the GPU checks and the benchmarks all run the ops this way: one node, its function
-body attached, inputs with symbolic shapes so one model serves every size.
+body attached, inputs with symbolic shapes so one model serves every size. Inputs of a fixed
+element type (`OpSpec.input_types`: float8e4m3fn as `ml_dtypes.float8_e4m3fn` arrays) travel
+through `ort_feed` and `torch_inputs`, since neither ONNX Runtime's nor torch's numpy bridge
+takes ml_dtypes' float8.
 """
 
 from __future__ import annotations
@@ -11,29 +14,44 @@ from typing import Any
 
 import numpy as np
 import onnx
+import torch
 from onnx import helper
 
 from deployfuse.ops.functions import attach_functions
-from deployfuse.ops.schema import DOMAIN
+from deployfuse.ops.schema import DOMAIN, FIXED_TYPES
 from deployfuse.ops.specs import SPECS
 
-_ONNX_TYPES = {np.dtype(np.float32): onnx.TensorProto.FLOAT, np.dtype(np.float16): onnx.TensorProto.FLOAT16, np.dtype(np.float64): onnx.TensorProto.DOUBLE}
+_FLOAT_TYPES = (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16, onnx.TensorProto.DOUBLE)
+_TYPE_NAMES = {onnx_type: name for name, (onnx_type, _) in FIXED_TYPES.items()}
+
+
+def _element_type(arr: np.ndarray) -> int | None:
+    try:
+        return helper.np_dtype_to_tensor_dtype(arr.dtype)
+    except (KeyError, ValueError, TypeError):
+        return None
+
+
+def _is_float8(arr: np.ndarray) -> bool:
+    return _element_type(arr) == onnx.TensorProto.FLOAT8E4M3FN
 
 
 def single_op_model(op: str, inputs: Sequence[np.ndarray | None], opset: int = 20, **attrs: Any) -> onnx.ModelProto:
     """A model computing `op` on graph inputs named like the spec's inputs (None = omitted
     optional input), every dimension symbolic, with its function body attached.
 
-    bfloat16 inputs may be given as `ml_dtypes.bfloat16` arrays.
+    bfloat16 and float8 inputs may be given as `ml_dtypes` arrays. An input of a fixed element
+    type (`OpSpec.input_types`) must have it; the others take a float type.
     """
     spec = SPECS[op]
     value_infos, names = [], []
     for name, arr in zip(spec.inputs, inputs):
         if arr is None:
             continue
-        elem = _ONNX_TYPES.get(arr.dtype, onnx.TensorProto.BFLOAT16 if arr.dtype.name == "bfloat16" else None)
-        if elem is None:
-            raise ValueError(f"{op}: input {name} has unsupported dtype {arr.dtype}")
+        elem = _element_type(arr)
+        fixed = spec.input_types.get(name)
+        if elem is None or (_TYPE_NAMES.get(elem) != fixed if fixed else elem not in _FLOAT_TYPES):
+            raise ValueError(f"{op}: input {name} has dtype {arr.dtype}; it takes {fixed or 'a float type'}")
         value_infos.append(helper.make_tensor_value_info(name, elem, [f"{name}_{i}" for i in range(arr.ndim)]))
         names.append(name)
     first = value_infos[0].type.tensor_type
@@ -61,3 +79,33 @@ def example_inputs(op: str, shape: Sequence[int], dtype: Any = np.float32, rng: 
         return (rng.standard_normal(dims, dtype=np.float32) * scale + shift).astype(dtype)
 
     return spec.example_fn(shape, rand, attrs)
+
+
+def ort_feed(op: str, inputs: Sequence[np.ndarray | None]) -> dict[str, Any]:
+    """The feed of `single_op_model(op, inputs)` for ONNX Runtime: arrays by input name, float8
+    ones as OrtValues (ORT's numpy bridge has no float8 type)."""
+    import onnxruntime as ort
+
+    feed: dict[str, Any] = {}
+    for name, arr in zip(SPECS[op].inputs, inputs):
+        if arr is None:
+            continue
+        bits = np.ascontiguousarray(arr).view(np.uint8) if _is_float8(arr) else None
+        feed[name] = arr if bits is None else ort.OrtValue.ortvalue_from_numpy_with_onnx_type(bits, onnx.TensorProto.FLOAT8E4M3FN)
+    return feed
+
+
+def torch_inputs(inputs: Sequence[np.ndarray | None]) -> list[torch.Tensor | None]:
+    """The arrays as torch tensors of the same dtype (float8 ones through their bytes)."""
+    tensors: list[torch.Tensor | None] = []
+    for arr in inputs:
+        if arr is not None and _is_float8(arr):
+            tensors.append(torch.from_numpy(np.ascontiguousarray(arr).view(np.uint8)).view(torch.float8_e4m3fn))
+        else:
+            tensors.append(None if arr is None else torch.from_numpy(arr))
+    return tensors
+
+
+def reference_output(op: str, inputs: Sequence[np.ndarray | None], **attrs: Any) -> np.ndarray:
+    """The op's PyTorch reference on numpy inputs (float8 ones included), as a numpy array."""
+    return SPECS[op].reference(*torch_inputs(inputs), **attrs).numpy()

@@ -8,6 +8,9 @@ Attributes that change the *shape of the math* (an activation name, `causal`, wh
 optional mask is present) are "variants": each combination gets its own function body,
 selected through the ONNX node's `overload` field. Numeric attributes (`epsilon`, `axis`,
 `num_groups`, `num_heads`, `scale`) reach the body as attribute references.
+
+Inputs and outputs take the op's float type T (float32, float16 or bfloat16, the graph's type)
+unless `OpSpec.input_types` fixes an input's element type (a float32 scale, a float8 weight).
 """
 
 from __future__ import annotations
@@ -16,8 +19,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import onnx
 import torch
 import torch.nn.functional as F
+
+from deployfuse.ops.body import MIN_OPSET
 
 if TYPE_CHECKING:
     import numpy as np
@@ -33,6 +39,32 @@ RandFn = Callable[..., "np.ndarray"]
 """`rand(*dims, scale=1.0, shift=0.0)`: a random array of the requested dtype."""
 ExampleFn = Callable[[Sequence[int], RandFn, dict[str, Any]], "list[np.ndarray | None]"]
 """Example inputs: (main shape, rand, attributes) -> one array (or None) per spec input."""
+
+
+E4M3_MAX = 448.0
+"""The largest finite float8e4m3fn value; conversions saturate to ±E4M3_MAX (QuantizeLinear's saturate=1)."""
+
+FIXED_TYPES: dict[str, tuple[int, torch.dtype]] = {
+    "float": (onnx.TensorProto.FLOAT, torch.float32),
+    "float8e4m3fn": (onnx.TensorProto.FLOAT8E4M3FN, torch.float8_e4m3fn),
+}
+"""The ONNX element types `OpSpec.input_types` may give an input (ONNX's names, as in its type
+strings ``tensor(float8e4m3fn)``): name -> (TensorProto type, torch dtype)."""
+
+
+def to_element_type(x: Any, name: str) -> Any:
+    """`x` (a numpy array or scalar, or a torch tensor) in the fixed element type `name`: a float32
+    array / tensor, or float8e4m3fn saturated to ±E4M3_MAX and rounded to nearest even (what
+    QuantizeLinear with a float8e4m3fn zero point writes; a plain cast would give NaN past 464).
+    Example inputs call it so that numpy and torch callers get the same types."""
+    onnx_type, torch_type = FIXED_TYPES[name]
+    saturate = onnx_type == onnx.TensorProto.FLOAT8E4M3FN
+    if isinstance(x, torch.Tensor):
+        return (x.float().clamp(-E4M3_MAX, E4M3_MAX) if saturate else x.float()).to(torch_type)
+    import numpy as np
+
+    values = np.asarray(x, dtype=np.float32)
+    return (np.clip(values, -E4M3_MAX, E4M3_MAX) if saturate else values).astype(onnx.helper.tensor_dtype_to_np_dtype(onnx_type))
 
 
 @dataclass(frozen=True)
@@ -68,6 +100,15 @@ class OpSpec:
         users_only: True when no rewrite rule emits the op (only users, through its torch op).
         tf32: True when its CUDA kernels run fp32 in TF32 (as ONNX Runtime's MatMul does by
             default): GPU checks hold its fp32 results to the TF32 tolerance `TF32_TOLERANCE`.
+        input_types: input name -> fixed ONNX element type (a key of `FIXED_TYPES`, e.g.
+            ``{"XScale": "float", "W": "float8e4m3fn"}``); every other input and the outputs
+            take T, the type of the first input. The native kernels check the fixed types
+            (plugins/gen_op_specs.py writes them as ``kInputTypes``), `example_fn` returns them
+            (`to_element_type`), the one-node models declare them.
+        trt_plugin: False when the op has no TensorRT plugin (ONNX Runtime custom op only; the
+            tensorrt target never receives it), so the plugin lists leave it out.
+        min_opset: the lowest default-domain opset its function body is written for (e.g. 19
+            for float8 QuantizeLinear); `attach_functions` refuses older models.
     """
 
     name: str
@@ -81,8 +122,22 @@ class OpSpec:
     optional: tuple[str, ...] = field(default=())
     users_only: bool = False
     tf32: bool = False
+    input_types: dict[str, str] = field(default_factory=dict)
+    trt_plugin: bool = True
+    min_opset: int = MIN_OPSET
     domain: str = DOMAIN
     version: int = VERSION
+
+    def __post_init__(self) -> None:
+        for name, kind in self.input_types.items():
+            if name not in self.inputs or name == self.inputs[0]:
+                raise ValueError(f"{self.name}: input_types names {name!r}, not one of its inputs after the first {list(self.inputs[1:])}")
+            if kind not in FIXED_TYPES:
+                raise ValueError(f"{self.name}: input {name} has element type {kind!r}; fixed types: {sorted(FIXED_TYPES)}")
+
+    def input_type(self, name: str) -> str:
+        """The element type of input `name`: its fixed ONNX type name, or "T" (the op's float type)."""
+        return self.input_types.get(name, "T")
 
     def resolve(self, **attrs: Any) -> dict[str, Any]:
         """All attributes with defaults filled in; raises ValueError naming a bad one."""
@@ -103,7 +158,7 @@ class OpSpec:
 
     def reference(self, *tensors: torch.Tensor | None, **attrs: Any) -> torch.Tensor:
         """The PyTorch reference, computed in float32 (or float64 input) and returned in the
-        dtype of the first input."""
+        dtype of the first input (fixed-type inputs, float8 included, reach it as float32)."""
         resolved = self.resolve(**attrs)
         first = tensors[0]
         if first is None:

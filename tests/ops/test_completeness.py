@@ -7,7 +7,8 @@ fails here, naming the piece:
   every variant, example inputs for every input;
 - native (plugins/<op>/): attributes and call sizes (<op>.h), CPU kernel and run_cpu, CUDA
   launcher and run_cuda (what the generic ONNX Runtime and TensorRT adapters call), or the op's
-  own adapter files; both adapters in the registration lists generated from the registry (the
+  own adapter files; both adapters (only ONNX Runtime's when the spec says `trt_plugin=False`)
+  in the registration lists generated from the registry (the
   ORT one registered for the CPU and CUDA EPs; the TensorRT creator's fields are the spec's
   attributes, from the header generated from the spec; the GPU checks' C ABI runs the TensorRT
   adapter);
@@ -101,7 +102,7 @@ def _python_pieces(module: types.ModuleType, folder: str) -> list[str]:
             missing.append(f"ONNX translation defaults = the spec's (got {defaults})")
     for variant in _variants(spec):
         try:
-            function_body(spec, MIN_OPSET, variant)
+            function_body(spec, max(MIN_OPSET, spec.min_opset), variant)
         except Exception as exc:  # noqa: BLE001 (the piece is what is reported)
             missing.append(f"function body for {variant}: {exc}")
     cases = [c for c in CASES if c[0] == spec.name]
@@ -132,8 +133,9 @@ def _native_pieces(spec: OpSpec, folder: str) -> list[str]:
     ]
     # Each runtime: the generic Adapter<<Op>Attrs> over the op's sizes and run_cpu / run_cuda, or
     # the op's own adapter file (an op whose output is not shaped like X, or with a workspace).
+    # An op with trt_plugin=False has no TensorRT one.
     adapters = {}
-    for runtime in ("ort", "trt"):
+    for runtime in ("ort", "trt") if spec.trt_plugin else ("ort",):
         own = f"{folder}/{folder}_{runtime}.h"
         if (PLUGINS / own).is_file():
             adapters[runtime] = spec.name if runtime == "ort" else f"{spec.name}Op"

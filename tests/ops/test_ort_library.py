@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 
 from deployfuse.backends.ort import run, session
 from deployfuse.ops import SPECS, ort_custom_ops_library
-from deployfuse.ops.models import example_inputs, single_op_model
+from deployfuse.ops.models import example_inputs, ort_feed, reference_output, single_op_model
 from tests.ops.cases import CASES, case_id
 
 
@@ -26,10 +25,8 @@ def test_native_cpu_kernel_matches_reference(library, case):
     attrs.pop("mask", None)
     model = single_op_model(op, xs, **attrs)
     del model.functions[:]  # only the native kernel can run this node now
-    feed = {n: x for n, x in zip(SPECS[op].inputs, xs) if x is not None}
-    got = run(session(model, optimize=True, custom_ops_library=library), feed)["Y"]
-    ref = SPECS[op].reference(*[None if x is None else torch.from_numpy(x) for x in xs], **attrs).numpy()
-    np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-5)
+    got = run(session(model, optimize=True, custom_ops_library=library), ort_feed(op, xs))["Y"]
+    np.testing.assert_allclose(got, reference_output(op, xs, **attrs), rtol=1e-4, atol=1e-5)
 
 
 def test_without_functions_or_library_the_node_is_unknown():

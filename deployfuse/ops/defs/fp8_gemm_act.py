@@ -1,0 +1,106 @@
+"""Fp8GemmAct: Y = act(dq(q(X, XScale)) @ dq(W, WScale)^T + Bias), a float8 GEMM that quantizes its
+activations itself and fuses its epilogue (cuBLASLt fp8 on CUDA).
+
+    q(x, s)  = saturate_e4m3(round_nearest_even(x / s))   (QuantizeLinear(x, s, float8e4m3fn zero), saturate=1)
+    dq(v, s) = float(v) * s
+
+X [..., K] in T; XScale, WScale float32 scalars (per tensor; XScale calibrated as amax/448);
+W float8e4m3fn [N, K], the weight quantized offline and stored transposed (row n = output column
+n: cuBLASLt's fp8 GEMM wants A transposed, "TN"); Bias [N] in T; Y [..., N] in T. The math is
+float32 throughout (x / s, the products, the accumulation, bias and activation), rounded to T once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import onnx
+import onnxscript
+import torch
+from onnx import helper
+from onnxscript.onnx_types import FLOAT, FLOAT8E4M3FN
+
+from deployfuse.ops.body import Body
+from deployfuse.ops.defs._onnxscript import DF, TFloat
+from deployfuse.ops.defs.gemm_act import GEMM_ACTIVATIONS
+from deployfuse.ops.schema import E4M3_MAX, Attr, OpSpec, RandFn, apply_activation, to_element_type
+
+
+def quantize_e4m3(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """q(x, s) as float32 values: x / s in float32, clamped to ±448 (saturation: torch's own cast
+    is not guaranteed to saturate), rounded to nearest even float8e4m3fn."""
+    ratio = x.float() / scale.float()
+    return ratio.clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn).float()
+
+
+def reference(x: torch.Tensor, x_scale: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, bias: torch.Tensor, *, activation: str, algo: int) -> torch.Tensor:
+    """Y = act(dq(q(X, XScale)) @ dq(W, WScale)^T + Bias); W [N, K] holds float8 values (as any
+    float dtype); `algo` only picks the kernel, never the math."""
+    xs, ws = x_scale.float().reshape(()), w_scale.float().reshape(())
+    x_dq = quantize_e4m3(x, xs) * xs
+    w_dq = w.float() * ws
+    return apply_activation(x_dq @ w_dq.T + bias.float(), activation)
+
+
+def body(b: Body, variant: dict[str, Any]) -> str:
+    """In float32 around T (Cast in, CastLike out), as the reference: ONNX Runtime's CPU EP has no
+    bfloat16 QuantizeLinear, and a float16 scale would round XScale."""
+    zero = b.op("Constant", value=helper.make_tensor("", onnx.TensorProto.FLOAT8E4M3FN, [], [0.0]))
+    x = b.op("DequantizeLinear", b.op("QuantizeLinear", b.to_float("X"), "XScale", zero), "XScale")
+    w = b.op("Transpose", b.op("DequantizeLinear", "W", "WScale"), perm=[1, 0])
+    y = b.op("Add", b.op("MatMul", x, w), b.to_float("Bias"))
+    return b.op("CastLike", b.activation(y, variant["activation"]), "X")
+
+
+def example_inputs(shape: Sequence[int], rand: RandFn, attrs: dict[str, Any]) -> list[Any]:
+    """shape = (*X's shape, N): X [..., K]; XScale = 0.8·amax(X)/448, so the largest |X| saturate;
+    W [N, K] quantized from a random float32 weight (scaled by 1/sqrt(K)) with WScale =
+    amax(weight)/448; Bias [N]. Works on numpy arrays and torch tensors alike."""
+    *lead, k, n = shape
+    x = rand(*lead, k)
+    weight = to_element_type(rand(n, k, scale=float(k) ** -0.5), "float")
+    w_scale = to_element_type(abs(weight).max() / E4M3_MAX, "float")
+    x_scale = to_element_type(abs(x).max() * (0.8 / E4M3_MAX), "float")
+    return [x, x_scale, to_element_type(weight / w_scale, "float8e4m3fn"), w_scale, rand(n)]
+
+
+SPEC = OpSpec(
+    name="Fp8GemmAct",
+    inputs=("X", "XScale", "W", "WScale", "Bias"),
+    outputs=("Y",),
+    attrs={
+        "activation": Attr("string", "none", GEMM_ACTIVATIONS, variant=True),
+        "algo": Attr("int", -1),
+    },
+    doc="Y = act(dq(q(X, XScale)) @ dq(W, WScale)^T + Bias), q(x, s) = saturate_e4m3(round_nearest_even(x / s)) "
+    "(QuantizeLinear with a float8e4m3fn zero point), dq(v, s) = float(v) * s; X [..., K] and Bias [N] in T, "
+    "XScale and WScale float32 scalars, W float8e4m3fn [N, K] (the weight transposed); computed in float32, "
+    "Y [..., N] in T. algo: -1 = the cuBLASLt heuristic's first choice, k >= 0 = its k-th candidate, never "
+    "a change of the math. Needs opset 19 (float8 QuantizeLinear).",
+    reference_fn=reference,
+    body_fn=body,
+    example_fn=example_inputs,
+    input_types={"XScale": "float", "W": "float8e4m3fn", "WScale": "float"},
+    trt_plugin=False,  # the tensorrt target keeps standard Q/DQ pairs, which TensorRT fuses into its own fp8 GEMMs
+    min_opset=19,
+)
+
+
+@torch.library.custom_op("deployfuse::fp8_gemm_act", mutates_args=())
+def torch_op(x: torch.Tensor, x_scale: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, bias: torch.Tensor, activation: str = "none", algo: int = -1) -> torch.Tensor:
+    """act(dq(q(x, x_scale)) @ dq(w, w_scale)^T + bias) with w a torch.float8_e4m3fn [N, K]."""
+    return SPEC.reference(x, x_scale, w, w_scale, bias, activation=activation, algo=algo)
+
+
+@torch_op.register_fake
+def _(x, x_scale, w, w_scale, bias, activation="none", algo=-1):
+    return x.new_empty(*x.shape[:-1], w.shape[0])
+
+
+@onnxscript.script(opset=DF)
+def fp8_gemm_act_onnx(x: TFloat, x_scale: FLOAT, w: FLOAT8E4M3FN, w_scale: FLOAT, bias: TFloat, activation: str = "none", algo: int = -1) -> TFloat:
+    return DF.Fp8GemmAct(x, x_scale, w, w_scale, bias, activation=activation, algo=algo)
+
+
+to_onnx = fp8_gemm_act_onnx  # the exporter inlines it by name: one name per op
