@@ -32,8 +32,8 @@ def _element_type(arr: np.ndarray) -> int | None:
         return None
 
 
-def _is_float8(arr: np.ndarray) -> bool:
-    return _element_type(arr) == onnx.TensorProto.FLOAT8E4M3FN
+_ML_TO_TORCH = {"bfloat16": torch.bfloat16, "float8_e4m3fn": torch.float8_e4m3fn}
+"""The `ml_dtypes` numpy types the ops take, by numpy name, as torch dtypes."""
 
 
 def single_op_model(op: str, inputs: Sequence[np.ndarray | None], opset: int = 20, **attrs: Any) -> onnx.ModelProto:
@@ -82,30 +82,38 @@ def example_inputs(op: str, shape: Sequence[int], dtype: Any = np.float32, rng: 
 
 
 def ort_feed(op: str, inputs: Sequence[np.ndarray | None]) -> dict[str, Any]:
-    """The feed of `single_op_model(op, inputs)` for ONNX Runtime: arrays by input name, float8
-    ones as OrtValues (ORT's numpy bridge has no float8 type)."""
+    """The feed of `single_op_model(op, inputs)` for ONNX Runtime: arrays by input name, the
+    `ml_dtypes` ones (float8, bfloat16) as OrtValues over their bytes (ORT's numpy bridge has
+    neither type)."""
     import onnxruntime as ort
 
     feed: dict[str, Any] = {}
     for name, arr in zip(SPECS[op].inputs, inputs):
         if arr is None:
             continue
-        bits = np.ascontiguousarray(arr).view(np.uint8) if _is_float8(arr) else None
-        feed[name] = arr if bits is None else ort.OrtValue.ortvalue_from_numpy_with_onnx_type(bits, onnx.TensorProto.FLOAT8E4M3FN)
+        if arr.dtype.kind == "V":  # ml_dtypes' types are numpy "void" kinds to numpy itself
+            bits = np.ascontiguousarray(arr).view(f"uint{8 * arr.dtype.itemsize}")
+            feed[name] = ort.OrtValue.ortvalue_from_numpy_with_onnx_type(bits, _element_type(arr))
+        else:
+            feed[name] = arr
     return feed
 
 
 def torch_inputs(inputs: Sequence[np.ndarray | None]) -> list[torch.Tensor | None]:
-    """The arrays as torch tensors of the same dtype (float8 ones through their bytes)."""
+    """The arrays as torch tensors of the same dtype (the `ml_dtypes` ones through their bytes)."""
     tensors: list[torch.Tensor | None] = []
     for arr in inputs:
-        if arr is not None and _is_float8(arr):
-            tensors.append(torch.from_numpy(np.ascontiguousarray(arr).view(np.uint8)).view(torch.float8_e4m3fn))
+        if arr is not None and arr.dtype.kind == "V":
+            bits = torch.from_numpy(np.ascontiguousarray(arr).view(f"uint{8 * arr.dtype.itemsize}"))
+            tensors.append(bits.view(_ML_TO_TORCH[arr.dtype.name]))
         else:
             tensors.append(None if arr is None else torch.from_numpy(arr))
     return tensors
 
 
 def reference_output(op: str, inputs: Sequence[np.ndarray | None], **attrs: Any) -> np.ndarray:
-    """The op's PyTorch reference on numpy inputs (float8 ones included), as a numpy array."""
-    return SPECS[op].reference(*torch_inputs(inputs), **attrs).numpy()
+    """The op's PyTorch reference on numpy inputs (float8 and bfloat16 ones included), as a numpy
+    array of the first input's dtype."""
+    y = SPECS[op].reference(*torch_inputs(inputs), **attrs)
+    first = next(x for x in inputs if x is not None)
+    return y.numpy() if first.dtype.kind != "V" else y.float().numpy().astype(first.dtype)
