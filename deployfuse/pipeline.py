@@ -274,21 +274,22 @@ def _run(request: _Request, out_path: Path, report: ExportReport, steps: _Steps,
         request = dataclasses.replace(request, dynamic=_dynamic_axes(loaded, request.dynamic, example, step))
         report.dynamic = [f"{d.name}:{d.axis}:{d.label}" for d in request.dynamic]
         weights = metadata.weights_digest(loaded.module)  # as loaded: what compare recomputes from MODEL
-        dtype = PRECISIONS[request.precision]
+        # A quantized export is exported in its float precision (fp8 on ort-cuda: fp16 around the fp8 GEMMs).
+        dtype = PRECISIONS[request.quantize.float_precision if request.quantize is not None else request.precision]
         draws = _verification_inputs(loaded, example, request.dynamic, checking, dtype) if request.verify else []
         # References come from the unfolded fp32 model, so verification also checks the fold and
         # the cast; in fp16/bf16 they run on the same rounded inputs the ONNX model gets.
         references = [_reference_run(loaded, d.inputs if dtype == torch.float32 else _cast(d.inputs, torch.float32)) for d in draws]
+        if request.quantize is not None:  # the gate's references too, from the fp32 model
+            calibration, gate_references = _calibration(loaded, example, request, checking, dtype)
+            step.detail += f"; calibration: {calibration.source}"
         same_precision: list[dict[str, torch.Tensor]] = []
         if dtype != torch.float32:
             loaded.module.to(dtype)
             example = _cast(example, dtype)
-            same_precision = [_reference_run(loaded, d.inputs) for d in draws]
+            same_precision = [_reference_run(loaded, d.inputs) for d in draws] if request.quantize is None else []
         output_names = list(_reference_run(loaded, example))
         checks = [d.inputs for d in draws] or [example]
-        if request.quantize is not None:
-            calibration, gate_references = _calibration(loaded, example, request, checking)
-            step.detail += f"; calibration: {calibration.source}"
 
     if request.fold:
         with steps.step("fold") as step:
@@ -408,19 +409,27 @@ def _families(request: _Request) -> list[str] | None:
     return [f for f in family_names() if f not in SKIPPED_FAMILIES]
 
 
-def _calibration(loaded: LoadedModel, example: Inputs, request: _Request, checking: _Checking) -> tuple[Calibration, dict[str, list[dict[str, torch.Tensor]]] | None]:
-    """The calibration samples of a quantized export and, when it is verified, PyTorch fp32's
-    outputs on those the gate judges (from the model as loaded, before the fold)."""
+def _calibration(loaded: LoadedModel, example: Inputs, request: _Request, checking: _Checking,
+                 dtype: torch.dtype) -> tuple[Calibration, dict[str, list[dict[str, torch.Tensor]]] | None]:
+    """The calibration samples of a quantized export, floats in the export's `dtype`, and, when
+    it is verified, PyTorch fp32's outputs on those the gate judges (from the fp32 model as
+    loaded, before the fold and the cast, on the samples as rounded to `dtype`)."""
     options = request.quantize
     assert options is not None
     if options.calibration_data is not None:
         calibration = load_calibration(options.calibration_data, example, request.dynamic)
     else:
         calibration = random_calibration(example, loaded.module, checking.seed if checking.seed is not None else 0)
+    if dtype != torch.float32:
+        calibration = dataclasses.replace(calibration, samples=[_cast(s, dtype) for s in calibration.samples],
+                                          held_out=[_cast(s, dtype) for s in calibration.held_out])
     if not request.verify:
         return calibration, None
-    return calibration, {"calibration": [_reference_run(loaded, s) for s in calibration.samples[:GATE_SAMPLES]],
-                         "held-out": [_reference_run(loaded, s) for s in calibration.held_out[:GATE_SAMPLES]]}
+
+    def fp32_outputs(samples: list[Inputs]) -> list[dict[str, torch.Tensor]]:
+        return [_reference_run(loaded, _cast(s, torch.float32)) for s in samples[:GATE_SAMPLES]]
+
+    return calibration, {"calibration": fp32_outputs(calibration.samples), "held-out": fp32_outputs(calibration.held_out)}
 
 
 def _quantize_step(model: onnx.ModelProto, request: _Request, calibration: Calibration, references: dict[str, list[dict[str, torch.Tensor]]] | None,
@@ -461,12 +470,13 @@ def _quantized(model: onnx.ModelProto, request: _Request, calibration: Calibrati
     try:
         quantized, gate = quantize(model, options, calibration, references)
     except GateFailed as exc:
+        exc.result.kept_in = options.float_precision
         report.quantization["gate"] = exc.result.to_dict()
         raise
     if gate is not None:
         report.quantization["gate"] = gate.to_dict()
     metadata.write(quantized, metadata.QUANTIZATION, {"precision": options.precision, "mode": options.mode, "calibration": calibration.source,
-                                                     "fp32_layers": [layer.node for layer in gate.fp32_layers] if gate else []})
+                                                     f"{options.float_precision}_layers": [layer.node for layer in gate.fp32_layers] if gate else []})
     metadata.write(quantized, metadata.ACCURACY_BUDGET, options.budget.to_dict())
     return quantized, gate
 

@@ -146,9 +146,11 @@ ORT_CUDA = Target(
         "rmsnorm": _ORT_SIMPLIFIED_LN,
         "attention": _MHA,
         "gemm_act": (Lowering(DEPLOYFUSE, "GemmAct"),),
+        "fp8_gemm": (Lowering(DEPLOYFUSE, "Fp8GemmAct"),),  # float8 Q/DQ'd GEMMs (--precision fp8); tensorrt keeps the Q/DQ
         **_NORM_ACT,
     },
-    activations={"bias_act": ("relu", "silu", "sigmoid"), "gemm_act": ("relu", "gelu_tanh")},  # gemm_act: cuBLASLt's epilogues
+    # gemm_act, fp8_gemm: cuBLASLt's epilogues
+    activations={"bias_act": ("relu", "silu", "sigmoid"), "gemm_act": ("relu", "gelu_tanh"), "fp8_gemm": ("relu", "gelu_tanh")},
 )
 
 TENSORRT = Target(

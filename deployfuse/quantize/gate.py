@@ -159,10 +159,11 @@ class GateResult:
     errors: list[OutputError] = field(default_factory=list)
     attempts: list[dict[str, Any]] = field(default_factory=list)  # per attempt: layers in fp32, worst cos and rel
     passed: bool = False
+    kept_in: str = "fp32"  # the float precision of the layers left unquantized (fp8 on ort-cuda: fp16)
 
     def to_dict(self) -> dict[str, Any]:
         return {"budget": self.budget.to_dict(), "calibration": self.calibration, "random_calibration": self.random_calibration,
-                "quantized_layers": self.quantized_layers, "fp32_layers": [asdict(layer) for layer in self.fp32_layers],
+                "quantized_layers": self.quantized_layers, f"{self.kept_in}_layers": [asdict(layer) for layer in self.fp32_layers],
                 "errors": [asdict(e) for e in self.errors], "attempts": self.attempts, "passed": self.passed}
 
 
@@ -249,7 +250,7 @@ def table(result: GateResult) -> str:
     lines = [f"accuracy gate ({'passed' if result.passed else 'FAILED'}): budget {result.budget.text()} per output vs PyTorch fp32",
              f"  calibration: {result.calibration}"]
     kept = ", ".join(f"{layer.node} ({layer.op_type})" for layer in result.fp32_layers) or "none"
-    lines.append(f"  layers kept in fp32: {len(result.fp32_layers)} of {result.quantized_layers} ({kept})")
+    lines.append(f"  layers kept in {result.kept_in}: {len(result.fp32_layers)} of {result.quantized_layers} ({kept})")
     lines.append(f"  {'output':<28} {'samples':<12} {'max abs':>10} {'p99 abs':>10} {'rel':>10} {'cosine':>10}")
     lines += [f"  {e.name:<28} {e.samples:<12} {e.max_abs:>10.3e} {e.p99_abs:>10.3e} {e.rel:>10.3e} {e.cos:>10.6f}" for e in result.errors]
     return "\n".join(lines)

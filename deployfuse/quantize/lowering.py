@@ -4,7 +4,11 @@
 CPU kernels); static int8 there, and `int8` and `fp8` on tensorrt and ort-cuda, get standard
 QuantizeLinear/DequantizeLinear pairs (`qdq.place_qdq`), which ORT's CPU optimizer folds into
 its int8 kernels and TensorRT into its int8/fp8 GEMMs. fp8 has no CPU kernel, so
-ort-cpu refuses it. Either way the accuracy gate (`gate.run_gate`) decides which layers stay fp32.
+ort-cpu refuses it. Either way the accuracy gate (`gate.run_gate`) decides which layers stay in float.
+
+fp8 on ort-cuda is exported in fp16 (`float_precision`) and Q/DQ'd, and its fusions turn every
+float8 Q/DQ'd GEMM into a deployfuse.Fp8GemmAct node (the fp8_gemm rule family): an fp16 graph
+around cuBLASLt fp8 GEMMs, the artefact to hold against the fp16 one. Layers the gate leaves out stay fp16.
 
 Where the quantization runs (`before_fusion`): on ort-cuda, on the unfused graph, and deployfuse's
 fusions then run on the Q/DQ graph. After the fusions the Q/K/V projections sit inside a packed
@@ -40,6 +44,7 @@ class QuantizeOptions:
     mode: str  # ort-cpu int8: "dynamic" or "static"; "qdq" elsewhere
     budget: Budget
     calibration_data: str | None = None
+    float_precision: str = "fp32"  # what the model is exported in, and what the layers the gate leaves unquantized stay in
 
 
 def check_options(precision: str, target: Target, opset: int, calibration_data: str | None, accuracy_budget: str | None,
@@ -63,7 +68,16 @@ def check_options(precision: str, target: Target, opset: int, calibration_data: 
     if int8_mode is not None and int8_mode not in ort_int8.MODES:
         raise UsageError(f"--int8-mode {int8_mode!r}: choose {' or '.join(ort_int8.MODES)}")
     mode = (int8_mode or "dynamic") if target == ORT_CPU else "qdq"
-    return QuantizeOptions(precision, mode, budget_of(accuracy_budget), calibration_data)
+    return QuantizeOptions(precision, mode, budget_of(accuracy_budget), calibration_data, float_precision(precision, target))
+
+
+def float_precision(precision: str, target: Target) -> str:
+    """The float precision a `precision` export for `target` is made in, around its quantized
+    GEMMs: fp16 for fp8 on ort-cuda, whose artefact must beat the fp16 one (the fp8_gemm rule
+    family turns each float8 Q/DQ'd GEMM into a deployfuse.Fp8GemmAct node, a cuBLASLt fp8 GEMM
+    writing fp16); fp32 otherwise (TensorRT picks its own types for what it does not quantize,
+    ONNX Runtime's CPU int8 kernels take fp32)."""
+    return "fp16" if precision == "fp8" and target == ORT_CUDA else "fp32"
 
 
 def before_fusion(target: Target, options: QuantizeOptions | None) -> bool:
@@ -73,7 +87,7 @@ def before_fusion(target: Target, options: QuantizeOptions | None) -> bool:
 
 def quantize(model: onnx.ModelProto, options: QuantizeOptions, calibration: Calibration,
              references: Mapping[str, Sequence[dict[str, torch.Tensor]]] | None) -> tuple[onnx.ModelProto, GateResult | None]:
-    """`model` (fp32; fused for the target unless `before_fusion`) quantized as `options.mode` says,
+    """`model` (in `options.float_precision`; fused for the target unless `before_fusion`) quantized as `options.mode` says,
     and the gate's result; without `references` (no verification asked for) every layer is
     quantized and nothing is judged.
 
@@ -91,6 +105,8 @@ def quantize(model: onnx.ModelProto, options: QuantizeOptions, calibration: Cali
         result = None
     else:
         quantized, result = run_gate(quantizer, layers, calibration, references, options.budget)
+    if result is not None:
+        result.kept_in = options.float_precision
     quantized.metadata_props.clear()
     quantized.metadata_props.extend(model.metadata_props)  # the export's facts, whatever the quantizer kept
     return quantized, result
@@ -103,4 +119,4 @@ def _qdq_quantizer(model: onnx.ModelProto, precision: str, calibration: Calibrat
     return quantize
 
 
-__all__ = ["QUANTIZED", "QuantizeOptions", "before_fusion", "check_options", "quantize"]
+__all__ = ["QUANTIZED", "QuantizeOptions", "before_fusion", "check_options", "float_precision", "quantize"]

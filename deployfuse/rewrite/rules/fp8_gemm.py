@@ -1,0 +1,163 @@
+"""FP8 GEMM: a float8 Q/DQ'd GEMM [+ bias] [+ activation] -> deployfuse.Fp8GemmAct (ort-cuda).
+
+    act(DQ(Q(x, sx)) · DQ(Wq, sw) + b)   ->   Fp8GemmAct(x, sx, Wqᵀ, sw, b, activation)
+
+Q/DQ are float8 e4m3 QuantizeLinear / DequantizeLinear with one scale per tensor and zero points
+0, as `quantize.qdq.place_qdq` writes them on ort-cuda; Wq is the float8 weight [K, N] (stored
+transposed, [N, K], for cuBLASLt's "TN" layout; a Gemm with transB=1 has it so already). The
+GEMM comes as MatMul [+ Add] or as Gemm (GPT-2's Conv1D: on [B·S, K], possibly viewed back to
+[B, S, N] before the activation, which then moves ahead of the Reshape). ONNX Runtime's CUDA EP
+runs the Q/DQ form as a dequantization and an fp16 MatMul; the fused node quantizes x and runs one
+cuBLASLt fp8 GEMM with the bias (and ReLU / tanh-GELU) in its epilogue. Exact-erf GELU stays a
+node of its own after the bias epilogue (cuBLASLt's GELU is the tanh form). A GEMM without a bias
+gets a zero one: every Q/DQ'd GEMM becomes an Fp8GemmAct. The scales (the graph's float type in
+an fp16 graph) become float32 initializers, as the op takes them.
+
+Runs right after the gelu family (tanh GELU then reads as FastGelu, the only tanh spellings
+matched here) and before attention, skip_layernorm and bias_gelu, so those fuse around the
+Fp8GemmAct nodes: MultiHeadAttention takes their outputs as Q, K and V, SkipLayerNormalization
+the residual sum with the bias already added in the GEMM epilogue.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import onnx_ir as ir
+from onnxscript.rewriter import MatchResult, pattern
+
+from deployfuse.rewrite.rules._activations import gelu20_approximate
+from deployfuse.rewrite.rules._common import FusionRule, either
+from deployfuse.targets import MS, Target, get_target
+
+FAMILY = "fp8_gemm"
+GRAPH_TYPES = (ir.DataType.FLOAT16, ir.DataType.BFLOAT16)
+"""The float types the rule fuses in: cuBLASLt's fp8 GEMM writes fp16/bf16 with a bias of that type."""
+
+_FP8 = ir.DataType.FLOAT8E4M3FN
+Builder = Callable[[Any, Any], Any]
+_ACTIVATIONS: dict[str, tuple[Builder, ...]] = {
+    "relu": (lambda op, y: op.Relu(y),),
+    "gelu_tanh": (lambda op, y: op.Gelu(y, _allow_other_attributes=True, _outputs=["act_out"]), lambda op, y: op.FastGelu(y, _domain=MS)),
+}
+
+
+def _const(value: ir.Value | None) -> np.ndarray | None:
+    tensor = None if value is None else ir.convenience.get_const_tensor(value)
+    return None if tensor is None else np.asarray(tensor.numpy())
+
+
+def _fp8_zero(value: ir.Value | None) -> bool:
+    """True when `value` is a one-element float8 e4m3 constant 0 (a zero point)."""
+    array = _const(value)
+    return array is not None and value is not None and value.dtype == _FP8 and array.size == 1 and float(array.astype(np.float32).reshape(())) == 0.0
+
+
+def _scale(value: ir.Value | None) -> float | None:
+    """A one-element, positive, finite constant scale as a float, else None."""
+    array = _const(value)
+    if array is None or array.size != 1:
+        return None
+    scale = float(array.astype(np.float32).reshape(()))
+    return scale if np.isfinite(scale) and scale > 0 else None
+
+
+class Fp8Gemm(FusionRule):
+    """act(MatMul(DQ(Q(x)), DQ(Wq)) [+ b]) or act([Reshape](Gemm(DQ(Q(x)), DQ(Wq) [, b]))) -> Fp8GemmAct."""
+
+    def __init__(self, target: str | Target, gemm: bool, reshape: bool, bias: bool, activation: str, build: Builder | None, swap: bool = False) -> None:
+        name = "fp8_gemm" + ("" if activation == "none" else f"_{activation}") + ("" if bias else "_unbiased")
+        super().__init__(name, target)
+        self.gemm, self.reshape, self.bias, self.activation, self.build, self.swap = gemm, reshape, bias, activation, build, swap
+
+    def pattern(self, op, x, x_scale, x_zero, dq_scale, dq_zero, w_q, w_scale, w_zero, bias, shape):
+        x_dq = op.DequantizeLinear(op.QuantizeLinear(x, x_scale, x_zero, _outputs=["x_q"]), dq_scale, dq_zero, _outputs=["x_dq"])
+        w_dq = op.DequantizeLinear(w_q, w_scale, w_zero, _outputs=["w_dq"])
+        if self.gemm:
+            y = op.Gemm(x_dq, w_dq, bias, _outputs=["linear"]) if self.bias else op.Gemm(x_dq, w_dq, _outputs=["linear"])
+            if self.reshape:
+                y = op.Reshape(y, shape, _allow_other_attributes=True, _outputs=["reshaped"])
+        else:
+            y = op.MatMul(x_dq, w_dq, _outputs=["linear"])
+            if self.bias and self.build is None:  # a pattern cannot end in a choice: one rule per operand order
+                y = op.Add(bias, y) if self.swap else op.Add(y, bias)
+            elif self.bias:
+                y = either(op.Add, y, bias)
+        return y if self.build is None else self.build(op, y)
+
+    def check(self, context, x, x_scale, x_zero, dq_scale, dq_zero, w_q, w_scale, w_zero, linear, x_q, bias=None, reshaped=None, act_out=None,
+              **_) -> MatchResult:
+        fail = MatchResult().fail
+        if x.dtype not in GRAPH_TYPES:
+            return fail(f"x is {x.dtype}: the fp8 GEMM is emitted in fp16/bf16 graphs", x)
+        quantize = x_q.producer()
+        if quantize.attributes.get_int("saturate", 1) != 1 or quantize.attributes.get_int("block_size", 0) != 0:
+            return fail("QuantizeLinear does not saturate, or quantizes blockwise", x_q)
+        if not (_fp8_zero(x_zero) and _fp8_zero(dq_zero) and _fp8_zero(w_zero)):
+            return fail("a zero point is not a float8 e4m3 zero", [x_zero, dq_zero, w_zero])
+        sx, dq_sx, sw = _scale(x_scale), _scale(dq_scale), _scale(w_scale)
+        if sx is None or sx != dq_sx:
+            return fail("x's QuantizeLinear and DequantizeLinear do not share one positive scalar scale", [x_scale, dq_scale])
+        if sw is None:
+            return fail("the weight's scale is not one positive scalar (per-channel scales have no Fp8GemmAct form)", w_scale)
+        weight = _const(w_q)
+        if weight is None or w_q.dtype != _FP8 or weight.ndim != 2:
+            return fail("the weight is not a float8 e4m3 constant matrix", w_q)
+        k, n = weight.shape[::-1] if self._trans_b(linear) else weight.shape
+        if self.gemm:
+            attrs = linear.producer().attributes
+            if attrs.get_int("transA", 0) or attrs.get_float("alpha", 1.0) != 1.0 or attrs.get_float("beta", 1.0) != 1.0:
+                return fail("Gemm transposes A or scales (transA/alpha/beta)", linear)
+        if x.shape is None or len(x.shape) < (2 if self.gemm else 1) or x.shape[-1] != k:
+            return fail("x is not [..., K] for the weight's K", x)
+        if bias is not None:
+            array = _const(bias)
+            if array is None or bias.dtype != x.dtype or array.size != n or array.shape[-1] != n or array.ndim > 2:
+                return fail("the bias is not a constant vector of the weight's N in x's dtype", bias)
+        if reshaped is not None and (reshaped.shape is None or len(reshaped.shape) == 0 or reshaped.shape[-1] != n):
+            return fail("the Reshape after the Gemm changes the last axis", reshaped)
+        if act_out is not None and gelu20_approximate(act_out) != "tanh":
+            return fail("Gelu-20 without approximate='tanh': cuBLASLt's GELU is the tanh form", act_out)
+        return self.choose(context, x, self.target.lowering(FAMILY))
+
+    def _trans_b(self, linear: ir.Value) -> bool:
+        return self.gemm and bool(linear.producer().attributes.get_int("transB", 0))
+
+    def rewrite(self, op, x, x_scale, w_q, w_scale, linear, bias=None, shape=None, reshaped=None, **_):
+        trans_b, weight = self._trans_b(linear), _const(w_q)
+        prefix = f"{linear.producer().name}_fp8"  # node names are unique: so are the new initializers'
+
+        def initializer(array: np.ndarray, part: str) -> ir.Value:
+            return op.initializer(ir.tensor(array), name=f"{prefix}_{part}")
+
+        scales = [initializer(np.array(_scale(s), dtype=np.float32), f"{part}_scale") for s, part in ((x_scale, "x"), (w_scale, "w"))]
+        w_t = w_q if trans_b else initializer(np.ascontiguousarray(weight.T), "weight_t")  # [K, N] -> [N, K]
+        n = weight.shape[0 if trans_b else 1]
+        vector = None if bias is None else _const(bias)
+        if vector is None or vector.ndim != 1:  # none (a zero bias), or Gemm's C as a row [1, N]
+            bias = initializer((np.zeros(n) if vector is None else vector.reshape(n)).astype(x.dtype.numpy()), "bias")
+        y = self.emit(op, x, scales[0], w_t, scales[1], bias, activation=self.activation)
+        if reshaped is not None:
+            y = op.Reshape(y, shape, **{k: a.value for k, a in reshaped.producer().attributes.items()})
+        return y
+
+
+def rules(target: str | Target) -> list[pattern.RewriteRule]:
+    """The fp8 GEMM rules for `target` (ort-cuda): activations first, then the bias alone, then
+    GEMMs without a bias, so each form sees only what the ones before left."""
+    target = get_target(target)
+    if not target.lowering(FAMILY):
+        return []
+    forms = ((False, False), (True, False), (True, True))  # (gemm, reshape)
+    out = []
+    for bias in (True, False):
+        for name in target.activations.get(FAMILY, ()):
+            out += [Fp8Gemm.rule(target, gemm, reshape, bias, name, build) for build in _ACTIVATIONS[name] for gemm, reshape in forms]
+        if bias:
+            out += [Fp8Gemm.rule(target, False, False, True, "none", None, swap) for swap in (False, True)]
+            out += [Fp8Gemm.rule(target, True, reshape, True, "none", None) for reshape in (False, True)]
+        else:
+            out += [Fp8Gemm.rule(target, gemm, reshape, False, "none", None) for gemm, reshape in forms]
+    return out
