@@ -47,8 +47,11 @@ def body(b: Body, variant: dict[str, Any]) -> str:
     """In float32 around T (Cast in, CastLike out), as the reference: ONNX Runtime's CPU EP has no
     bfloat16 QuantizeLinear, and a float16 scale would round XScale."""
     zero = b.op("Constant", value=helper.make_tensor("", onnx.TensorProto.FLOAT8E4M3FN, [], [0.0]))
-    x = b.op("DequantizeLinear", b.op("QuantizeLinear", b.to_float("X"), "XScale", zero), "XScale")
-    w = b.op("Transpose", b.op("DequantizeLinear", "W", "WScale"), perm=[1, 0])
+    # Every Q/DQ names the float8 zero point: ONNX Runtime's QDQPropagationTransformer copies a
+    # DequantizeLinear's inputs into the pair it inserts past a Reshape, and without one that
+    # QuantizeLinear writes uint8 (tiny BERT: 10x the error at ORT_ENABLE_BASIC; ORT 1.32 CPU).
+    x = b.op("DequantizeLinear", b.op("QuantizeLinear", b.to_float("X"), "XScale", zero), "XScale", zero)
+    w = b.op("Transpose", b.op("DequantizeLinear", "W", "WScale", zero), perm=[1, 0])
     y = b.op("Add", b.op("MatMul", x, w), b.to_float("Bias"))
     return b.op("CastLike", b.activation(y, variant["activation"]), "X")
 
