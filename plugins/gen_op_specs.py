@@ -7,14 +7,16 @@ CMake runs it at configure time (and again whenever a spec module changes):
 
 It writes into OUT_DIR (each file only when its text changes: no needless rebuild)
 
-- deployfuse_op_specs.h: per op `spec::<Op>`, its name, input counts, attribute indices and the
-  `AttrSpec` table (defaults, required, allowed values) both runtime adapters read attributes
-  with; the list of ops the registration lists check themselves against;
+- deployfuse_op_specs.h: per op `spec::<Op>`, its name, input counts, each input's element type
+  (`kInputTypes`: T, or the type `OpSpec.input_types` fixes), whether it is a TensorRT plugin,
+  attribute indices and the `AttrSpec` table (defaults, required, allowed values) both runtime
+  adapters read attributes with; the list of ops the registration lists check themselves against;
 - deployfuse_ort_ops.h: every op's ONNX Runtime adapter, `ort::Adapter<<Op>Attrs>` (generic, over
   the op's <op>.h and <op>.cuh) or the op's own `ort::<Op>` when it has `<op>/<op>_ort.h`,
   listed as `ort::Registered`, which ort_ops.cc registers;
 - deployfuse_trt_ops.h: the same for TensorRT (`trt::Adapter<<Op>Attrs>` or `<op>/<op>_trt.h`'s
   `trt::<Op>Op`), listed as `trt::Registered`, which trt_plugins.cpp and the C ABI (ops_capi.cu) use;
+  an op whose spec says `trt_plugin=False` is left out;
 
 and prints two lines for CMake: the ops' folder names (= their defs module names) and the Python
 files the specs came from.
@@ -37,11 +39,15 @@ for root in (HERE.parent, HERE.parent.parent):
 from deployfuse.ops.schema import Attr, OpSpec  # noqa: E402
 from deployfuse.ops.specs import OP_MODULES  # noqa: E402
 
-_EACH_ONCE = """// True when Specs are every op of kOps, each once: a registration list checks itself with it.
+_EACH_ONCE = """// True when Specs are every op of kOps (tensorrt: every one with a TensorRT plugin), each once: a
+// registration list checks itself with it.
 template <typename... Specs>
-constexpr bool each_op_once() {
+constexpr bool each_op_once(bool tensorrt = false) {
   const char* names[] = {Specs::kName...};
-  if (sizeof...(Specs) != kOpCount) return false;
+  const bool plugins[] = {Specs::kTrtPlugin...};
+  if (sizeof...(Specs) != static_cast<size_t>(tensorrt ? kTrtOpCount : kOpCount)) return false;
+  for (size_t i = 0; i < sizeof...(Specs); ++i)
+    if (tensorrt && !plugins[i]) return false;
   for (size_t i = 0; i < sizeof...(Specs); ++i)
     for (size_t j = i + 1; j < sizeof...(Specs); ++j) {
       size_t n = 0;
@@ -56,6 +62,8 @@ template <typename... Ops>
 struct OpList {};
 """
 _KINDS = {"int": "AttrKind::kInt", "float": "AttrKind::kFloat", "string": "AttrKind::kString"}
+_INPUT_TYPES = {"T": "InputType::kT", "float": "InputType::kFloat", "float8e4m3fn": "InputType::kFloat8E4M3FN"}
+"""OpSpec.input_types' names (ONNX's) -> common/op_inputs.h `InputType`."""
 
 
 def _cpp_string(value: object) -> str:
@@ -74,6 +82,14 @@ def _enum_name(attr: str) -> str:
     return "k" + "".join(part.capitalize() for part in attr.split("_"))
 
 
+def _input_types(spec: OpSpec) -> str:
+    types = [spec.input_types.get(name, "T") for name in spec.inputs]
+    unknown = sorted(set(types) - set(_INPUT_TYPES))
+    if unknown:
+        raise ValueError(f"{spec.name}: input element types {unknown} have no native InputType (plugins/common/op_inputs.h); known: {sorted(_INPUT_TYPES)}")
+    return ", ".join(_INPUT_TYPES[t] for t in types)
+
+
 def op_block(spec: OpSpec) -> str:
     """`struct <Op>` of one spec."""
     rows = ",\n      ".join(_attr_row(name, attr) for name, attr in spec.attrs.items())
@@ -83,6 +99,8 @@ def op_block(spec: OpSpec) -> str:
         f"struct {spec.name} {{\n"
         f"  static constexpr const char* kName = {_cpp_string(spec.name)};\n"
         f"  static constexpr int kInputs = {len(spec.inputs)}, kRequiredInputs = {len(spec.inputs) - len(spec.optional)};\n"
+        f"  static constexpr InputType kInputTypes[] = {{{_input_types(spec)}}};  // kT: the op's float type (also Y's)\n"
+        f"  static constexpr bool kTrtPlugin = {'true' if spec.trt_plugin else 'false'};\n"
         f"  enum : int {{ {enum} }};  // attribute indices into kAttrs\n"
         f"  static constexpr AttrSpec kAttrs[] = {{\n      {rows}}};\n"
         f"}};\n"
@@ -95,10 +113,11 @@ def header() -> str:
     return (
         "// Generated from the Python op specs (deployfuse/ops/defs/*.py) by plugins/gen_op_specs.py\n"
         "// when the plugins build. Do not edit: change the spec.\n"
-        "#pragma once\n#include \"common/attrs.h\"\n\nnamespace deployfuse {\nnamespace spec {\n\n"
+        "#pragma once\n#include \"common/attrs.h\"\n#include \"common/op_inputs.h\"\n\nnamespace deployfuse {\nnamespace spec {\n\n"
         + "\n".join(op_block(s) for s in specs)
         + f"\n// Every registered op, in the registry's order.\nconstexpr const char* kOps[] = {{{names}}};\n"
-        f"constexpr int kOpCount = {len(specs)};\n\n{_EACH_ONCE}\n}}  // namespace spec\n\n{_OP_LIST}\n}}  // namespace deployfuse\n"
+        f"constexpr int kOpCount = {len(specs)}, kTrtOpCount = {sum(s.trt_plugin for s in specs)};\n\n{_EACH_ONCE}\n}}  // namespace spec\n\n"
+        f"{_OP_LIST}\n}}  // namespace deployfuse\n"
     )
 
 
@@ -119,6 +138,8 @@ def adapter_list(runtime: str) -> str:
     includes, cuda_includes, names = set(), set(), []
     for m in OP_MODULES:
         folder, name = _folder(m), m.SPEC.name
+        if runtime == "trt" and not m.SPEC.trt_plugin:
+            continue
         if own_adapter(m, runtime):
             includes.add(f"{folder}/{folder}_{runtime}.h")
             names.append(name if runtime == "ort" else f"{name}Op")

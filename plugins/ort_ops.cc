@@ -3,12 +3,15 @@
 // turns ORT tensors and attributes into calls of the CPU kernels / CUDA launchers;
 // ort::Registered, generated from the op registry (deployfuse_ort_ops.h, by gen_op_specs.py),
 // lists them, and make_registrations registers every one for the CPU EP in fp32, and with
-// DEPLOYFUSE_WITH_CUDA for the CUDA EP in fp32/fp16/bf16. Nothing here changes when an op is
-// added. Built against ORT API 21 headers; loads in ORT >= 1.21.
+// DEPLOYFUSE_WITH_CUDA for the CUDA EP in fp32/fp16/bf16 (those its adapter's optional
+// `static bool takes_on_cuda(ElemType)` accepts). That type is the op's T; an input whose type
+// the spec fixes (spec::<Op>::kInputTypes) is registered with it. Nothing here changes when an op
+// is added. Built against ORT API 21 headers; loads in ORT >= 1.21.
 #include <cstring>
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "common/ort_adapter.h"
@@ -56,7 +59,13 @@ struct Op : Ort::CustomOpBase<Op<Adapter>, Kernel<Adapter>, true> {
   const char* GetName() const { return Spec::kName; }
   const char* GetExecutionProviderType() const { return ep; }
   size_t GetInputTypeCount() const { return Spec::kInputs; }
-  ElemType GetInputType(size_t) const { return type; }
+  ElemType GetInputType(size_t i) const {
+    switch (Spec::kInputTypes[i]) {
+      case InputType::kFloat: return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+      case InputType::kFloat8E4M3FN: return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT8E4M3FN;
+      default: return type;
+    }
+  }
   OrtCustomOpInputOutputCharacteristic GetInputCharacteristic(size_t i) const {
     return i < static_cast<size_t>(Spec::kRequiredInputs) ? INPUT_OUTPUT_REQUIRED : INPUT_OUTPUT_OPTIONAL;
   }
@@ -64,10 +73,22 @@ struct Op : Ort::CustomOpBase<Op<Adapter>, Kernel<Adapter>, true> {
   ElemType GetOutputType(size_t) const { return type; }
 };
 
+// An adapter with `static bool takes_on_cuda(ElemType)` runs on the CUDA EP only in the types it accepts.
+template <typename Adapter, typename = void>
+struct Restricted : std::false_type {};
+template <typename Adapter>
+struct Restricted<Adapter, std::void_t<decltype(Adapter::takes_on_cuda(ElemType{}))>> : std::true_type {};
+template <typename Adapter>
+void add_op(std::vector<std::unique_ptr<OrtCustomOp>>& ops, const char* ep, ElemType type) {
+  if constexpr (Restricted<Adapter>::value)
+    if (std::strcmp(ep, kCuda) == 0 && !Adapter::takes_on_cuda(type)) return;
+  ops.emplace_back(new Op<Adapter>(ep, type));
+}
+
 template <typename... Adapters>
 void add_ops(OpList<Adapters...>, std::vector<std::unique_ptr<OrtCustomOp>>& ops, const char* ep, ElemType type) {
   static_assert(spec::each_op_once<typename Adapters::Spec...>(), "register every op of deployfuse/ops/specs.py, once");
-  (ops.emplace_back(new Op<Adapters>(ep, type)), ...);
+  (add_op<Adapters>(ops, ep, type), ...);
 }
 
 // Every registered op, for one (provider, element type).

@@ -10,6 +10,10 @@ namespace deployfuse {
 constexpr int kMaxRank = 8;  // = TensorRT's Dims::MAX_DIMS
 constexpr int kMaxInputs = 8;
 
+// An input's element type (spec::<Op>::kInputTypes, from OpSpec.input_types): kT, the op's float
+// type (fp32/fp16/bf16, also its output's), or a type the spec fixes.
+enum class InputType : int { kT, kFloat, kFloat8E4M3FN };
+
 // One linear (contiguous) tensor: its data and dims.
 struct Tensor {
   const void* data = nullptr;

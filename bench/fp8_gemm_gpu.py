@@ -1,0 +1,370 @@
+"""GPU check and benchmark of Fp8GemmAct (X quantized to float8e4m3fn by one kernel, then a cuBLASLt fp8 GEMM with
+the bias / ReLU / tanh-GELU epilogue) through the C ABI (df_fp8_gemm_act) and, where onnxruntime has its CUDA
+provider, ONNX Runtime's CUDA EP with the custom-op library.
+
+Correctness, outputs poisoned with NaN before each launch: ||out - ref|| / ||ref|| against a float64 reference of
+the same quantization (X / XScale in float32 rounded to e4m3 as the spec's quantize_e4m3, then float64 products
+and sums), fp16 and bf16, every activation, odd M, N a multiple of 16, of 8 only, and neither (cuBLASLt may refuse
+those: reported, not failed), X off 16-byte alignment (the scalar quantize path); the quantization bit for bit
+(W = identity, power-of-two scales: Y = dq(q(X)) exactly, ties, subnormals, saturation, infinities, NaN); K not
+a multiple of 16 refused; every heuristic candidate; a CUDA-graph replay = the eager launch; fp32 (cuBLASLt's fp8
+kernels want a bf16 bias with an fp32 output: the op answers cudaErrorNotSupported, reported either way).
+
+Speed (fp16, GPU ms per call from CUDA events around CUDA-graph replays of 20 calls) at the BERT/ViT/GPT-2 GEMM
+shapes: torch fp16 addmm, torch._scaled_mm on an X already in fp8 and with torch's own quantize pass, and
+Fp8GemmAct (quantize + GEMM) at the heuristic's choice and its fastest candidate.
+
+    python bench/fp8_gemm_gpu.py plugins/build/gpu/libdeployfuse_ops_cuda.so [--ort plugins/build/gpu/libdeployfuse_ort.so]
+    python bench/fp8_gemm_gpu.py LIB --check-only --small    # the small checks (under compute-sanitizer)
+    python bench/fp8_gemm_gpu.py --dry-run                   # no GPU: every check through the CPU kernel (ORT CPU EP)
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import torch
+from onnx import helper, numpy_helper
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from deployfuse.ops.defs.fp8_gemm_act import quantize_e4m3  # noqa: E402
+from deployfuse.ops.schema import DOMAIN, E4M3_MAX, apply_activation, to_element_type  # noqa: E402
+from deployfuse.rewrite.gemm_tuning import ACT_CODES  # noqa: E402
+
+OP = "Fp8GemmAct"
+DT = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
+TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
+ONNX_TYPE = {torch.float32: onnx.TensorProto.FLOAT, torch.float16: onnx.TensorProto.FLOAT16, torch.bfloat16: onnx.TensorProto.BFLOAT16}
+NOT_SUPPORTED, INVALID_VALUE = 801, 1  # cudaErrorNotSupported, cudaErrorInvalidValue
+
+# (leading dims of X, K, N, activation, X off 16-byte alignment)
+CHECKS = [
+    ((3, 5), 32, 16, "none", False),
+    ((3, 5), 32, 24, "relu", False),
+    ((7,), 64, 48, "gelu_tanh", False),
+    ((1,), 768, 768, "gelu_tanh", False),
+    ((4, 33), 128, 264, "relu", False),
+    ((2, 3, 5), 16, 40, "none", False),
+    ((5,), 64, 32, "gelu_tanh", True),
+    ((3,), 48, 19, "none", False),
+    ((9,), 32, 33, "relu", False),
+    ((8, 128), 768, 3072, "gelu_tanh", False),
+    ((8, 128), 3072, 768, "none", False),
+    ((64, 197), 768, 2304, "none", False),
+]
+SMALL = 1 << 22  # --small: the checks of at most this many multiply-adds
+
+# (name, M, K, N): the GEMMs of BERT-base / GPT-2 (seq 128) and ViT-B/16 (197 tokens) at batch 8 and 64
+BENCH = [(f"{tokens} {gemm}", m, k, n) for tokens, m in (("b8 bert/gpt2", 1024), ("b8 vit", 1576), ("b64 bert/gpt2", 8192), ("b64 vit", 12608))
+         for gemm, (k, n) in (("qkv|o", (768, 768)), ("fc1", (768, 3072)), ("fc2", (3072, 768)), ("gpt2 c_attn", (768, 2304)))]
+
+
+class Problem:
+    """One Fp8GemmAct call: inputs as the spec's example_inputs makes them (XScale = 0.8·amax(X)/448, so the largest
+    |X| saturate; W quantized from a random weight), an output, the scratch, and the float64 reference."""
+
+    def __init__(self, lead: tuple[int, ...], k: int, n: int, act: str, dtype: torch.dtype, device: str, misalign: bool = False) -> None:
+        self.lead, self.m, self.n, self.k, self.act, self.dtype = lead, math.prod(lead), n, k, act, dtype
+        x = torch.randn(*lead, k, device=device).to(dtype)
+        if misalign:  # storage one element off 16-byte alignment
+            x = torch.cat([x.new_zeros(1), x.flatten()])[1:].view(x.shape)
+        weight = torch.randn(n, k, device=device) / k**0.5
+        self.x = x
+        self.x_scale = (x.float().abs().max() * (0.8 / E4M3_MAX)).reshape(())
+        self.w_scale = (weight.abs().max() / E4M3_MAX).reshape(())
+        self.w = to_element_type(weight / self.w_scale, "float8e4m3fn")
+        self.bias = torch.randn(n, device=device).to(dtype)
+        self.y = torch.empty(*lead, n, device=device, dtype=dtype)
+
+    def reference(self) -> torch.Tensor:
+        xs, ws = self.x_scale.double(), self.w_scale.double()
+        x_dq = quantize_e4m3(self.x, self.x_scale).double() * xs
+        return apply_activation(x_dq @ (self.w.double() * ws).T + self.bias.double(), self.act)
+
+    def error(self, run: Any, algo: int = -1) -> tuple[int, float, int]:
+        """(return code, relative L2 error, NaN count) of one launch into a NaN-poisoned output."""
+        self.y.fill_(float("nan"))
+        rc = run(self, algo)
+        if rc != 0:
+            return rc, float("nan"), 0
+        ref, got = self.reference(), self.y.double()
+        return 0, float(torch.linalg.vector_norm(got - ref) / torch.linalg.vector_norm(ref).clamp_min(1e-30)), int(torch.isnan(got).sum())
+
+
+def exact_problem(dtype: torch.dtype, device: str) -> Problem:
+    """Y = dq(q(X)) exactly: W = the identity, WScale = 1, XScale = 1/8, Bias = 0, no activation; X holds e4m3 values,
+    the midpoints between neighbours (ties to even), subnormals and their midpoints, values past 448·XScale
+    (saturation), ±inf, -0 and one NaN row (a NaN reaches its whole output row through the GEMM)."""
+    codes = torch.arange(256, device=device, dtype=torch.uint8).view(torch.float8_e4m3fn).float()
+    finite = codes[torch.isfinite(codes)].unique()
+    mids = (finite[1:] + finite[:-1]) / 2
+    special = torch.tensor([460.0, 464.0, 470.0, 1e4, float("inf"), float("-inf"), -0.0, -464.0, 2.0**-10, 3 * 2.0**-10], device=device)
+    values = torch.cat([finite, mids, special])
+    rows = -(-values.numel() // 64) + 1
+    p = Problem((rows,), 64, 64, "none", dtype, device)
+    x = torch.zeros(rows * 64, device=device)
+    x[: values.numel()] = values
+    x = (x / 8).view(rows, 64)
+    x[-1] = x[0].flip(0)
+    x[-1, 7] = float("nan")
+    p.x.copy_(x.to(dtype))  # fp16 / bf16 hold every value: e4m3 needs 4 significant bits, a midpoint 5 (bf16 has 8)
+    p.x_scale.fill_(0.125)
+    p.w_scale.fill_(1.0)
+    p.w.copy_(torch.eye(64, device=device).to(torch.float8_e4m3fn))
+    p.bias.zero_()
+    return p
+
+
+def exact_match(p: Problem, run: Any) -> tuple[bool, int]:
+    """(Y = the reference rounded to T, bit for bit and NaN for NaN; mismatching elements)."""
+    p.y.fill_(0.0)
+    rc = run(p, -1)
+    if rc != 0:
+        return False, -rc
+    ref = p.reference().to(p.dtype)
+    same = (p.y == ref) | (torch.isnan(p.y) & torch.isnan(ref))
+    return bool(same.all()), int((~same).sum())
+
+
+class CApi:
+    """The library's Fp8GemmAct entries on torch tensors (the process's runner: plans shared across calls)."""
+
+    def __init__(self, path: str) -> None:
+        self.lib = ctypes.CDLL(path)
+        P, I64, INT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+        self.lib.df_fp8_gemm_act.argtypes = [INT, P, P, P, P, P, P, P, I64, I64, I64, INT, INT, P, ctypes.c_size_t]
+        self.lib.df_fp8_gemm_act_candidates.argtypes = [INT, P, P, P, P, P, I64, I64, I64, INT]
+        self.lib.df_fp8_gemm_act_scratch_bytes.argtypes = [I64, I64]
+        self.lib.df_fp8_gemm_act_scratch_bytes.restype = ctypes.c_size_t
+        self.scratch: dict[tuple[int, int], torch.Tensor] = {}
+
+    def _scratch(self, p: Problem) -> torch.Tensor:
+        key = (p.m, p.k)
+        if key not in self.scratch:
+            self.scratch[key] = torch.empty(self.lib.df_fp8_gemm_act_scratch_bytes(p.m, p.k), dtype=torch.uint8, device="cuda")
+        return self.scratch[key]
+
+    def run(self, p: Problem, algo: int = -1) -> int:
+        s = self._scratch(p)
+        return self.lib.df_fp8_gemm_act(DT[p.dtype], torch.cuda.current_stream().cuda_stream, p.x.data_ptr(), p.x_scale.data_ptr(), p.w.data_ptr(),
+                                        p.w_scale.data_ptr(), p.bias.data_ptr(), p.y.data_ptr(), p.m, p.n, p.k, ACT_CODES[p.act], algo,
+                                        s.data_ptr(), s.numel())
+
+    def candidates(self, p: Problem) -> int:
+        return self.lib.df_fp8_gemm_act_candidates(DT[p.dtype], p.x_scale.data_ptr(), p.w.data_ptr(), p.w_scale.data_ptr(), p.bias.data_ptr(),
+                                                   p.y.data_ptr(), p.m, p.n, p.k, ACT_CODES[p.act])
+
+
+def one_node_model(p: Problem) -> onnx.ModelProto:
+    """Fp8GemmAct on input X [m, k]; XScale, W (float8e4m3fn), WScale and Bias as initializers; no function body,
+    so only the custom-op library can run the node."""
+    w = helper.make_tensor("W", onnx.TensorProto.FLOAT8E4M3FN, list(p.w.shape), p.w.view(torch.uint8).cpu().numpy().tobytes(), raw=True)
+    inits = [numpy_helper.from_array(np.asarray(p.x_scale.cpu().numpy(), np.float32), "XScale"), w,
+             numpy_helper.from_array(np.asarray(p.w_scale.cpu().numpy(), np.float32), "WScale"),
+             numpy_helper.from_array(p.bias.float().cpu().numpy(), "Bias")]
+    if p.dtype != torch.float32:  # Bias in T
+        inits[3] = helper.make_tensor("Bias", ONNX_TYPE[p.dtype], [p.n], p.bias.cpu().view(torch.int16).numpy().tobytes(), raw=True)
+    node = helper.make_node(OP, ["X", "XScale", "W", "WScale", "Bias"], ["Y"], domain=DOMAIN, activation=p.act)
+    graph = helper.make_graph([node], "fp8", [helper.make_tensor_value_info("X", ONNX_TYPE[p.dtype], [p.m, p.k])],
+                              [helper.make_tensor_value_info("Y", ONNX_TYPE[p.dtype], [p.m, p.n])], initializer=inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20), helper.make_opsetid(DOMAIN, 1)], ir_version=10)
+
+
+class OrtCpu:
+    """The CPU kernel through ONNX Runtime's CPU EP (the dry run): fp32 only, so X, Bias and Y go through float32."""
+
+    def __init__(self, library: str) -> None:
+        self.library = library
+
+    def run(self, p: Problem, algo: int = -1) -> int:
+        import onnxruntime as ort
+
+        wide = Problem.__new__(Problem)
+        wide.__dict__.update(p.__dict__, dtype=torch.float32, bias=p.bias.float())
+        options = ort.SessionOptions()
+        options.register_custom_ops_library(self.library)
+        sess = ort.InferenceSession(one_node_model(wide).SerializeToString(), options, providers=["CPUExecutionProvider"])
+        y = sess.run(None, {"X": p.x.float().reshape(p.m, p.k).numpy()})[0]
+        p.y.copy_(torch.from_numpy(y).view(p.y.shape).to(p.dtype))
+        return 0
+
+
+def check(run: Any, device: str, small: bool, dtypes: tuple[torch.dtype, ...], cuda: bool = True) -> bool:
+    """The checks every backend passes (cuda: also the CUDA path's refusal of K % 16 != 0; the CPU kernel takes any K)."""
+    ok = True
+    for dtype in dtypes:
+        for lead, k, n, act, misalign in CHECKS:
+            if small and math.prod(lead) * k * n > SMALL:
+                continue
+            p = Problem(lead, k, n, act, dtype, device, misalign)
+            rc, err, nan = p.error(run)
+            if rc == NOT_SUPPORTED and n % 8 != 0:
+                print(f"n/a  {str(dtype)[6:]:8} X{list(lead) + [k]} N={n} {act:9}: cuBLASLt has no fp8 GEMM for N % 8 != 0 (cudaErrorNotSupported)")
+                continue
+            good = rc == 0 and nan == 0 and err <= TOL[dtype]
+            ok &= good
+            print(f"{'ok  ' if good else 'FAIL'} {str(dtype)[6:]:8} X{list(lead) + [k]} N={n} {act:9} misaligned={int(misalign)} rc={rc} rel_l2={err:.2e} nan={nan}")
+        same, bad = exact_match(exact_problem(dtype, device), run)
+        ok &= same
+        print(f"{'ok  ' if same else 'FAIL'} {str(dtype)[6:]:8} quantization bit for bit (ties, subnormals, saturation, inf, NaN): {bad} mismatches")
+        if not cuda:
+            continue
+        p = Problem((4,), 40, 16, "none", dtype, device)
+        rc = run(p, -1)
+        ok &= rc == INVALID_VALUE
+        print(f"{'ok  ' if rc == INVALID_VALUE else 'FAIL'} {str(dtype)[6:]:8} K=40 (not a multiple of 16) refused: rc={rc}")
+    return ok
+
+
+def check_gpu(api: CApi, small: bool) -> bool:
+    ok = check(api.run, "cuda", small, (torch.float16, torch.bfloat16))
+    for dtype in (torch.float16, torch.bfloat16):
+        p = Problem((8, 128), 768, 768, "gelu_tanh", dtype, "cuda")
+        count = api.candidates(p)
+        errs = [p.error(api.run, a) for a in range(max(count, 0))]
+        good = count > 0 and all(rc == 0 and nan == 0 and e <= TOL[dtype] for rc, e, nan in errs)
+        ok &= good
+        worst = max((e for _, e, _ in errs), default=float("nan"))
+        print(f"{'ok  ' if good else 'FAIL'} {str(dtype)[6:]:8} every candidate of 1024x768x768 gelu_tanh: {count} candidates, max rel_l2={worst:.2e}")
+        api.run(p)
+        eager = p.y.clone()
+        graph = torch.cuda.CUDAGraph()
+        p.y.fill_(float("nan"))
+        with torch.cuda.graph(graph):
+            api.run(p)
+        graph.replay()
+        torch.cuda.synchronize()
+        same = bool(torch.equal(p.y, eager))
+        ok &= same
+        print(f"{'ok  ' if same else 'FAIL'} {str(dtype)[6:]:8} CUDA-graph capture (quantize + GEMM) and replay = eager launch")
+    p = Problem((64,), 256, 128, "relu", torch.float32, "cuda")
+    rc, err, nan = p.error(api.run)
+    if rc == 0:
+        good = nan == 0 and err <= TOL[torch.float32]
+        ok &= good
+        print(f"{'ok  ' if good else 'FAIL'} float32  cuBLASLt takes fp32 output with an fp32 bias: rel_l2={err:.2e}")
+    else:
+        print(f"n/a  float32  cuBLASLt refused fp32 output with an fp32 bias: rc={rc} ({'cudaErrorNotSupported, as documented' if rc == NOT_SUPPORTED else 'UNEXPECTED'})")
+        ok &= rc == NOT_SUPPORTED
+    return ok
+
+
+def check_ort(library: str) -> bool:
+    """Through ONNX Runtime's CUDA EP with the library (fp16; a bf16 X has no numpy type to bind): the node must land on
+    the CUDA EP (a CUDA graph is refused otherwise), match the reference, and replay in ORT's CUDA graph."""
+    import onnxruntime as ort
+
+    ok = True
+    for lead, k, n, act in (((8, 128), 768, 3072, "gelu_tanh"), ((37,), 64, 24, "relu")):
+        p = Problem(lead, k, n, act, torch.float16, "cuda")
+        x = p.x.reshape(p.m, p.k)
+        y = torch.full((p.m, p.n), float("nan"), device="cuda", dtype=torch.float16)
+        options = ort.SessionOptions()
+        options.register_custom_ops_library(library)
+        cuda = {"enable_cuda_graph": "1", "user_compute_stream": str(torch.cuda.current_stream().cuda_stream), "has_user_compute_stream": "1"}
+        sess = ort.InferenceSession(one_node_model(p).SerializeToString(), options, providers=[("CUDAExecutionProvider", cuda)])
+        binding = sess.io_binding()
+        binding.bind_input("X", "cuda", 0, np.float16, (p.m, p.k), x.data_ptr())
+        binding.bind_output("Y", "cuda", 0, np.float16, (p.m, p.n), y.data_ptr())
+        for _ in range(3):  # the first run captures the graph, the later ones replay it
+            sess.run_with_iobinding(binding)
+        torch.cuda.synchronize()
+        ref = p.reference().reshape(p.m, p.n)
+        err = float(torch.linalg.vector_norm(y.double() - ref) / torch.linalg.vector_norm(ref))
+        good = not torch.isnan(y).any() and err <= TOL[torch.float16]
+        ok &= good
+        print(f"{'ok  ' if good else 'FAIL'} ORT CUDA EP + CUDA graph, fp16 X{list(lead) + [k]} N={n} {act}: rel_l2={err:.2e}")
+    return ok
+
+
+def gpu_ms(fn: Any, calls: int = 20, replays: int = 20) -> float:
+    """Median GPU ms per call of fn, CUDA events around CUDA-graph replays of `calls` calls (no launch gaps)."""
+    fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    graph.replay()
+    times = []
+    for _ in range(replays):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / calls)
+    return sorted(times)[len(times) // 2]
+
+
+def bench_row(api: CApi, name: str, m: int, k: int, n: int) -> str:
+    """One table row: the alternatives and Fp8GemmAct (heuristic, every candidate) on one fp16 problem."""
+    p = Problem((m,), k, n, "none", torch.float16, "cuda")
+    w16 = (p.w.float() * p.w_scale).to(torch.float16).t()
+    xq = quantize_e4m3(p.x, p.x_scale).to(torch.float8_e4m3fn)
+    wt = p.w.t()  # column-major [K, N], as _scaled_mm wants its second operand
+
+    def scaled_mm(a: torch.Tensor) -> torch.Tensor:
+        return torch._scaled_mm(a, wt, scale_a=p.x_scale, scale_b=p.w_scale, bias=p.bias, out_dtype=torch.float16)
+
+    def quantize_then_scaled_mm() -> torch.Tensor:
+        return scaled_mm((p.x / p.x_scale).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn))
+
+    fp16 = gpu_ms(lambda: torch.addmm(p.bias, p.x, w16))
+    pre = gpu_ms(lambda: scaled_mm(xq))
+    quant = gpu_ms(quantize_then_scaled_mm)
+    count = api.candidates(p)
+    per_algo = [gpu_ms(lambda a=a: api.run(p, a)) for a in range(count)]
+    best = min(range(count), key=per_algo.__getitem__)
+    heuristic = gpu_ms(lambda: api.run(p, -1))
+    return (f"| {name} | {m}x{k}x{n} | {fp16:.4f} | {pre:.4f} | {quant:.4f} | {heuristic:.4f} | {per_algo[best]:.4f} ({best}) | {count} | "
+            f"{per_algo[best] / fp16:.2f} |")
+
+
+def bench(api: CApi) -> None:
+    print("\nfp16, GPU ms per call (CUDA events around CUDA-graph replays); fp8/fp16 = Fp8GemmAct best / torch fp16 addmm")
+    print("| GEMM | M x K x N | torch fp16 addmm | _scaled_mm (X in fp8) | torch quantize + _scaled_mm | Fp8GemmAct heuristic | "
+          f"Fp8GemmAct best (algo) | candidates | fp8/fp16 |\n|{'---|' * 9}")
+    for name, m, k, n in BENCH:
+        print(bench_row(api, name, m, k, n))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog="Exit status: 0 when every check passes, 1 otherwise, 2 for bad arguments.")
+    ap.add_argument("lib", nargs="?", help="libdeployfuse_ops_cuda.so (plugins/build/gpu, built by bench/fp8_gemm_gpu.sh)")
+    ap.add_argument("--ort", metavar="LIB", help="libdeployfuse_ort.so: also check the op through ORT's CUDA EP (onnxruntime-gpu importable)")
+    ap.add_argument("--check-only", action="store_true", help="no timings")
+    ap.add_argument("--small", action="store_true", help="only the small checks (for compute-sanitizer)")
+    ap.add_argument("--dry-run", action="store_true", help="no GPU: run the checks through the CPU kernel (ORT CPU EP; builds the CPU library of this checkout)")
+    args = ap.parse_args()
+    if not args.lib and not args.dry_run:
+        ap.error("give the library (plugins/build/gpu/libdeployfuse_ops_cuda.so) or --dry-run")
+    torch.manual_seed(0)
+    if args.dry_run:
+        from deployfuse.ops.native import build_plugins
+
+        library = build_plugins(cuda=False) / "libdeployfuse_ort.so"  # this checkout's sources (an up-to-date build is a no-op)
+        ok = check(OrtCpu(str(library)).run, "cpu", True, (torch.float16, torch.bfloat16), cuda=False)
+        print("dry run (CPU kernel): " + ("all checks passed" if ok else "SOME CHECKS FAILED"))
+        return 0 if ok else 1
+    api = CApi(args.lib)
+    print(torch.cuda.get_device_name(), "torch", torch.__version__)
+    ok = check_gpu(api, args.small)
+    if args.ort:
+        ok &= check_ort(args.ort)
+    if not args.check_only:
+        bench(api)
+    print("all checks passed" if ok else "SOME CHECKS FAILED")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

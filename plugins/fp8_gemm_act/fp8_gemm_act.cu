@@ -1,0 +1,167 @@
+// Fp8GemmAct on cuBLASLt. X is quantized into float8e4m3fn scratch by one kernel (16 elements a thread: one 16-byte store of fp8,
+// 1/x_scale read from the device once per thread, so q(x) = e4m3(x · (1/s)), which differs from e4m3(x / s) only where x / s lies
+// within an fp32 ulp of a rounding midpoint), then one fp8 GEMM. Row-major Y = Xq Wᵀ is column-major Yᵀ = W Xqᵀ: cuBLASLt gets
+// A = W stored k x n (ld k) with op T, B = Xq stored k x m (ld k), D = Y (n x m, ld n) — the "TN" layout its fp8 kernels want — and
+// computes D = epilogue(w_scale · x_scale · (A B) + bias) with fp32 accumulation; C is D with beta = 0.
+#include <cuda_fp8.h>
+
+#include <mutex>
+#include <tuple>
+
+#include "common/cublaslt.cuh"
+#include "common/cuda_check.h"
+#include "common/dtype.cuh"
+#include "fp8_gemm_act/fp8_gemm_act.cuh"
+
+namespace deployfuse {
+namespace {
+
+constexpr int kPerThread = 16;  // elements quantized by one thread: 16 bytes of fp8 out
+constexpr int kThreads = 256;
+constexpr size_t kScratchAlign = 256;
+
+size_t xq_bytes(int64_t m, int64_t k) { return (static_cast<size_t>(m * k) + kScratchAlign - 1) / kScratchAlign * kScratchAlign; }
+
+// q[i] = e4m3(x[i] / scale) for i < groups * 16; x and q 16-byte aligned.
+template <typename T>
+__global__ void quantize_e4m3_vec(const T* __restrict__ x, const float* __restrict__ scale, uint8_t* __restrict__ q, int64_t groups) {
+  const int64_t g = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (g >= groups) return;
+  const float inv = 1.f / __ldg(scale);
+  constexpr int kLoads = kPerThread * sizeof(T) / 16;
+  Vec<T> in[kLoads];
+  const auto* src = reinterpret_cast<const Vec<T>*>(x) + g * kLoads;
+#pragma unroll
+  for (int l = 0; l < kLoads; ++l) in[l] = src[l];
+  alignas(16) __nv_fp8x2_storage_t out[kPerThread / 2];
+#pragma unroll
+  for (int e = 0; e < kPerThread; e += 2) {
+    const T* v = &in[e / Vec<T>::kSize].v[e % Vec<T>::kSize];
+    out[e / 2] = __nv_cvt_float2_to_fp8x2(make_float2(to_float(v[0]) * inv, to_float(v[1]) * inv), __NV_SATFINITE, __NV_E4M3);
+  }
+  reinterpret_cast<uint4*>(q)[g] = *reinterpret_cast<const uint4*>(out);
+}
+
+// The same one element a thread, for X off 16-byte alignment.
+template <typename T>
+__global__ void quantize_e4m3_scalar(const T* __restrict__ x, const float* __restrict__ scale, uint8_t* __restrict__ q, int64_t count) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < count) q[i] = __nv_cvt_float_to_fp8(to_float(x[i]) * (1.f / __ldg(scale)), __NV_SATFINITE, __NV_E4M3);
+}
+
+template <typename T>
+cudaError_t quantize_e4m3(cudaStream_t stream, const T* x, const float* scale, uint8_t* q, int64_t count) {
+  if (count % kPerThread == 0 && aligned16(x) && aligned16(q)) {
+    const int64_t groups = count / kPerThread;
+    quantize_e4m3_vec<T><<<static_cast<unsigned>((groups + kThreads - 1) / kThreads), kThreads, 0, stream>>>(x, scale, q, groups);
+  } else {
+    quantize_e4m3_scalar<T><<<static_cast<unsigned>((count + kThreads - 1) / kThreads), kThreads, 0, stream>>>(x, scale, q, count);
+  }
+  return cudaGetLastError();
+}
+
+using Plan = cublaslt::Plan<kGemmActCandidates>;
+// dtype, m, n, k, epilogue, alignments of W, Bias, Y (X's float8 copy is always kScratchAlign-aligned)
+using PlanKey = std::tuple<int, int64_t, int64_t, int64_t, int, uint32_t, uint32_t, uint32_t>;
+
+}  // namespace
+
+class Fp8GemmActRunner {
+ public:
+  // The plan of the problem (made on first use); null with *err set when there is none.
+  template <typename T>
+  const Plan* plan(const Fp8GemmActProblem& p, const float* x_scale, const uint8_t* w, const float* w_scale, const T* bias, const T* y,
+                   cudaError_t* err) {
+    cublasLtEpilogue_t epi;
+    if (p.k <= 0 || p.k % kFp8GemmActKMultiple != 0 || !cublaslt::bias_epilogue(p.act, &epi)) {
+      *err = cudaErrorInvalidValue;
+      return nullptr;
+    }
+    const uint32_t aligns[4] = {cublaslt::alignment(w), kScratchAlign, cublaslt::alignment(y), cublaslt::alignment(y)};
+    const cudaDataType_t type = cublaslt::data_type<T>();
+    const PlanKey key{static_cast<int>(type), p.m, p.n, p.k, static_cast<int>(epi), aligns[0], cublaslt::alignment(bias), aligns[3]};
+    return plans_.find(
+        key,
+        [&](Plan& plan, cublasLtHandle_t handle) {
+          const cublaslt::Library& l = cublaslt::library();
+          const int32_t bias_type = type;
+          return l.cublasLtMatmulDescCreate(&plan.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F) == CUBLAS_STATUS_SUCCESS &&
+                 cublaslt::set(plan.desc, CUBLASLT_MATMUL_DESC_TRANSA, CUBLAS_OP_T) &&
+                 cublaslt::set(plan.desc, CUBLASLT_MATMUL_DESC_TRANSB, CUBLAS_OP_N) &&
+                 cublaslt::set(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, epi) &&
+                 cublaslt::set(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias) &&
+                 cublaslt::set(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, bias_type) &&
+                 cublaslt::set(plan.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, w_scale) &&
+                 cublaslt::set(plan.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, x_scale) &&
+                 l.cublasLtMatrixLayoutCreate(&plan.a, CUDA_R_8F_E4M3, p.k, p.n, p.k) == CUBLAS_STATUS_SUCCESS &&
+                 l.cublasLtMatrixLayoutCreate(&plan.b, CUDA_R_8F_E4M3, p.k, p.m, p.k) == CUBLAS_STATUS_SUCCESS &&
+                 l.cublasLtMatrixLayoutCreate(&plan.d, type, p.n, p.m, p.n) == CUBLAS_STATUS_SUCCESS &&
+                 plan.query(handle, kGemmActWorkspaceBytes, aligns);
+        },
+        err);
+  }
+
+  template <typename T>
+  cudaError_t launch(cudaStream_t stream, const Fp8GemmActProblem& p, const T* x, const float* x_scale, const uint8_t* w,
+                     const float* w_scale, const T* bias, T* y, GemmActScratch& scratch) {
+    if (p.m == 0 || p.n == 0) return cudaSuccess;
+    std::lock_guard<std::mutex> lock(plans_.mutex);  // the plan's descriptor takes this call's pointers
+    cudaError_t err = cudaSuccess;
+    const Plan* plan = this->plan(p, x_scale, w, w_scale, bias, y, &err);
+    if (plan == nullptr) return err;
+    const cublasLtMatmulHeuristicResult_t& chosen = plan->candidate(p.algo);
+    const size_t xq = xq_bytes(p.m, p.k);
+    auto* buffer = static_cast<uint8_t*>(scratch.get(xq + chosen.workspaceSize));
+    if (buffer == nullptr) return cudaErrorMemoryAllocation;
+    DF_RETURN_IF_ERROR(quantize_e4m3(stream, x, x_scale, buffer, p.m * p.k));
+    if (!cublaslt::set(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias) ||
+        !cublaslt::set(plan->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, w_scale) ||
+        !cublaslt::set(plan->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, x_scale))
+      return cudaErrorInvalidValue;
+    const float one = 1.f, zero = 0.f;
+    void* workspace = chosen.workspaceSize ? buffer + xq : nullptr;
+    if (cublaslt::library().cublasLtMatmul(plans_.handle(), plan->desc, &one, w, plan->a, buffer, plan->b, &zero, y, plan->d, y, plan->d,
+                                           &chosen.algo, workspace, chosen.workspaceSize, stream) != CUBLAS_STATUS_SUCCESS)
+      return cudaErrorLaunchFailure;
+    return cudaSuccess;
+  }
+
+  template <typename T>
+  int candidates(const Fp8GemmActProblem& p, const float* x_scale, const uint8_t* w, const float* w_scale, const T* bias, const T* y) {
+    std::lock_guard<std::mutex> lock(plans_.mutex);
+    cudaError_t err = cudaSuccess;
+    const Plan* plan = this->plan(p, x_scale, w, w_scale, bias, y, &err);
+    return plan ? plan->count : -static_cast<int>(err);
+  }
+
+ private:
+  cublaslt::Plans<PlanKey, Plan> plans_;
+};
+
+size_t fp8_gemm_act_scratch_bytes(int64_t m, int64_t k) { return xq_bytes(m, k) + kGemmActWorkspaceBytes; }
+
+std::shared_ptr<Fp8GemmActRunner> make_fp8_gemm_act_runner() { return std::make_shared<Fp8GemmActRunner>(); }
+
+template <typename T>
+cudaError_t launch_fp8_gemm_act(Fp8GemmActRunner& runner, cudaStream_t stream, const Fp8GemmActProblem& p, const T* x, const float* x_scale,
+                                const uint8_t* w, const float* w_scale, const T* bias, T* y, GemmActScratch& scratch) {
+  return runner.launch(stream, p, x, x_scale, w, w_scale, bias, y, scratch);
+}
+
+template <typename T>
+int fp8_gemm_act_candidates(Fp8GemmActRunner& runner, const Fp8GemmActProblem& p, const float* x_scale, const uint8_t* w,
+                            const float* w_scale, const T* bias, const T* y) {
+  return runner.candidates(p, x_scale, w, w_scale, bias, y);
+}
+
+#define DF_INSTANTIATE(T)                                                                                                          \
+  template cudaError_t launch_fp8_gemm_act<T>(Fp8GemmActRunner&, cudaStream_t, const Fp8GemmActProblem&, const T*, const float*,   \
+                                              const uint8_t*, const float*, const T*, T*, GemmActScratch&);                        \
+  template int fp8_gemm_act_candidates<T>(Fp8GemmActRunner&, const Fp8GemmActProblem&, const float*, const uint8_t*, const float*, \
+                                          const T*, const T*);
+DF_INSTANTIATE(float)
+DF_INSTANTIATE(__half)
+DF_INSTANTIATE(__nv_bfloat16)
+#undef DF_INSTANTIATE
+
+}  // namespace deployfuse

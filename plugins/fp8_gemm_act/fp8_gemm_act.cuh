@@ -1,0 +1,51 @@
+// Fp8GemmAct CUDA launcher on cuBLASLt: Y[m, n] = act(dq(q(X, x_scale)) @ dq(W, w_scale)^T + bias[n]) with W float8e4m3fn
+// [n, k]. One vectorised kernel quantizes X into float8e4m3fn scratch, then one cuBLASLt fp8 GEMM ("TN", the scales as device
+// pointers, fp32 accumulation) writes Y with the bias / ReLU / tanh-GELU epilogue. Needs an sm_89+ GPU (Ada, Hopper) and K a
+// multiple of 16 (cuBLASLt's fp8 kernels); Y and the bias take T = fp16 or bf16 (cuBLASLt's fp8 kernels write fp32 only with a bf16
+// bias, which would round the op's fp32 Bias: fp32 answers cudaErrorNotSupported). The scratch interface and workspace limits
+// are GemmAct's (the same cuBLASLt).
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "common/activation.h"
+#include "gemm_act/gemm_act.cuh"
+
+namespace deployfuse {
+
+constexpr int64_t kFp8GemmActKMultiple = 16;
+
+struct Fp8GemmActProblem {
+  int64_t m, n, k;
+  Act act;
+  int algo;  // -1: the heuristic's first choice; k >= 0: its k-th candidate (the first when there are fewer)
+};
+
+// The scratch bytes one launch asks for at most: X in float8 (m·k bytes, rounded up to 256) and the
+// algorithm's workspace (at most kGemmActWorkspaceBytes).
+size_t fp8_gemm_act_scratch_bytes(int64_t m, int64_t k);
+
+// One per kernel instance: the cuBLASLt handle and the plans of the shapes it has run, as GemmAct's
+// runner; safe under CUDA graph capture once a shape has run.
+class Fp8GemmActRunner;
+std::shared_ptr<Fp8GemmActRunner> make_fp8_gemm_act_runner();
+
+// x_scale, w_scale: device pointers to one float each. cudaErrorSharedObjectInitFailed when cuBLASLt
+// is missing (gemm_act_unavailable says why), cudaErrorInvalidValue for K not a multiple of 16 or an
+// activation no epilogue computes, cudaErrorNotSupported when cuBLASLt has no fp8 algorithm for the
+// problem (fp32, a GPU before sm_89, misaligned pointers), cudaErrorMemoryAllocation when scratch
+// gives no memory.
+template <typename T>
+cudaError_t launch_fp8_gemm_act(Fp8GemmActRunner& runner, cudaStream_t stream, const Fp8GemmActProblem& p, const T* x, const float* x_scale,
+                                const uint8_t* w, const float* w_scale, const T* bias, T* y, GemmActScratch& scratch);
+
+// How many heuristic candidates `algo` may index for the problem with these pointers (X's float8
+// copy is 256-byte aligned in the scratch); negative: a cudaError_t as for launch_fp8_gemm_act.
+template <typename T>
+int fp8_gemm_act_candidates(Fp8GemmActRunner& runner, const Fp8GemmActProblem& p, const float* x_scale, const uint8_t* w,
+                            const float* w_scale, const T* bias, const T* y);
+
+}  // namespace deployfuse

@@ -1,0 +1,67 @@
+// Fp8GemmAct for ONNX Runtime (see common/ort_adapter.h): X, Bias and Y in T, XScale and WScale
+// float32, W float8e4m3fn (the element types ort_ops.cc registers from the spec's input_types).
+// On the CUDA EP each kernel instance keeps its own cuBLASLt runner and takes X's float8 copy and
+// the algorithm's workspace from ONNX Runtime's allocator, as GemmAct does (CUDA-graph capture safe).
+#pragma once
+#include <string>
+#include <vector>
+
+#include "common/ort_adapter.h"
+#include "fp8_gemm_act/fp8_gemm_act.h"
+#ifdef DEPLOYFUSE_WITH_CUDA
+#include <memory>
+
+#include "fp8_gemm_act/fp8_gemm_act.cuh"
+#include "gemm_act/gemm_act_ort.h"  // OrtScratch
+#endif
+
+namespace deployfuse {
+namespace ort {
+
+struct Fp8GemmAct : Fp8GemmActAttrs {
+  using Fp8GemmActAttrs::Fp8GemmActAttrs;
+  // cuBLASLt's fp8 kernels write float32 only with a bfloat16 bias: fp32 nodes run on the CPU EP.
+  static bool takes_on_cuda(ElemType type) { return type != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT; }
+
+  void Run(Call& c, bool on_cuda) const {
+    Inputs in;
+    Sizes s;
+    try {
+      in = inputs_of(c.ctx);
+      s = this->sizes(in);
+    } catch (const std::invalid_argument& e) {
+      fail(Spec::kName, e.what());
+    }
+    std::vector<int64_t> yd(in[0].dims, in[0].dims + in[0].rank);
+    yd.back() = s.n;
+    auto y = c.ctx.GetOutput(0, yd);
+    if (!on_cuda) {
+      fp8_gemm_act_cpu(in[0].as<float>(), in[1].as<float>()[0], in[2].as<uint8_t>(), in[3].as<float>()[0], in[4].as<float>(),
+                       y.GetTensorMutableData<float>(), s.m, s.n, s.k, act);
+      return;
+    }
+#ifdef DEPLOYFUSE_WITH_CUDA
+    if (const char* why = gemm_act_unavailable()) fail(Spec::kName, why);
+    if (s.k == 0 || s.k % kFp8GemmActKMultiple != 0)
+      fail(Spec::kName, "K = " + std::to_string(s.k) + ": cuBLASLt's fp8 GEMM needs K a positive multiple of 16");
+    OrtScratch scratch(c.ctx);
+    launch_cuda(Spec::kName, c, [&](auto* tag) {
+      using T = std::remove_pointer_t<decltype(tag)>;
+      const cudaError_t err = launch_fp8_gemm_act<T>(
+          *runner, static_cast<cudaStream_t>(c.stream), Fp8GemmActProblem{s.m, s.n, s.k, act, algo}, in[0].as<T>(), in[1].as<float>(),
+          in[2].as<uint8_t>(), in[3].as<float>(), in[4].as<T>(), static_cast<T*>(y.GetTensorMutableRawData()), scratch);
+      if (err == cudaErrorNotSupported)
+        fail(Spec::kName,
+             "cuBLASLt has no fp8 GEMM for this problem (it needs an sm_89+ GPU, float16/bfloat16 X, 16-byte aligned W and Y)");
+      return err;
+    });
+#endif
+  }
+
+#ifdef DEPLOYFUSE_WITH_CUDA
+  std::shared_ptr<Fp8GemmActRunner> runner = make_fp8_gemm_act_runner();  // no CUDA call until the first Run
+#endif
+};
+
+}  // namespace ort
+}  // namespace deployfuse
