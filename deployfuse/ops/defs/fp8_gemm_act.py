@@ -22,9 +22,9 @@ from onnx import helper
 from onnxscript.onnx_types import FLOAT, FLOAT8E4M3FN
 
 from deployfuse.ops.body import Body
+from deployfuse.ops.defs import gemm_act
 from deployfuse.ops.defs._onnxscript import DF, TFloat
-from deployfuse.ops.defs.gemm_act import GEMM_ACTIVATIONS
-from deployfuse.ops.schema import E4M3_MAX, Attr, OpSpec, RandFn, apply_activation, to_element_type
+from deployfuse.ops.schema import E4M3_MAX, OpSpec, RandFn, apply_activation, to_element_type
 
 
 def quantize_e4m3(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
@@ -72,10 +72,7 @@ SPEC = OpSpec(
     name="Fp8GemmAct",
     inputs=("X", "XScale", "W", "WScale", "Bias"),
     outputs=("Y",),
-    attrs={
-        "activation": Attr("string", "none", GEMM_ACTIVATIONS, variant=True),
-        "algo": Attr("int", -1),
-    },
+    attrs=dict(gemm_act.SPEC.attrs),  # GemmAct's: the cuBLASLt epilogue's activation, the candidate algorithm
     doc="Y = act(dq(q(X, XScale)) @ dq(W, WScale)^T + Bias), q(x, s) = saturate_e4m3(round_nearest_even(x / s)) "
     "(QuantizeLinear with a float8e4m3fn zero point), dq(v, s) = float(v) * s; X [..., K] and Bias [N] in T, "
     "XScale and WScale float32 scalars, W float8e4m3fn [N, K] (the weight transposed); computed in float32, "
