@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import itertools
 import math
 import sys
 from pathlib import Path
@@ -34,7 +35,9 @@ import torch
 from onnx import helper, numpy_helper
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
+from gemm_gpu import gpu_ms  # noqa: E402 (GemmAct's check: median GPU ms per call from CUDA-graph replays)
+
 from deployfuse.ops.defs.fp8_gemm_act import quantize_e4m3  # noqa: E402
 from deployfuse.ops.schema import DOMAIN, E4M3_MAX, apply_activation, to_element_type  # noqa: E402
 from deployfuse.rewrite.gemm_tuning import ACT_CODES  # noqa: E402
@@ -200,46 +203,44 @@ class OrtCpu:
 def check(run: Any, device: str, small: bool, dtypes: tuple[torch.dtype, ...], cuda: bool = True) -> bool:
     """The checks every backend passes (cuda: also the CUDA path's refusal of K % 16 != 0; the CPU kernel takes any K)."""
     ok = True
+    shapes = [c for c in CHECKS if not small or math.prod(c[0]) * c[1] * c[2] <= SMALL]
+    for dtype, (lead, k, n, act, misalign) in itertools.product(dtypes, shapes):
+        rc, err, nan = Problem(lead, k, n, act, dtype, device, misalign).error(run)
+        name = f"{str(dtype)[6:]:8} X{list(lead) + [k]} N={n} {act:9}"
+        if rc == NOT_SUPPORTED and n % 8 != 0:
+            print(f"n/a  {name}: cuBLASLt has no fp8 GEMM for N % 8 != 0 (cudaErrorNotSupported)")
+            continue
+        good = rc == 0 and nan == 0 and err <= TOL[dtype]
+        ok &= good
+        print(f"{'ok  ' if good else 'FAIL'} {name} misaligned={int(misalign)} rc={rc} rel_l2={err:.2e} nan={nan}")
     for dtype in dtypes:
-        for lead, k, n, act, misalign in CHECKS:
-            if small and math.prod(lead) * k * n > SMALL:
-                continue
-            p = Problem(lead, k, n, act, dtype, device, misalign)
-            rc, err, nan = p.error(run)
-            if rc == NOT_SUPPORTED and n % 8 != 0:
-                print(f"n/a  {str(dtype)[6:]:8} X{list(lead) + [k]} N={n} {act:9}: cuBLASLt has no fp8 GEMM for N % 8 != 0 (cudaErrorNotSupported)")
-                continue
-            good = rc == 0 and nan == 0 and err <= TOL[dtype]
-            ok &= good
-            print(f"{'ok  ' if good else 'FAIL'} {str(dtype)[6:]:8} X{list(lead) + [k]} N={n} {act:9} misaligned={int(misalign)} rc={rc} rel_l2={err:.2e} nan={nan}")
         same, bad = exact_match(exact_problem(dtype, device), run)
         ok &= same
         print(f"{'ok  ' if same else 'FAIL'} {str(dtype)[6:]:8} quantization bit for bit (ties, subnormals, saturation, inf, NaN): {bad} mismatches")
-        if not cuda:
-            continue
-        p = Problem((4,), 40, 16, "none", dtype, device)
-        rc = run(p, -1)
-        ok &= rc == INVALID_VALUE
-        print(f"{'ok  ' if rc == INVALID_VALUE else 'FAIL'} {str(dtype)[6:]:8} K=40 (not a multiple of 16) refused: rc={rc}")
+        if cuda:
+            rc = run(Problem((4,), 40, 16, "none", dtype, device), -1)
+            ok &= rc == INVALID_VALUE
+            print(f"{'ok  ' if rc == INVALID_VALUE else 'FAIL'} {str(dtype)[6:]:8} K=40 (not a multiple of 16) refused: rc={rc}")
     return ok
 
 
 def check_gpu(api: CApi, small: bool) -> bool:
     ok = check(api.run, "cuda", small, (torch.float16, torch.bfloat16))
     for dtype in (torch.float16, torch.bfloat16):
-        p = Problem((8, 128), 768, 768, "gelu_tanh", dtype, "cuda")
+        lead, k, n = ((2, 64), 256, 256) if small else ((8, 128), 768, 768)
+        p = Problem(lead, k, n, "gelu_tanh", dtype, "cuda")
         count = api.candidates(p)
         errs = [p.error(api.run, a) for a in range(max(count, 0))]
         good = count > 0 and all(rc == 0 and nan == 0 and e <= TOL[dtype] for rc, e, nan in errs)
         ok &= good
         worst = max((e for _, e, _ in errs), default=float("nan"))
-        print(f"{'ok  ' if good else 'FAIL'} {str(dtype)[6:]:8} every candidate of 1024x768x768 gelu_tanh: {count} candidates, max rel_l2={worst:.2e}")
+        print(f"{'ok  ' if good else 'FAIL'} {str(dtype)[6:]:8} every candidate of {p.m}x{k}x{n} gelu_tanh: {count} candidates, max rel_l2={worst:.2e}")
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):  # captured, not run: the plan exists already (the candidates above)
+            api.run(p)
         api.run(p)
         eager = p.y.clone()
-        graph = torch.cuda.CUDAGraph()
         p.y.fill_(float("nan"))
-        with torch.cuda.graph(graph):
-            api.run(p)
         graph.replay()
         torch.cuda.synchronize()
         same = bool(torch.equal(p.y, eager))
@@ -285,26 +286,6 @@ def check_ort(library: str) -> bool:
     return ok
 
 
-def gpu_ms(fn: Any, calls: int = 20, replays: int = 20) -> float:
-    """Median GPU ms per call of fn, CUDA events around CUDA-graph replays of `calls` calls (no launch gaps)."""
-    fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls):
-            fn()
-    graph.replay()
-    times = []
-    for _ in range(replays):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / calls)
-    return sorted(times)[len(times) // 2]
-
-
 def bench_row(api: CApi, name: str, m: int, k: int, n: int) -> str:
     """One table row: the alternatives and Fp8GemmAct (heuristic, every candidate) on one fp16 problem."""
     p = Problem((m,), k, n, "none", torch.float16, "cuda")
@@ -322,6 +303,8 @@ def bench_row(api: CApi, name: str, m: int, k: int, n: int) -> str:
     pre = gpu_ms(lambda: scaled_mm(xq))
     quant = gpu_ms(quantize_then_scaled_mm)
     count = api.candidates(p)
+    if count <= 0:
+        return f"| {name} | {m}x{k}x{n} | {fp16:.4f} | {pre:.4f} | {quant:.4f} | refused (rc {-count}) | | 0 | |"
     per_algo = [gpu_ms(lambda a=a: api.run(p, a)) for a in range(count)]
     best = min(range(count), key=per_algo.__getitem__)
     heuristic = gpu_ms(lambda: api.run(p, -1))
@@ -341,9 +324,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog="Exit status: 0 when every check passes, 1 otherwise, 2 for bad arguments.")
     ap.add_argument("lib", nargs="?", help="libdeployfuse_ops_cuda.so (plugins/build/gpu, built by bench/fp8_gemm_gpu.sh)")
     ap.add_argument("--ort", metavar="LIB", help="libdeployfuse_ort.so: also check the op through ORT's CUDA EP (onnxruntime-gpu importable)")
-    ap.add_argument("--check-only", action="store_true", help="no timings")
-    ap.add_argument("--small", action="store_true", help="only the small checks (for compute-sanitizer)")
-    ap.add_argument("--dry-run", action="store_true", help="no GPU: run the checks through the CPU kernel (ORT CPU EP; builds the CPU library of this checkout)")
+    for flag, text in (("--check-only", "no timings"), ("--small", "only the small checks (for compute-sanitizer)"),
+                       ("--dry-run", "no GPU: run the checks through the CPU kernel (ORT CPU EP; builds the CPU library of this checkout)")):
+        ap.add_argument(flag, action="store_true", help=text)
     args = ap.parse_args()
     if not args.lib and not args.dry_run:
         ap.error("give the library (plugins/build/gpu/libdeployfuse_ops_cuda.so) or --dry-run")
@@ -359,7 +342,11 @@ def main() -> int:
     print(torch.cuda.get_device_name(), "torch", torch.__version__)
     ok = check_gpu(api, args.small)
     if args.ort:
-        ok &= check_ort(args.ort)
+        try:
+            ok &= check_ort(args.ort)
+        except Exception as exc:  # noqa: BLE001 (reported, and the timings still run)
+            ok = False
+            print(f"FAIL ORT CUDA EP: {str(exc).splitlines()[0][:300]}")
     if not args.check_only:
         bench(api)
     print("all checks passed" if ok else "SOME CHECKS FAILED")

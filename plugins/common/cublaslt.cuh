@@ -100,6 +100,22 @@ struct Plan {
   cublasLtMatmulHeuristicResult_t candidates[kCandidates];
   int count = 0;
 
+  // One matrix as stored: column-major rows x cols, leading dimension ld.
+  struct Layout {
+    cudaDataType_t type;
+    int64_t rows, cols, ld;
+  };
+
+  // Creates the descriptor (fp32 scale type) and the layouts of A, B and D.
+  bool create(cublasComputeType_t compute, const Layout& a_layout, const Layout& b_layout, const Layout& d_layout) {
+    const Library& l = library();
+    const auto layout = [&](cublasLtMatrixLayout_t* out, const Layout& m) {
+      return l.cublasLtMatrixLayoutCreate(out, m.type, m.rows, m.cols, m.ld) == CUBLAS_STATUS_SUCCESS;
+    };
+    return l.cublasLtMatmulDescCreate(&desc, compute, CUDA_R_32F) == CUBLAS_STATUS_SUCCESS && layout(&a, a_layout) &&
+           layout(&b, b_layout) && layout(&d, d_layout);
+  }
+
   // Asks the heuristic for up to kCandidates algorithms using at most workspace_bytes, for operands
   // aligned to align_abcd (bytes of A, B, C, D); false when it has none.
   bool query(cublasLtHandle_t handle, uint64_t workspace_bytes, const uint32_t (&align_abcd)[4]) {
@@ -122,6 +138,17 @@ struct Plan {
   // The `algo`-th candidate (-1 or past the last: the heuristic's first).
   const cublasLtMatmulHeuristicResult_t& candidate(int algo) const { return candidates[algo >= 0 && algo < count ? algo : 0]; }
 
+  // D = epilogue(op(A) op(B) + beta C) by the `algo`-th candidate; workspace: its workspaceSize bytes.
+  cudaError_t matmul(cublasLtHandle_t handle, int algo, const void* a_data, const void* b_data, float beta, const void* c_data,
+                     void* d_data, void* workspace, cudaStream_t stream) const {
+    const cublasLtMatmulHeuristicResult_t& chosen = candidate(algo);
+    const float alpha = 1.f;
+    return library().cublasLtMatmul(handle, desc, &alpha, a_data, a, b_data, b, &beta, c_data, d, d_data, d, &chosen.algo, workspace,
+                                    chosen.workspaceSize, stream) == CUBLAS_STATUS_SUCCESS
+               ? cudaSuccess
+               : cudaErrorLaunchFailure;
+  }
+
   void release() {
     const Library& l = library();
     if (a) l.cublasLtMatrixLayoutDestroy(a);
@@ -133,8 +160,8 @@ struct Plan {
 
 // One runner's cuBLASLt handle (created on first use) and the plans of the problems it has run, by
 // key; a plan is made once, so a later launch neither allocates nor queries the heuristic (CUDA-graph
-// capture safe). Callers hold `mutex` around find and their launch (a plan's descriptor takes each
-// call's pointers).
+// capture safe). A runner finds its plans inside with_plan, under one lock (a plan's descriptor
+// takes each call's pointers).
 template <typename Key, typename PlanT>
 class Plans {
  public:
@@ -158,7 +185,27 @@ class Plans {
   }
 
   cublasLtHandle_t handle() const { return handle_; }
-  std::mutex mutex;
+
+  // launch(const PlanT&) -> cudaError_t on the plan plan_of(cudaError_t*) finds (by find), under
+  // the lock; plan_of's error when there is none.
+  template <typename PlanOf, typename Launch>
+  cudaError_t with_plan(PlanOf&& plan_of, Launch&& launch) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    cudaError_t err = cudaSuccess;
+    const PlanT* plan = plan_of(&err);
+    return plan ? launch(*plan) : err;
+  }
+
+  // What a runner's `candidates` answers: the count of the plan plan_of finds, or -error.
+  template <typename PlanOf>
+  int candidates(PlanOf&& plan_of) {
+    int count = 0;
+    const cudaError_t err = with_plan(plan_of, [&](const PlanT& plan) {
+      count = plan.count;
+      return cudaSuccess;
+    });
+    return err == cudaSuccess ? count : -static_cast<int>(err);
+  }
 
  private:
   static const PlanT* fail(cudaError_t why, cudaError_t* err) {
@@ -166,6 +213,7 @@ class Plans {
     return nullptr;
   }
 
+  std::mutex mutex_;
   cublasLtHandle_t handle_ = nullptr;
   std::map<Key, PlanT> plans_;
 };

@@ -75,6 +75,27 @@ inline Inputs inputs_of(const Ort::KernelContext& ctx) {
   return in;
 }
 
+// The call's present inputs and the sizes the op reads from them (Attrs::sizes); a bad input fails
+// naming the op.
+template <typename Attrs>
+Inputs sized_inputs(const Attrs& op, const Call& c, typename Attrs::Sizes* sizes) {
+  Inputs in;
+  try {
+    in = inputs_of(c.ctx);
+    *sizes = op.sizes(in);
+  } catch (const std::invalid_argument& e) {
+    fail(Attrs::Spec::kName, e.what());
+  }
+  return in;
+}
+
+// The output of a GEMM: X's dims with the last one n.
+inline Ort::UnownedValue gemm_output(Call& c, const Tensor& x, int64_t n) {
+  std::vector<int64_t> dims(x.dims, x.dims + x.rank);
+  dims.back() = n;
+  return c.ctx.GetOutput(0, dims);
+}
+
 #ifdef DEPLOYFUSE_WITH_CUDA
 inline DType dtype_of(ElemType type) {
   switch (type) {
@@ -102,14 +123,8 @@ template <typename Attrs>
 struct Adapter : Attrs {
   using Attrs::Attrs;
   void Run(Call& c, bool on_cuda) const {
-    Inputs in;
     typename Attrs::Sizes sizes;
-    try {
-      in = inputs_of(c.ctx);
-      sizes = this->sizes(in);
-    } catch (const std::invalid_argument& e) {
-      fail(Attrs::Spec::kName, e.what());
-    }
+    const Inputs in = sized_inputs(*this, c, &sizes);
     auto y = c.ctx.GetOutput(0, std::vector<int64_t>(in[0].dims, in[0].dims + in[0].rank));
     if (!on_cuda) {
       run_cpu(*this, sizes, in, y.GetTensorMutableData<float>());

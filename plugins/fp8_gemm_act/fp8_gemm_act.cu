@@ -5,7 +5,6 @@
 // computes D = epilogue(w_scale · x_scale · (A B) + bias) with fp32 accumulation; C is D with beta = 0.
 #include <cuda_fp8.h>
 
-#include <mutex>
 #include <tuple>
 
 #include "common/cublaslt.cuh"
@@ -83,19 +82,14 @@ class Fp8GemmActRunner {
     return plans_.find(
         key,
         [&](Plan& plan, cublasLtHandle_t handle) {
-          const cublaslt::Library& l = cublaslt::library();
           const int32_t bias_type = type;
-          return l.cublasLtMatmulDescCreate(&plan.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F) == CUBLAS_STATUS_SUCCESS &&
+          return plan.create(CUBLAS_COMPUTE_32F, {CUDA_R_8F_E4M3, p.k, p.n, p.k}, {CUDA_R_8F_E4M3, p.k, p.m, p.k}, {type, p.n, p.m, p.n}) &&
                  cublaslt::set(plan.desc, CUBLASLT_MATMUL_DESC_TRANSA, CUBLAS_OP_T) &&
-                 cublaslt::set(plan.desc, CUBLASLT_MATMUL_DESC_TRANSB, CUBLAS_OP_N) &&
                  cublaslt::set(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, epi) &&
-                 cublaslt::set(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias) &&
                  cublaslt::set(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, bias_type) &&
+                 cublaslt::set(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias) &&
                  cublaslt::set(plan.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, w_scale) &&
                  cublaslt::set(plan.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, x_scale) &&
-                 l.cublasLtMatrixLayoutCreate(&plan.a, CUDA_R_8F_E4M3, p.k, p.n, p.k) == CUBLAS_STATUS_SUCCESS &&
-                 l.cublasLtMatrixLayoutCreate(&plan.b, CUDA_R_8F_E4M3, p.k, p.m, p.k) == CUBLAS_STATUS_SUCCESS &&
-                 l.cublasLtMatrixLayoutCreate(&plan.d, type, p.n, p.m, p.n) == CUBLAS_STATUS_SUCCESS &&
                  plan.query(handle, kGemmActWorkspaceBytes, aligns);
         },
         err);
@@ -105,33 +99,24 @@ class Fp8GemmActRunner {
   cudaError_t launch(cudaStream_t stream, const Fp8GemmActProblem& p, const T* x, const float* x_scale, const uint8_t* w,
                      const float* w_scale, const T* bias, T* y, GemmActScratch& scratch) {
     if (p.m == 0 || p.n == 0) return cudaSuccess;
-    std::lock_guard<std::mutex> lock(plans_.mutex);  // the plan's descriptor takes this call's pointers
-    cudaError_t err = cudaSuccess;
-    const Plan* plan = this->plan(p, x_scale, w, w_scale, bias, y, &err);
-    if (plan == nullptr) return err;
-    const cublasLtMatmulHeuristicResult_t& chosen = plan->candidate(p.algo);
-    const size_t xq = xq_bytes(p.m, p.k);
-    auto* buffer = static_cast<uint8_t*>(scratch.get(xq + chosen.workspaceSize));
-    if (buffer == nullptr) return cudaErrorMemoryAllocation;
-    DF_RETURN_IF_ERROR(quantize_e4m3(stream, x, x_scale, buffer, p.m * p.k));
-    if (!cublaslt::set(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias) ||
-        !cublaslt::set(plan->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, w_scale) ||
-        !cublaslt::set(plan->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, x_scale))
-      return cudaErrorInvalidValue;
-    const float one = 1.f, zero = 0.f;
-    void* workspace = chosen.workspaceSize ? buffer + xq : nullptr;
-    if (cublaslt::library().cublasLtMatmul(plans_.handle(), plan->desc, &one, w, plan->a, buffer, plan->b, &zero, y, plan->d, y, plan->d,
-                                           &chosen.algo, workspace, chosen.workspaceSize, stream) != CUBLAS_STATUS_SUCCESS)
-      return cudaErrorLaunchFailure;
-    return cudaSuccess;
+    const auto plan_of = [&](cudaError_t* err) { return plan(p, x_scale, w, w_scale, bias, y, err); };
+    return plans_.with_plan(plan_of, [&](const Plan& plan) {
+      // One scratch buffer: X in float8 first, then the algorithm's workspace.
+      const size_t xq = xq_bytes(p.m, p.k), workspace_bytes = plan.candidate(p.algo).workspaceSize;
+      auto* buffer = static_cast<uint8_t*>(scratch.get(xq + workspace_bytes));
+      if (buffer == nullptr) return cudaErrorMemoryAllocation;
+      DF_RETURN_IF_ERROR(quantize_e4m3(stream, x, x_scale, buffer, p.m * p.k));
+      if (!cublaslt::set(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias) ||  // this call's pointers
+          !cublaslt::set(plan.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, w_scale) ||
+          !cublaslt::set(plan.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, x_scale))
+        return cudaErrorInvalidValue;
+      return plan.matmul(plans_.handle(), p.algo, w, buffer, 0.f, y, y, workspace_bytes ? buffer + xq : nullptr, stream);
+    });
   }
 
   template <typename T>
   int candidates(const Fp8GemmActProblem& p, const float* x_scale, const uint8_t* w, const float* w_scale, const T* bias, const T* y) {
-    std::lock_guard<std::mutex> lock(plans_.mutex);
-    cudaError_t err = cudaSuccess;
-    const Plan* plan = this->plan(p, x_scale, w, w_scale, bias, y, &err);
-    return plan ? plan->count : -static_cast<int>(err);
+    return plans_.candidates([&](cudaError_t* err) { return plan(p, x_scale, w, w_scale, bias, y, err); });
   }
 
  private:

@@ -8,6 +8,7 @@
 #include "common/attrs.h"
 #include "common/op_inputs.h"
 #include "deployfuse_op_specs.h"
+#include "gemm_act/gemm_act.h"
 
 namespace deployfuse {
 
@@ -20,9 +21,7 @@ struct Fp8GemmActAttrs {
     if (algo < -1) throw std::invalid_argument("algo must be -1 (the heuristic's choice) or a candidate index >= 0");
   }
 
-  struct Sizes {
-    int64_t m, n, k;  // X [..., K] as [m, k], W [n, k], Y [..., N] as [m, n]
-  };
+  using Sizes = GemmActAttrs::Sizes;  // m, n, k: X [..., K] as [m, k], W [n, k], Y [..., N] as [m, n]
   // From X, XScale, W, WScale, Bias; throws std::invalid_argument saying what does not fit.
   Sizes sizes(const Inputs& in) const {
     const Tensor &x = in[0], &w = in[2];

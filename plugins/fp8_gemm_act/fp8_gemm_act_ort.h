@@ -4,7 +4,6 @@
 // the algorithm's workspace from ONNX Runtime's allocator, as GemmAct does (CUDA-graph capture safe).
 #pragma once
 #include <string>
-#include <vector>
 
 #include "common/ort_adapter.h"
 #include "fp8_gemm_act/fp8_gemm_act.h"
@@ -24,17 +23,9 @@ struct Fp8GemmAct : Fp8GemmActAttrs {
   static bool takes_on_cuda(ElemType type) { return type != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT; }
 
   void Run(Call& c, bool on_cuda) const {
-    Inputs in;
     Sizes s;
-    try {
-      in = inputs_of(c.ctx);
-      s = this->sizes(in);
-    } catch (const std::invalid_argument& e) {
-      fail(Spec::kName, e.what());
-    }
-    std::vector<int64_t> yd(in[0].dims, in[0].dims + in[0].rank);
-    yd.back() = s.n;
-    auto y = c.ctx.GetOutput(0, yd);
+    const Inputs in = sized_inputs(*this, c, &s);
+    auto y = gemm_output(c, in[0], s.n);
     if (!on_cuda) {
       fp8_gemm_act_cpu(in[0].as<float>(), in[1].as<float>()[0], in[2].as<uint8_t>(), in[3].as<float>()[0], in[4].as<float>(),
                        y.GetTensorMutableData<float>(), s.m, s.n, s.k, act);

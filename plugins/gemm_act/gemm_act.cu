@@ -4,7 +4,6 @@
 // TensorRT do by default), fp16/bf16 in fp32.
 //
 // cuBLASLt is opened with dlopen on first use (common/cublaslt.cuh, shared with Fp8GemmAct).
-#include <mutex>
 #include <tuple>
 
 #include "common/cublaslt.cuh"
@@ -38,15 +37,10 @@ class GemmActRunner {
     return plans_.find(
         key,
         [&](Plan& plan, cublasLtHandle_t handle) {
-          const cublaslt::Library& l = cublaslt::library();
           const cublasComputeType_t compute = type == CUDA_R_32F ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
-          return l.cublasLtMatmulDescCreate(&plan.desc, compute, CUDA_R_32F) == CUBLAS_STATUS_SUCCESS &&
+          return plan.create(compute, {type, p.n, p.k, p.n}, {type, p.k, p.m, p.k}, {type, p.n, p.m, p.n}) &&
                  cublaslt::set(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, epi) &&
-                 cublaslt::set(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias) &&
-                 l.cublasLtMatrixLayoutCreate(&plan.a, type, p.n, p.k, p.n) == CUBLAS_STATUS_SUCCESS &&
-                 l.cublasLtMatrixLayoutCreate(&plan.b, type, p.k, p.m, p.k) == CUBLAS_STATUS_SUCCESS &&
-                 l.cublasLtMatrixLayoutCreate(&plan.d, type, p.n, p.m, p.n) == CUBLAS_STATUS_SUCCESS &&
-                 plan.query(handle, kGemmActWorkspaceBytes, aligns);
+                 cublaslt::set(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias) && plan.query(handle, kGemmActWorkspaceBytes, aligns);
         },
         err);
   }
@@ -55,28 +49,19 @@ class GemmActRunner {
   cudaError_t launch(cudaStream_t stream, const GemmActProblem& p, const T* x, const T* w, const T* bias, const T* residual, T* y,
                      GemmActScratch& scratch) {
     if (p.m == 0 || p.n == 0) return cudaSuccess;
-    std::lock_guard<std::mutex> lock(plans_.mutex);  // the plan's descriptor takes this call's bias pointer
-    cudaError_t err = cudaSuccess;
-    const Plan* plan = this->plan(p, x, w, bias, residual, y, &err);
-    if (plan == nullptr) return err;
-    const cublasLtMatmulHeuristicResult_t& chosen = plan->candidate(p.algo);
-    void* workspace = chosen.workspaceSize ? scratch.get(chosen.workspaceSize) : nullptr;
-    if (chosen.workspaceSize && workspace == nullptr) return cudaErrorMemoryAllocation;
-    if (!cublaslt::set(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias)) return cudaErrorInvalidValue;
-    const float one = 1.f, beta = residual ? 1.f : 0.f;
-    if (cublaslt::library().cublasLtMatmul(plans_.handle(), plan->desc, &one, w, plan->a, x, plan->b, &beta, residual ? residual : y,
-                                           plan->d, y, plan->d, &chosen.algo, workspace, chosen.workspaceSize,
-                                           stream) != CUBLAS_STATUS_SUCCESS)
-      return cudaErrorLaunchFailure;
-    return cudaSuccess;
+    const auto plan_of = [&](cudaError_t* err) { return plan(p, x, w, bias, residual, y, err); };
+    return plans_.with_plan(plan_of, [&](const Plan& plan) {
+      const size_t bytes = plan.candidate(p.algo).workspaceSize;
+      void* workspace = bytes ? scratch.get(bytes) : nullptr;
+      if (bytes && workspace == nullptr) return cudaErrorMemoryAllocation;
+      if (!cublaslt::set(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias)) return cudaErrorInvalidValue;  // this call's
+      return plan.matmul(plans_.handle(), p.algo, w, x, residual ? 1.f : 0.f, residual ? residual : y, y, workspace, stream);
+    });
   }
 
   template <typename T>
   int candidates(const GemmActProblem& p, const T* x, const T* w, const T* bias, const T* residual, const T* y) {
-    std::lock_guard<std::mutex> lock(plans_.mutex);
-    cudaError_t err = cudaSuccess;
-    const Plan* plan = this->plan(p, x, w, bias, residual, y, &err);
-    return plan ? plan->count : -static_cast<int>(err);
+    return plans_.candidates([&](cudaError_t* err) { return plan(p, x, w, bias, residual, y, err); });
   }
 
  private:

@@ -44,17 +44,9 @@ class OrtScratch final : public GemmActScratch {
 struct GemmAct : GemmActAttrs {
   using GemmActAttrs::GemmActAttrs;
   void Run(Call& c, bool on_cuda) const {
-    Inputs in;
     Sizes s;
-    try {
-      in = inputs_of(c.ctx);
-      s = this->sizes(in);
-    } catch (const std::invalid_argument& e) {
-      fail(Spec::kName, e.what());
-    }
-    std::vector<int64_t> yd(in[0].dims, in[0].dims + in[0].rank);
-    yd.back() = s.n;
-    auto y = c.ctx.GetOutput(0, yd);
+    const Inputs in = sized_inputs(*this, c, &s);
+    auto y = gemm_output(c, in[0], s.n);
     const void* residual = in.count() > 3 ? in[3].data : nullptr;
     if (!on_cuda) {
       gemm_act_cpu(in[0].as<float>(), in[1].as<float>(), in[2].as<float>(), static_cast<const float*>(residual),
