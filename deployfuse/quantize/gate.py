@@ -9,16 +9,20 @@ a time, until the gate passes or a quarter of the layers (at least 4) are back i
 A layer's sensitivity is the gate's own measure with that layer alone quantized, on the first
 calibration samples: how far over (or how close to) the budget the model outputs get, as the
 largest of (1 - cosine) / (1 - budget cos) and error / bound. It is measured once, the first time
-the gate fails (one quantization per layer). A cheaper proxy, the error each layer adds to its
-own output tensor, ranks badly: on a tiny BERT it put the query and key projections first,
-whose error softmax all but removes, above the feed-forward layers that carry nearly all of it.
+the gate fails. Where the quantizer offers a `Switchboard` (dynamic int8 on ort-cpu), the ranking
+and the search for how many of the most sensitive layers go back run on one session of it, and
+only the choice found is quantized for real; BERT-base (72 layers, 2 cores) ranked in ~70 s
+instead of ~685 s. A cheaper proxy, the error each layer adds to its own output tensor (one fp32
+pass), ranks badly: on a tiny BERT it put the query and key projections first, whose error softmax
+all but removes; on BERT-base every layer's own error is 1.0-1.4 %, and falling back by that order
+was still over budget at the bound of 18 layers where this ranking needs 10 (bench/results/cpu_int8.md).
 """
 
 from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -180,12 +184,17 @@ def measure(model: onnx.ModelProto, calibration: Calibration, references: Mappin
     """The worst error of each output of `model` on (at most `limit` of) the calibration and
     held-out samples, against `references` (PyTorch fp32 outputs, keyed "calibration" and
     "held-out", in sample order)."""
-    session = ort_backend.session(model)
+    return _errors(ort_backend.session(model), calibration, references, limit, held_out)
+
+
+def _errors(session: Any, calibration: Calibration, references: Mapping[str, Sequence[dict[str, torch.Tensor]]], limit: int = GATE_SAMPLES,
+            held_out: bool = True, switches: Mapping[str, np.ndarray] | None = None) -> list[OutputError]:
+    """`measure` on an ONNX Runtime session, whose inputs beyond the model's take `switches`."""
     errors = []
     sets = [("calibration", calibration.feeds()[:limit])] + ([("held-out", calibration.feeds(held_out=True)[:limit])] if held_out else [])
     for samples, feeds in sets:
         wanted = references[samples][: len(feeds)]
-        outputs = [ort_backend.run(session, feed) for feed in feeds]
+        outputs = [ort_backend.run(session, {**feed, **(switches or {})}) for feed in feeds]
         for name, first in wanted[0].items() if wanted else ():
             if not first.is_floating_point():
                 continue
@@ -195,11 +204,30 @@ def measure(model: onnx.ModelProto, calibration: Calibration, references: Mappin
     return errors
 
 
-def run_gate(quantize: Callable[[set[str]], onnx.ModelProto], layers: Mapping[str, onnx.NodeProto],
-             calibration: Calibration, references: Mapping[str, Sequence[dict[str, torch.Tensor]]], budget: Budget) -> tuple[onnx.ModelProto, GateResult]:
+@dataclass(frozen=True)
+class Switchboard:
+    """One model in which any choice of the quantized layers runs quantized: `switches` maps each
+    layer to a bool input, true for quantized. The gate searches on one session of it instead of
+    quantizing and loading the model once per choice; the artefact it finally picks is still
+    quantized for real and measured."""
+
+    model: onnx.ModelProto
+    switches: Mapping[str, str]
+
+    def feed(self, quantized: Iterable[str]) -> dict[str, np.ndarray]:
+        on = set(quantized)
+        return {switch: np.array(layer in on) for layer, switch in self.switches.items()}
+
+
+def run_gate(quantize: Callable[[set[str]], onnx.ModelProto], layers: Mapping[str, onnx.NodeProto], calibration: Calibration,
+             references: Mapping[str, Sequence[dict[str, torch.Tensor]]], budget: Budget,
+             switchboard: Callable[[], Switchboard | None] | None = None) -> tuple[onnx.ModelProto, GateResult]:
     """Quantize with `quantize(names of layers to keep in fp32)` and check the result against
     `budget`; over budget, keep the most sensitive of `layers` (the nodes `quantize` quantizes, by
-    name) in fp32 and try again.
+    name) in fp32 and try again. When `switchboard()` gives a `Switchboard` of the same layers
+    (it is built the first time the gate fails), the ranking and the search for how many layers go
+    back run on one session of it, and only the choice found within budget is quantized and
+    measured for real (then one layer more at a time, should that one fail).
 
     Returns:
         The quantized model that passed, and what the gate measured.
@@ -215,32 +243,81 @@ def run_gate(quantize: Callable[[set[str]], onnx.ModelProto], layers: Mapping[st
         kept = {layer.node for layer in result.fp32_layers}
         quantized = quantize(kept)
         result.errors = measure(quantized, calibration, references)
-        broken = {f"{e.name} ({e.samples})": b for e in result.errors if (b := budget.exceeded(e))}
-        result.attempts.append({"fp32_layers": len(kept), "worst_cos": min((e.cos for e in result.errors), default=1.0),
-                                "worst_rel": max((e.rel for e in result.errors), default=0.0), "passed": not broken})
-        log.info("accuracy gate, %d layer(s) in fp32: %s", len(kept), "; ".join(f"{k} {', '.join(v)}" for k, v in broken.items()) or "within budget")
-        if not broken:
-            result.passed = True
+        if _judge(result, kept, "artefact"):
             return quantized, result
-        if ranking is None and len(kept) < max_fallback:
-            ranking = sensitivity_ranking(quantize, layers, calibration, references, budget)
-        candidates = [item for item in ranking or () if item[0] not in kept]
-        if len(kept) >= max_fallback or not candidates:
-            worst = next(iter(broken.items()))
+        if ranking is None:
+            board = switchboard() if switchboard is not None else None
+            session = ort_backend.session(board.model) if board is not None else None
+            ranking = sensitivity_ranking(quantize, layers, calibration, references, budget, board, session)
+            if board is not None:
+                fewest = _fewest_on_switchboard(session, board, result, layers, ranking, max_fallback, calibration, references)
+                result.fp32_layers = [_layer(layers[name], score) for name, score in ranking[:fewest]]
+                continue
+        if not _fall_back(result, layers, ranking, max_fallback):
+            broken = [f"{e.name} ({e.samples}) {', '.join(b)}" for e in result.errors if (b := budget.exceeded(e))]
             raise GateFailed(result, f"the quantized model is over the accuracy budget ({budget.text()}) even with {len(kept)} of {len(layers)} layers back "
-                                  f"in fp32 (the bound is {max_fallback}): {worst[0]} {', '.join(worst[1])}; loosen --accuracy-budget, give "
-                                  "representative --calibration-data, or export in fp16/fp32")
-        node = layers[candidates[0][0]]
-        result.fp32_layers.append(Layer(node.name, node.op_type, round(candidates[0][1], 6)))
+                                     f"in fp32 (the bound is {max_fallback}): {broken[0]}; loosen --accuracy-budget, give representative "
+                                     "--calibration-data, or export in fp16/fp32")
+
+
+def _fewest_on_switchboard(session: Any, switchboard: Switchboard, result: GateResult, layers: Mapping[str, onnx.NodeProto], ranking: Sequence[tuple[str, float]],
+                           bound: int, calibration: Calibration, references: Mapping[str, Sequence[dict[str, torch.Tensor]]]) -> int:
+    """The fewest of the most sensitive layers (up to `bound`) whose return to fp32 brings the
+    switchboard within budget, found by bisection (6 measurements for BERT-base's bound of 18,
+    where one layer at a time took 11); `bound` when even that is over budget. Adding layers
+    back lowers the error all but monotonically; the artefact is measured after anyway."""
+
+    def within(count: int) -> bool:
+        kept = {name for name, _ in ranking[:count]}
+        result.errors = _errors(session, calibration, references, switches=switchboard.feed(set(layers) - kept))
+        return _judge(result, kept, "switchboard")
+
+    low, high = 1, min(bound, len(ranking))
+    if not within(high):
+        return high
+    while low < high:
+        middle = (low + high) // 2
+        low, high = (low, middle) if within(middle) else (middle + 1, high)
+    return high
+
+
+def _judge(result: GateResult, kept: set[str], model: str) -> bool:
+    """Whether `result.errors` (measured on `model`, "artefact" or "switchboard", with `kept` in
+    fp32) are within budget; records the attempt."""
+    broken = {f"{e.name} ({e.samples})": b for e in result.errors if (b := result.budget.exceeded(e))}
+    result.attempts.append({"model": model, "fp32_layers": len(kept), "worst_cos": min((e.cos for e in result.errors), default=1.0),
+                            "worst_rel": max((e.rel for e in result.errors), default=0.0), "passed": not broken})
+    log.info("accuracy gate (%s), %d layer(s) in fp32: %s", model, len(kept), "; ".join(f"{k} {', '.join(v)}" for k, v in broken.items()) or "within budget")
+    result.passed = not broken and model == "artefact"
+    return not broken
+
+
+def _fall_back(result: GateResult, layers: Mapping[str, onnx.NodeProto], ranking: Sequence[tuple[str, float]], bound: int) -> bool:
+    """Put the most sensitive layer still quantized back in fp32; False at the bound or with none left."""
+    kept = {layer.node for layer in result.fp32_layers}
+    candidates = [item for item in ranking if item[0] not in kept]
+    if len(kept) >= bound or not candidates:
+        return False
+    result.fp32_layers.append(_layer(layers[candidates[0][0]], candidates[0][1]))
+    return True
+
+
+def _layer(node: onnx.NodeProto, sensitivity: float) -> Layer:
+    return Layer(node.name, node.op_type, round(sensitivity, 6))
 
 
 def sensitivity_ranking(quantize: Callable[[set[str]], onnx.ModelProto], layers: Mapping[str, onnx.NodeProto], calibration: Calibration,
-                        references: Mapping[str, Sequence[dict[str, torch.Tensor]]], budget: Budget) -> list[tuple[str, float]]:
-    """Every layer with its `Budget.score` when it alone is quantized (on the first calibration samples), most sensitive first."""
+                        references: Mapping[str, Sequence[dict[str, torch.Tensor]]], budget: Budget, switchboard: Switchboard | None = None,
+                        session: Any = None) -> list[tuple[str, float]]:
+    """Every layer with its `Budget.score` when it alone is quantized (on the first calibration
+    samples), most sensitive first: on `session`, one of `switchboard`, when given."""
     scores = []
     for name in layers:
-        alone = quantize(set(layers) - {name})
-        scores.append((name, budget.score(measure(alone, calibration, references, limit=PROBE_SAMPLES, held_out=False))))
+        if session is not None and switchboard is not None:
+            errors = _errors(session, calibration, references, PROBE_SAMPLES, held_out=False, switches=switchboard.feed({name}))
+        else:
+            errors = measure(quantize(set(layers) - {name}), calibration, references, limit=PROBE_SAMPLES, held_out=False)
+        scores.append((name, budget.score(errors)))
         log.debug("accuracy gate: %s alone uses %.3g of the budget", name, scores[-1][1])
     return sorted(scores, key=lambda item: -item[1])
 
@@ -270,4 +347,4 @@ def budget_of(text: str | None) -> Budget:
 
 
 __all__ = ["BUDGET_HELP", "Budget", "GateFailed", "GateResult", "Layer", "OutputError", "budget_of", "measure", "output_error", "recorded_budget", "run_gate",
-           "sensitivity_ranking", "table"]
+           "sensitivity_ranking", "Switchboard", "table"]

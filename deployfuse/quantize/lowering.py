@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 import onnx
 import torch
@@ -31,7 +32,7 @@ import torch
 from deployfuse.errors import UsageError
 from deployfuse.quantize import ort_int8
 from deployfuse.quantize.calibration import Calibration
-from deployfuse.quantize.gate import Budget, GateResult, budget_of, run_gate
+from deployfuse.quantize.gate import Budget, GateResult, Switchboard, budget_of, run_gate
 from deployfuse.quantize.qdq import MIN_OPSET, PRECISIONS as QUANTIZED, place_qdq, quantizable_nodes
 from deployfuse.targets import ORT_CPU, ORT_CUDA, Target
 
@@ -94,8 +95,10 @@ def quantize(model: onnx.ModelProto, options: QuantizeOptions, calibration: Cali
     Raises:
         GateFailed: over budget even with the bound on fp32 layers reached.
     """
+    switchboard: Callable[[], Switchboard | None] | None = None  # built only if the gate fails
     if options.mode == "dynamic":
         quantizer, layers = ort_int8.quantizer(model), ort_int8.layers(model)
+        switchboard = partial(ort_int8.switchboard, model)
     else:
         quantizer = _qdq_quantizer(model, options.precision, calibration)
         names = set(quantizable_nodes(model, options.precision))
@@ -104,7 +107,7 @@ def quantize(model: onnx.ModelProto, options: QuantizeOptions, calibration: Cali
         quantized = quantizer(set())
         result = None
     else:
-        quantized, result = run_gate(quantizer, layers, calibration, references, options.budget)
+        quantized, result = run_gate(quantizer, layers, calibration, references, options.budget, switchboard)
     if result is not None:
         result.kept_in = options.float_precision
     quantized.metadata_props.clear()

@@ -26,7 +26,11 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import numpy as np
 import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from deployfuse.quantize.gate import Switchboard
 
 MODES = ("dynamic", "static")
 # Fusion families that would hide GEMMs from ORT's int8 quantizer: com.microsoft FusedConv (Conv +
@@ -35,7 +39,9 @@ MODES = ("dynamic", "static")
 # unpacked, attention is a MultiHeadAttention fed by three MatMuls that quantize (BERT-base 1x128,
 # 2 threads: 0.55x of the fused fp32 graph's time instead of 0.65x).
 SKIPPED_FAMILIES = ("fused_conv", "packed_qkv")
-OP_TYPES = ("MatMul", "Gemm", "Attention", "Conv")  # what dynamic quantization quantizes
+# What dynamic quantization quantizes (ONNX Runtime's IntegerOps registry): not Gemm, which its
+# quantizer rewrites into an fp32 MatMul of another name that `nodes_to_quantize` then misses.
+OP_TYPES = ("MatMul", "Attention", "Conv")
 
 
 @contextmanager
@@ -74,4 +80,51 @@ def quantizer(model: onnx.ModelProto) -> Callable[[set[str]], onnx.ModelProto]:
     return quantize
 
 
-__all__ = ["MODES", "OP_TYPES", "SKIPPED_FAMILIES", "layers", "quantizer"]
+def switchboard(model: onnx.ModelProto) -> Switchboard | None:
+    """`model` with each of its `layers` behind an If on a bool input of its own: true runs it in
+    dynamic int8 (com.microsoft DynamicQuantizeMatMul: per-column int8 weights, the activation
+    quantized at run time per tensor, the same numbers as `quantizer`'s MatMulInteger chain), false
+    in fp32. One session of it measures any choice of int8 layers, where `quantizer` would run
+    ONNX Runtime's quantizer and build a session per choice (BERT-base: 72 layers, ~9 s each).
+
+    None when a layer is not a MatMul with a 2-D initializer weight (Gemm, Conv, Attention): the
+    gate then quantizes each choice for real."""
+    weights = {t.name: t for t in model.graph.initializer}
+    chosen = layers(model)
+    if not all(n.op_type == "MatMul" and n.input[1] in weights and len(weights[n.input[1]].dims) == 2 for n in chosen.values()):
+        return None
+    board = onnx.ModelProto()
+    board.CopyFrom(model)
+    switches: dict[str, str] = {}
+    nodes = []
+    for node in board.graph.node:
+        if node.name not in chosen:
+            nodes.append(node)
+            continue
+        switch = f"{node.name}.int8"
+        switches[node.name] = switch
+        board.graph.input.append(helper.make_tensor_value_info(switch, TensorProto.BOOL, []))
+        int8_weight, scale = _int8_per_column(numpy_helper.to_array(weights[node.input[1]]))
+        names = [f"{switch}.weight", f"{switch}.scale", f"{switch}.zero_point"]
+        board.graph.initializer.extend([numpy_helper.from_array(int8_weight, names[0]), numpy_helper.from_array(scale, names[1]),
+                                        numpy_helper.from_array(np.zeros(scale.shape, np.int8), names[2])])
+        branches = {}
+        for branch, op, inputs, domain in (("int8", "DynamicQuantizeMatMul", [node.input[0], *names], "com.microsoft"), ("fp32", "MatMul", list(node.input), "")):
+            out = f"{node.output[0]}.{branch}"
+            branches[branch] = helper.make_graph([helper.make_node(op, inputs, [out], name=f"{node.name}.{branch}", domain=domain)], f"{node.name}_{branch}", [],
+                                                 [helper.make_tensor_value_info(out, TensorProto.FLOAT, None)])
+        nodes.append(helper.make_node("If", [switch], list(node.output), name=node.name, then_branch=branches["int8"], else_branch=branches["fp32"]))
+    del board.graph.node[:]
+    board.graph.node.extend(nodes)
+    return Switchboard(board, switches)
+
+
+def _int8_per_column(weight: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A MatMul weight (K, N) in symmetric int8 per output column, as ONNX Runtime's quantizer
+    makes it (range -127..127, scale max|column| / 127), and its scales."""
+    absmax = np.abs(weight).max(axis=0).astype(np.float64)
+    scale = np.where(absmax > 0, absmax / 127.0, 1.0).astype(np.float32)
+    return np.clip(np.rint(weight / scale), -127, 127).astype(np.int8), scale
+
+
+__all__ = ["MODES", "OP_TYPES", "SKIPPED_FAMILIES", "layers", "quantizer", "switchboard"]

@@ -1,0 +1,72 @@
+"""The gate's switchboard: one ONNX Runtime session that runs any choice of layers in dynamic int8
+gives the numbers of the artefact ONNX Runtime's quantizer makes for that choice, so the gate can
+rank and search on it instead of quantizing once per choice."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+import torch
+
+import deployfuse
+from deployfuse.backends.ort import run, session
+from deployfuse.examples.tiny_bert import build
+from deployfuse.export import flatten_outputs
+from deployfuse.inputs import make_inputs, specs_of
+from deployfuse.quantize import ort_int8
+from deployfuse.quantize.calibration import random_calibration
+from deployfuse.quantize.gate import Budget, sensitivity_ranking
+from deployfuse.quantize.ort_int8 import SKIPPED_FAMILIES
+from deployfuse.rewrite.fuser import family_names, fuse
+
+
+@pytest.fixture(scope="module")
+def fused_bert(tmp_path_factory):
+    """Tiny BERT fused for ort-cpu as an int8 export fuses it, with fresh inputs and PyTorch's outputs."""
+    model, example = build()
+    path = tmp_path_factory.mktemp("switchboard") / "bert.onnx"
+    deployfuse.export(model, path, example_inputs=example, fuse=False, verify=False)
+    feed = {k: v.numpy() for k, v in example.items()}
+    fused, _ = fuse(onnx.load(path), "ort-cpu", [feed], families=[f for f in family_names() if f not in SKIPPED_FAMILIES])
+    return model, example, fused
+
+
+def _outputs(model: onnx.ModelProto, feed: dict[str, np.ndarray]) -> np.ndarray:
+    return next(iter(run(session(model), feed).values()))
+
+
+def test_switchboard_runs_any_choice_as_the_quantized_artefact_does(fused_bert):
+    model, example, fused = fused_bert
+    board = ort_int8.switchboard(fused)
+    assert board is not None
+    layers = list(ort_int8.layers(fused))
+    assert sorted(board.switches) == sorted(layers) and len(layers) >= 6
+    quantize = ort_int8.quantizer(fused)
+    feed = {k: v.numpy() for k, v in make_inputs(specs_of(example), model, seed=11, pad_masks=True).items()}
+    with torch.no_grad():
+        reference = next(iter(flatten_outputs(model(**{k: torch.from_numpy(v) for k, v in feed.items()})).values())).numpy()
+    fp32 = _outputs(fused, feed)
+    for quantized in (set(layers), set(layers[1::2]), {layers[-1]}, set()):
+        want = _outputs(quantize(set(layers) - quantized), feed) if quantized else fp32
+        got = _outputs(board.model, {**feed, **board.feed(quantized)})
+        scale = np.abs(reference).max()
+        assert np.abs(got - want).max() <= 1e-5 * scale, sorted(quantized)  # the artefact's numbers, not merely close to fp32
+        if quantized:
+            assert np.abs(got - fp32).max() >= 1e-4 * scale  # int8 where switched on
+
+
+def test_switchboard_ranks_layers_as_quantizing_each_alone_does(fused_bert):
+    model, example, fused = fused_bert
+    calibration = random_calibration(example, model, seed=5)
+    with torch.no_grad():
+        references = {"calibration": [flatten_outputs(model(**sample)) for sample in calibration.samples[:2]]}
+    layers = ort_int8.layers(fused)
+    board = ort_int8.switchboard(fused)
+    assert board is not None
+    by_quantizer = dict(sensitivity_ranking(ort_int8.quantizer(fused), layers, calibration, references, Budget()))
+    by_board = dict(sensitivity_ranking(ort_int8.quantizer(fused), layers, calibration, references, Budget(), board, session(board.model)))
+    assert by_board.keys() == by_quantizer.keys()
+    for name, score in by_quantizer.items():
+        assert by_board[name] == pytest.approx(score, rel=1e-3, abs=1e-6), name
+    assert len(set(np.round(list(by_board.values()), 3))) > 1  # the layers differ: the ranking is not a tie
