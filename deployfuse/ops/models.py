@@ -2,9 +2,9 @@
 
 The tests, the GPU checks and the benchmarks all run the ops this way: one node, its function
 body attached, inputs with symbolic shapes so one model serves every size. Inputs of a fixed
-element type (`OpSpec.input_types`: float8e4m3fn as `ml_dtypes.float8_e4m3fn` arrays) travel
-through `ort_feed` and `torch_inputs`, since neither ONNX Runtime's nor torch's numpy bridge
-takes ml_dtypes' float8.
+element type (`OpSpec.input_types`: float8e4m3fn as `ml_dtypes.float8_e4m3fn` arrays) and
+bfloat16 ones travel through `ort_feed` and `torch_inputs`, since neither ONNX Runtime's nor
+torch's numpy bridge takes ml_dtypes' types.
 """
 
 from __future__ import annotations
