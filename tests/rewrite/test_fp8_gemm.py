@@ -1,0 +1,199 @@
+"""The fp8_gemm family: every float8 Q/DQ'd GEMM of an fp16 graph becomes a deployfuse.Fp8GemmAct
+(ort-cuda only) that computes what the Q/DQ graph computes, and attention and skip-norm still fuse.
+
+Numbers are checked on fresh random inputs, ONNX Runtime's CPU EP running the Fp8GemmAct function
+bodies: one GEMM against the Q/DQ math done in numpy (float64 around the same float8 values), and
+whole models against their Q/DQ graph (ORT optimisations off), where the only differences are
+fp16 roundings that occasionally move an activation to the next float8 value.
+"""
+
+from __future__ import annotations
+
+import functools
+import tempfile
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+import onnx
+import pytest
+import torch
+import zoo
+from _export import _trained_like
+from onnx import TensorProto, helper, numpy_helper
+
+import deployfuse
+from deployfuse.backends.ort import run, session
+from deployfuse.inputs import make_inputs, specs_of
+from deployfuse.quantize.calibration import Calibration, random_calibration
+from deployfuse.quantize.qdq import place_qdq, quantizable_nodes
+from deployfuse.rewrite import fuse
+from deployfuse.rewrite.rules import fp8_gemm
+
+_ROOT = tempfile.TemporaryDirectory(prefix="deployfuse-fp8-gemm-tests.")
+E4M3 = ml_dtypes.float8_e4m3fn
+OPSET = 20
+
+
+def _ops(model: onnx.ModelProto) -> list[str]:
+    return [n.op_type for n in model.graph.node]
+
+
+# --- one GEMM, hand-built -------------------------------------------------------------------
+
+
+def _gemm_graph(form: str, dtype: int = TensorProto.FLOAT16, activation: str | None = None, bias: bool = True, zero_type: int = TensorProto.FLOAT8E4M3FN,
+                w_scales: int = 1, seed: int = 0) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    """y = act(DQ(Q(x)) · DQ(Wq) [+ b]) as `form` "matmul" (x [2, 5, K], W [K, N]) or "gemm"
+    (x [10, K], Gemm transB=1, W [N, K]), with the scales, bias and zero points in the graph's
+    float type / `zero_type`; and the float values it was made from."""
+    rng = np.random.default_rng(seed)
+    k, n = 32, 24
+    np_type = helper.tensor_dtype_to_np_dtype(dtype)
+    weight = rng.standard_normal((k, n)) / np.sqrt(k)
+    per = np.abs(weight).max(axis=0) if w_scales > 1 else np.abs(weight).max()
+    w_scale = (per / 448).astype(np.float32)
+    w_q = (weight / w_scale).astype(E4M3)
+    stored = w_q if form == "matmul" else np.ascontiguousarray(w_q.T)
+    zero_np = E4M3 if zero_type == TensorProto.FLOAT8E4M3FN else np.int8
+    inits = [
+        numpy_helper.from_array(np.array(3.0 / 448, dtype=np_type), "x_scale"),
+        numpy_helper.from_array(np.array(0, dtype=zero_np), "zero"),
+        numpy_helper.from_array(np.zeros(w_scale.shape, dtype=zero_np), "w_zero"),
+        numpy_helper.from_array(w_scale.astype(np_type), "w_scale"),
+        numpy_helper.from_array(stored.astype(zero_np) if zero_np is np.int8 else stored, "w_q"),
+    ]
+    nodes = [helper.make_node("QuantizeLinear", ["x", "x_scale", "zero"], ["x_q"]), helper.make_node("DequantizeLinear", ["x_q", "x_scale", "zero"], ["x_dq"]),
+             helper.make_node("DequantizeLinear", ["w_q", "w_scale", "w_zero"], ["w_dq"], axis=1 if form == "matmul" else 0)]
+    if bias:
+        inits.append(numpy_helper.from_array((rng.standard_normal(n) * 0.1).astype(np_type), "bias"))
+    if form == "matmul":
+        nodes.append(helper.make_node("MatMul", ["x_dq", "w_dq"], ["mm" if bias else "lin"]))
+        nodes += [helper.make_node("Add", ["mm", "bias"], ["lin"])] if bias else []
+        shape = [2, 5, k]
+    else:
+        nodes.append(helper.make_node("Gemm", ["x_dq", "w_dq"] + (["bias"] if bias else []), ["lin"], transB=1))
+        shape = [10, k]
+    if activation == "relu":
+        nodes.append(helper.make_node("Relu", ["lin"], ["y"]))
+    elif activation is not None:
+        nodes.append(helper.make_node("Gelu", ["lin"], ["y"], approximate=activation))
+    else:
+        nodes[-1].output[0] = "y"
+    graph = helper.make_graph(nodes, "gemm", [helper.make_tensor_value_info("x", dtype, shape)], [helper.make_tensor_value_info("y", dtype, None)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], ir_version=10)
+    # The scales as the graph holds them (rounded to its float type), which the rule hands on in float32.
+    return onnx.shape_inference.infer_shapes(model), {"x_scale": float(np.array(3.0 / 448, dtype=np_type)), "w_q": w_q, "w_scale": w_scale.astype(np_type).astype(np.float64)}
+
+
+def _feeds(shape: list[int], count: int, seed: int) -> list[dict[str, np.ndarray]]:
+    rng = np.random.default_rng(seed)
+    return [{"x": rng.standard_normal(shape).astype(np.float16)} for _ in range(count)]
+
+
+def _fuse(model: onnx.ModelProto, feeds: list[dict[str, np.ndarray]], target: str = "ort-cuda") -> onnx.ModelProto:
+    fused, _ = fuse(model, target, feeds, families=["gelu", "fp8_gemm"], custom_ops_library=False)
+    return fused
+
+
+@pytest.mark.parametrize(("form", "activation", "bias"), [("matmul", None, True), ("matmul", "relu", True), ("matmul", "tanh", False), ("gemm", None, True),
+                                                           ("gemm", "tanh", True), ("gemm", None, False)])
+def test_one_gemm_becomes_fp8_gemm_act_computing_the_qdq_math(form, activation, bias):
+    """The fused node against the Q/DQ math in float64 on the same float8 values: x/s rounded to
+    e4m3 (saturating), the weight's e4m3 values times its scale, bias, activation; only the
+    final fp16 rounding (and a rare x/s that fp16 and fp32 round to neighbouring e4m3 values) apart."""
+    model, made = _gemm_graph(form, activation=activation, bias=bias)
+    shape = [d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim]
+    fused = _fuse(model, _feeds(shape, 1, 1))
+    assert _ops(fused) == ["Fp8GemmAct"]
+    node = fused.graph.node[0]
+    assert helper.get_attribute_value(next(a for a in node.attribute if a.name == "activation")).decode() == {None: "none", "relu": "relu", "tanh": "gelu_tanh"}[activation]
+    weights = {t.name: numpy_helper.to_array(t) for t in fused.graph.initializer}
+    assert weights[node.input[2]].dtype == E4M3 and weights[node.input[2]].shape == (24, 32)  # [N, K]
+    assert {weights[node.input[i]].dtype for i in (1, 3)} == {np.dtype(np.float32)}
+    plain, fast = session(model, optimize=False), session(fused)
+    for feed in _feeds(shape, 2, 7):
+        x = feed["x"].astype(np.float64)
+        x_dq = (x / made["x_scale"]).clip(-448, 448).astype(E4M3).astype(np.float64) * made["x_scale"]
+        y = x_dq @ (made["w_q"].astype(np.float64) * made["w_scale"])
+        if bias:
+            y = y + numpy_helper.to_array(next(t for t in model.graph.initializer if t.name == "bias")).astype(np.float64)
+        if activation == "relu":
+            y = np.maximum(y, 0)
+        elif activation == "tanh":
+            y = 0.5 * y * (1 + np.tanh(np.sqrt(2 / np.pi) * (y + 0.044715 * y**3)))
+        got, qdq = run(fast, feed)["y"].astype(np.float64), run(plain, feed)["y"].astype(np.float64)
+        scale = np.abs(y).max()
+        assert np.abs(got - y).max() <= 2 * np.spacing(np.float16(scale)), "Fp8GemmAct is not the Q/DQ math"
+        assert np.abs(got - qdq).max() <= 0.02 * scale  # the Q/DQ graph itself: fp16 throughout
+
+
+@pytest.mark.parametrize(("why", "kwargs"), [("fp32 graph", {"dtype": TensorProto.FLOAT}), ("int8 Q/DQ", {"zero_type": TensorProto.INT8}),
+                                              ("per-channel weight scales", {"w_scales": 24}), ("exact-erf GELU", {"activation": "none"})])
+def test_what_the_rule_leaves(why, kwargs):
+    """fp32 graphs, int8 Q/DQ and per-channel weight scales keep their Q/DQ (no Fp8GemmAct form);
+    an exact-erf Gelu-20 stays a node after the bias epilogue."""
+    model, _ = _gemm_graph("matmul", **kwargs)
+    dtype = helper.tensor_dtype_to_np_dtype(model.graph.input[0].type.tensor_type.elem_type)
+    fused = _fuse(model, [{"x": f["x"].astype(dtype)} for f in _feeds([2, 5, 32], 1, 1)])
+    if why == "exact-erf GELU":
+        assert _ops(fused) == ["Fp8GemmAct", "Gelu"]
+    else:
+        assert "Fp8GemmAct" not in _ops(fused) and "QuantizeLinear" in _ops(fused), why
+
+
+def test_only_ort_cuda_gets_it():
+    assert fp8_gemm.rules("ort-cuda") and not fp8_gemm.rules("tensorrt") and not fp8_gemm.rules("ort-cpu")  # TensorRT fuses its own Q/DQ
+
+
+# --- whole models ---------------------------------------------------------------------------
+
+
+@functools.cache
+def _qdq_model(name: str, dynamic: bool) -> tuple[onnx.ModelProto, onnx.ModelProto, torch.nn.Module, dict[str, torch.Tensor]]:
+    """Zoo model `name` (trained-like biases) exported in fp16 for ort-cuda, unfused, and the same
+    graph with float8 Q/DQ on its GEMMs, calibrated on random fp16 inputs."""
+    torch.manual_seed(0)
+    module, example = zoo.ZOO[name].build()
+    _trained_like(module)
+    path = Path(_ROOT.name) / f"{name}_{dynamic}.onnx"
+    deployfuse.export(module, path, example_inputs=example, target="ort-cuda", precision="fp16", fuse=False, verify=False,
+                      dynamic=list(zoo.ZOO[name].dynamic) if dynamic else ())
+    model = onnx.load(path)
+    drawn = random_calibration(example, module, seed=0)
+    half = Calibration([{k: v.half() if v.is_floating_point() else v for k, v in s.items()} for s in drawn.samples], [], drawn.source)
+    return model, place_qdq(model, "fp8", half, set()), module, example
+
+
+def _model_feeds(module: torch.nn.Module, example: dict[str, torch.Tensor], seeds: tuple[int, ...]) -> list[dict[str, np.ndarray]]:
+    return [{k: (v.half() if v.is_floating_point() else v).numpy() for k, v in make_inputs(specs_of(example), module, s, pad_masks=s % 2 == 1).items()}
+            for s in seeds]
+
+
+@pytest.mark.parametrize(("name", "dynamic"), [("bert", False), ("gpt2", False), ("vit", False), ("bert", True), ("gpt2", True)])
+def test_every_qdq_gemm_becomes_fp8_gemm_act_and_attention_still_fuses(name, dynamic):
+    """BERT (MatMul + Add, erf GELU), GPT-2 (Conv1D's Gemm + Reshape, tanh GELU) and ViT: no Q/DQ
+    left, one Fp8GemmAct per quantized GEMM, MultiHeadAttention and SkipLayerNormalization in
+    every layer; the fused model is the Q/DQ model up to fp16 roundings, with ONNX Runtime's
+    graph optimisations off and on (its Q/DQ propagation must not see through the bodies)."""
+    float_model, qdq, module, example = _qdq_model(name, dynamic)
+    fused, report = fuse(qdq, "ort-cuda", _model_feeds(module, example, (1, 2)), custom_ops_library=False)
+    assert not [f.family for f in report.families if f.rolled_back]
+    ops = _ops(fused)
+    layers = zoo.ZOO[name].layers
+    assert ops.count("Fp8GemmAct") == len(quantizable_nodes(float_model, "fp8")) and not {"QuantizeLinear", "DequantizeLinear"} & set(ops)
+    assert ops.count("MultiHeadAttention") == layers and ops.count("SkipLayerNormalization") == 2 * layers
+    activations = [helper.get_attribute_value(a).decode() for n in fused.graph.node if n.op_type == "Fp8GemmAct" for a in n.attribute if a.name == "activation"]
+    assert activations.count("gelu_tanh") == (layers if name == "gpt2" else 0)
+    assert ops.count("Gelu") == (0 if name == "gpt2" else layers)  # exact GELU: after the bias epilogue
+    plain, qdq_session, optimised = session(float_model, optimize=False), session(qdq, optimize=False), session(fused)
+    rewritten = session(fused, optimize=False)
+    for feed in _model_feeds(module, example, (11, 12)):
+        reference, quantized, got, got_optimised = run(plain, feed), run(qdq_session, feed), run(rewritten, feed), run(optimised, feed)
+        for output, want in reference.items():
+            want, qdq_out = want.astype(np.float64), quantized[output].astype(np.float64)
+            quantization = np.abs(qdq_out - want).mean()  # what fp8 costs
+            for out in (got[output], got_optimised[output]):
+                diff = np.abs(out.astype(np.float64) - qdq_out)
+                assert diff.mean() < 0.5 * quantization, f"{output}: the rewrite moves it {diff.mean():.2e} on average, fp8 itself {quantization:.2e}"
+                assert diff.max() < 0.02 * np.abs(want).max()
