@@ -43,9 +43,9 @@ def main() -> None:
             bias = torch.randn(n, device="cuda", dtype=torch.float16)
             xq = x.to(torch.float8_e4m3fn)
             wq = w.t().contiguous().to(torch.float8_e4m3fn).t()  # column-major B, as cuBLASLt's fp8 wants
-            fp16 = kernel_ms(lambda: torch.addmm(bias, x, w))
-            fp8 = kernel_ms(lambda: torch._scaled_mm(xq, wq, scale_a=one, scale_b=one, bias=bias, out_dtype=torch.float16))
-            quant = kernel_ms(lambda: x.to(torch.float8_e4m3fn))
+            fp16 = kernel_ms(lambda x=x, w=w, bias=bias: torch.addmm(bias, x, w))
+            fp8 = kernel_ms(lambda xq=xq, wq=wq, bias=bias: torch._scaled_mm(xq, wq, scale_a=one, scale_b=one, bias=bias, out_dtype=torch.float16))
+            quant = kernel_ms(lambda x=x: x.to(torch.float8_e4m3fn))
             print(f"{tokens_name:>16} {name:>16} {m:>6} {k:>5} {n:>5} {fp16:9.4f} {fp8:9.4f} {fp8 / fp16:8.2f}  (+quantize X {quant:.4f})")
 
 
