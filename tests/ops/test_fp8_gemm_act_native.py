@@ -6,8 +6,10 @@ op out of the TensorRT list (its CUDA side is checked on a GPU by bench/fp8_gemm
 
 from __future__ import annotations
 
+import ctypes
 import importlib.util
 import re
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +21,7 @@ from deployfuse.ops import ort_custom_ops_library
 from deployfuse.ops.models import example_inputs, ort_feed, reference_output, single_op_model
 from deployfuse.ops.schema import E4M3_MAX, to_element_type
 from deployfuse.ops.specs import SPECS
+from deployfuse.rewrite.gemm_tuning import ACT_CODES, WORKSPACE_BYTES
 
 OP = "Fp8GemmAct"
 PLUGINS = Path(__file__).resolve().parents[2] / "plugins"
@@ -115,3 +118,27 @@ def test_generated_header_carries_input_types_and_the_trt_list_leaves_the_op_out
     trt = re.search(r"using Registered = OpList<(.*)>;", files["deployfuse_trt_ops.h"])[1]
     assert OP not in trt and not SPECS[OP].trt_plugin
     assert re.search(rf"\b{OP}\b", re.search(r"using Registered = OpList<(.*)>;", files["deployfuse_ort_ops.h"])[1])
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="no CUDA toolkit (nvcc): the C ABI library cannot compile")
+def test_c_abi_refuses_what_the_fp8_gemm_cannot_run_before_any_cuda_call():
+    """df_fp8_gemm_act (bench/fp8_gemm_gpu.py's entry) answers cudaErrorInvalidValue for K not a
+    multiple of 16 and for an activation no cuBLASLt epilogue computes, without touching a GPU;
+    its scratch is X's float8 copy (rounded up to 256 bytes) plus the largest workspace."""
+    from deployfuse.ops.native import build_plugins
+
+    lib = ctypes.CDLL(str(build_plugins(cuda=True, tensorrt=True) / "libdeployfuse_ops_cuda.so"))
+    P, I64, INT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+    lib.df_fp8_gemm_act.argtypes = [INT, P, P, P, P, P, P, P, I64, I64, I64, INT, INT, P, ctypes.c_size_t]
+    lib.df_fp8_gemm_act_candidates.argtypes = [INT, P, P, P, P, P, I64, I64, I64, INT]
+    lib.df_fp8_gemm_act_scratch_bytes.argtypes = [I64, I64]
+    lib.df_fp8_gemm_act_scratch_bytes.restype = ctypes.c_size_t
+    invalid_value = 1
+
+    def run(k: int, act: int) -> int:
+        return lib.df_fp8_gemm_act(1, None, None, None, None, None, None, None, 4, 16, k, act, -1, None, 0)
+
+    assert run(40, ACT_CODES["none"]) == invalid_value
+    assert run(48, 2) == invalid_value  # Act::kGelu (exact erf): no epilogue
+    assert lib.df_fp8_gemm_act_candidates(1, None, None, None, None, None, 4, 16, 40, ACT_CODES["relu"]) == -invalid_value
+    assert lib.df_fp8_gemm_act_scratch_bytes(100, 48) == 4864 + WORKSPACE_BYTES
