@@ -160,7 +160,7 @@ DF_EXPORT int df_gemm_act_candidates(int dtype, const void* x, const void* w, co
 // Fp8GemmAct (an ONNX Runtime op only: no TensorRT plugin, so not behind df_run) on the process's
 // runner, as bench/fp8_gemm_gpu.py checks and times it. x_scale, w_scale: device pointers to one
 // float32 each; w: float8e4m3fn [n, k]; scratch: scratch_bytes of device memory (at least
-// df_fp8_gemm_act_scratch_bytes: X's float8 copy and the algorithm's workspace).
+// df_fp8_gemm_act_scratch_bytes: X's float8 copy, a padded Y where its rows are off 16 bytes, the algorithm's workspace).
 namespace {
 Fp8GemmActRunner& process_fp8_gemm_act_runner() {
   static const auto runner = make_fp8_gemm_act_runner();
@@ -181,7 +181,14 @@ DF_EXPORT int df_fp8_gemm_act(int dtype, void* stream, const void* x, const void
   }));
 }
 
-DF_EXPORT size_t df_fp8_gemm_act_scratch_bytes(int64_t m, int64_t k) { return fp8_gemm_act_scratch_bytes(m, k); }
+DF_EXPORT size_t df_fp8_gemm_act_scratch_bytes(int dtype, int64_t m, int64_t n, int64_t k) {
+  size_t bytes = 0;
+  with_dtype(static_cast<DType>(dtype), [&](auto* t) {
+    bytes = fp8_gemm_act_scratch_bytes(m, n, k, sizeof(*t));
+    return cudaSuccess;
+  });
+  return bytes;
+}
 
 // How many cuBLASLt heuristic candidates Fp8GemmAct's `algo` may index for this problem; negative: a cudaError_t.
 DF_EXPORT int df_fp8_gemm_act_candidates(int dtype, const void* x_scale, const void* w, const void* w_scale, const void* bias,

@@ -19,7 +19,22 @@ constexpr int kPerThread = 16;  // elements quantized by one thread: 16 bytes of
 constexpr int kThreads = 256;
 constexpr size_t kScratchAlign = 256;
 
-size_t xq_bytes(int64_t m, int64_t k) { return (static_cast<size_t>(m * k) + kScratchAlign - 1) / kScratchAlign * kScratchAlign; }
+size_t scratch_aligned(size_t bytes) { return (bytes + kScratchAlign - 1) / kScratchAlign * kScratchAlign; }
+
+// D's leading dimension: n, or n rounded up to 16 bytes of T where n·sizeof(T) is not a multiple of 16 (cuBLASLt's fp8 kernels
+// want 16-byte aligned rows; D then goes to scratch and is copied into Y).
+int64_t d_ld(int64_t n, size_t elem_bytes) {
+  const auto per16 = static_cast<int64_t>(16 / elem_bytes);
+  return (n + per16 - 1) / per16 * per16;
+}
+
+// The scratch of one launch: X in float8, D when it is padded (d_ld), then the algorithm's workspace.
+struct ScratchLayout {
+  size_t xq, d;
+  ScratchLayout(int64_t m, int64_t n, int64_t k, size_t elem_bytes)
+      : xq(scratch_aligned(static_cast<size_t>(m * k))),
+        d(d_ld(n, elem_bytes) == n ? 0 : scratch_aligned(static_cast<size_t>(m * d_ld(n, elem_bytes)) * elem_bytes)) {}
+};
 
 // q[i] = e4m3(x[i] / scale) for i < groups * 16; x and q 16-byte aligned.
 template <typename T>
@@ -60,7 +75,7 @@ cudaError_t quantize_e4m3(cudaStream_t stream, const T* x, const float* scale, u
 }
 
 using Plan = cublaslt::Plan<kGemmActCandidates>;
-// dtype, m, n, k, epilogue, alignments of W, Bias, Y (X's float8 copy is always kScratchAlign-aligned)
+// dtype, m, n, k, epilogue, alignments of W, Bias, D (X's float8 copy is always kScratchAlign-aligned; a padded D too)
 using PlanKey = std::tuple<int, int64_t, int64_t, int64_t, int, uint32_t, uint32_t, uint32_t>;
 
 }  // namespace
@@ -76,14 +91,16 @@ class Fp8GemmActRunner {
       *err = cudaErrorInvalidValue;
       return nullptr;
     }
-    const uint32_t aligns[4] = {cublaslt::alignment(w), kScratchAlign, cublaslt::alignment(y), cublaslt::alignment(y)};
+    const int64_t ldd = d_ld(p.n, sizeof(T));
+    const uint32_t d_align = ldd == p.n ? cublaslt::alignment(y) : kScratchAlign;
+    const uint32_t aligns[4] = {cublaslt::alignment(w), kScratchAlign, d_align, d_align};
     const cudaDataType_t type = cublaslt::data_type<T>();
     const PlanKey key{static_cast<int>(type), p.m, p.n, p.k, static_cast<int>(epi), aligns[0], cublaslt::alignment(bias), aligns[3]};
     return plans_.find(
         key,
         [&](Plan& plan, cublasLtHandle_t handle) {
           const int32_t bias_type = type;
-          return plan.create(CUBLAS_COMPUTE_32F, {CUDA_R_8F_E4M3, p.k, p.n, p.k}, {CUDA_R_8F_E4M3, p.k, p.m, p.k}, {type, p.n, p.m, p.n}) &&
+          return plan.create(CUBLAS_COMPUTE_32F, {CUDA_R_8F_E4M3, p.k, p.n, p.k}, {CUDA_R_8F_E4M3, p.k, p.m, p.k}, {type, p.n, p.m, ldd}) &&
                  cublaslt::set(plan.desc, CUBLASLT_MATMUL_DESC_TRANSA, CUBLAS_OP_T) &&
                  cublaslt::set(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, epi) &&
                  cublaslt::set(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, bias_type) &&
@@ -101,16 +118,22 @@ class Fp8GemmActRunner {
     if (p.m == 0 || p.n == 0) return cudaSuccess;
     const auto plan_of = [&](cudaError_t* err) { return plan(p, x_scale, w, w_scale, bias, y, err); };
     return plans_.with_plan(plan_of, [&](const Plan& plan) {
-      // One scratch buffer: X in float8 first, then the algorithm's workspace.
-      const size_t xq = xq_bytes(p.m, p.k), workspace_bytes = plan.candidate(p.algo).workspaceSize;
-      auto* buffer = static_cast<uint8_t*>(scratch.get(xq + workspace_bytes));
+      const ScratchLayout at(p.m, p.n, p.k, sizeof(T));
+      const size_t workspace_bytes = plan.candidate(p.algo).workspaceSize;
+      auto* buffer = static_cast<uint8_t*>(scratch.get(at.xq + at.d + workspace_bytes));
       if (buffer == nullptr) return cudaErrorMemoryAllocation;
       DF_RETURN_IF_ERROR(quantize_e4m3(stream, x, x_scale, buffer, p.m * p.k));
       if (!cublaslt::set(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias) ||  // this call's pointers
           !cublaslt::set(plan.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, w_scale) ||
           !cublaslt::set(plan.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, x_scale))
         return cudaErrorInvalidValue;
-      return plan.matmul(plans_.handle(), p.algo, w, buffer, 0.f, y, y, workspace_bytes ? buffer + xq : nullptr, stream);
+      T* d = at.d ? reinterpret_cast<T*>(buffer + at.xq) : y;
+      DF_RETURN_IF_ERROR(
+          plan.matmul(plans_.handle(), p.algo, w, buffer, 0.f, d, d, workspace_bytes ? buffer + at.xq + at.d : nullptr, stream));
+      if (d == y) return cudaSuccess;
+      const size_t row = static_cast<size_t>(p.n) * sizeof(T);
+      return cudaMemcpy2DAsync(y, row, d, static_cast<size_t>(d_ld(p.n, sizeof(T))) * sizeof(T), row, static_cast<size_t>(p.m),
+                               cudaMemcpyDeviceToDevice, stream);
     });
   }
 
@@ -123,7 +146,10 @@ class Fp8GemmActRunner {
   cublaslt::Plans<PlanKey, Plan> plans_;
 };
 
-size_t fp8_gemm_act_scratch_bytes(int64_t m, int64_t k) { return xq_bytes(m, k) + kGemmActWorkspaceBytes; }
+size_t fp8_gemm_act_scratch_bytes(int64_t m, int64_t n, int64_t k, size_t elem_bytes) {
+  const ScratchLayout at(m, n, k, elem_bytes);
+  return at.xq + at.d + kGemmActWorkspaceBytes;
+}
 
 std::shared_ptr<Fp8GemmActRunner> make_fp8_gemm_act_runner() { return std::make_shared<Fp8GemmActRunner>(); }
 

@@ -1,7 +1,7 @@
 // Fp8GemmAct for ONNX Runtime (see common/ort_adapter.h): X, Bias and Y in T, XScale and WScale
 // float32, W float8e4m3fn (the element types ort_ops.cc registers from the spec's input_types).
-// On the CUDA EP each kernel instance keeps its own cuBLASLt runner and takes X's float8 copy and
-// the algorithm's workspace from ONNX Runtime's allocator, as GemmAct does (CUDA-graph capture safe).
+// On the CUDA EP each kernel instance keeps its own cuBLASLt runner and takes its scratch (X's float8
+// copy, the algorithm's workspace) from ONNX Runtime's allocator, as GemmAct does (CUDA-graph capture safe).
 #pragma once
 #include <string>
 
@@ -42,8 +42,7 @@ struct Fp8GemmAct : Fp8GemmActAttrs {
           *runner, static_cast<cudaStream_t>(c.stream), Fp8GemmActProblem{s.m, s.n, s.k, act, algo}, in[0].as<T>(), in[1].as<float>(),
           in[2].as<uint8_t>(), in[3].as<float>(), in[4].as<T>(), static_cast<T*>(y.GetTensorMutableRawData()), scratch);
       if (err == cudaErrorNotSupported)
-        fail(Spec::kName,
-             "cuBLASLt has no fp8 GEMM for this problem (it needs an sm_89+ GPU, float16/bfloat16 X, 16-byte aligned W and Y)");
+        fail(Spec::kName, "cuBLASLt has no fp8 GEMM for this problem (it needs an sm_89+ GPU, float16/bfloat16 X and a 16-byte aligned W)");
       return err;
     });
 #endif

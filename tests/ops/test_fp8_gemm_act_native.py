@@ -124,14 +124,15 @@ def test_generated_header_carries_input_types_and_the_trt_list_leaves_the_op_out
 def test_c_abi_refuses_what_the_fp8_gemm_cannot_run_before_any_cuda_call():
     """df_fp8_gemm_act (bench/fp8_gemm_gpu.py's entry) answers cudaErrorInvalidValue for K not a
     multiple of 16 and for an activation no cuBLASLt epilogue computes, without touching a GPU;
-    its scratch is X's float8 copy (rounded up to 256 bytes) plus the largest workspace."""
+    its scratch is X's float8 copy, a padded Y where Y's rows are off 16 bytes (each rounded up to 256 bytes), and
+    the largest workspace."""
     from deployfuse.ops.native import build_plugins
 
     lib = ctypes.CDLL(str(build_plugins(cuda=True, tensorrt=True) / "libdeployfuse_ops_cuda.so"))
     P, I64, INT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
     lib.df_fp8_gemm_act.argtypes = [INT, P, P, P, P, P, P, P, I64, I64, I64, INT, INT, P, ctypes.c_size_t]
     lib.df_fp8_gemm_act_candidates.argtypes = [INT, P, P, P, P, P, I64, I64, I64, INT]
-    lib.df_fp8_gemm_act_scratch_bytes.argtypes = [I64, I64]
+    lib.df_fp8_gemm_act_scratch_bytes.argtypes = [INT, I64, I64, I64]
     lib.df_fp8_gemm_act_scratch_bytes.restype = ctypes.c_size_t
     invalid_value = 1
 
@@ -141,4 +142,5 @@ def test_c_abi_refuses_what_the_fp8_gemm_cannot_run_before_any_cuda_call():
     assert run(40, ACT_CODES["none"]) == invalid_value
     assert run(48, 2) == invalid_value  # Act::kGelu (exact erf): no epilogue
     assert lib.df_fp8_gemm_act_candidates(1, None, None, None, None, None, 4, 16, 40, ACT_CODES["relu"]) == -invalid_value
-    assert lib.df_fp8_gemm_act_scratch_bytes(100, 48) == 4864 + WORKSPACE_BYTES
+    assert lib.df_fp8_gemm_act_scratch_bytes(1, 100, 64, 48) == 4864 + WORKSPACE_BYTES  # fp16 rows of 128 bytes: Y written in place
+    assert lib.df_fp8_gemm_act_scratch_bytes(1, 100, 60, 48) == 4864 + 12800 + WORKSPACE_BYTES  # 120-byte rows: a copy padded to 128
