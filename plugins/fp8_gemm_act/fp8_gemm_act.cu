@@ -17,7 +17,7 @@ namespace {
 
 constexpr int kPerThread = 16;  // elements quantized by one thread: 16 bytes of fp8 out
 constexpr int kThreads = 256;
-constexpr size_t kScratchAlign = 256;
+constexpr uint32_t kScratchAlign = 256;  // bytes; each part of the scratch starts at a multiple
 
 size_t scratch_aligned(size_t bytes) { return (bytes + kScratchAlign - 1) / kScratchAlign * kScratchAlign; }
 
@@ -28,12 +28,18 @@ int64_t d_ld(int64_t n, size_t elem_bytes) {
   return (n + per16 - 1) / per16 * per16;
 }
 
-// The scratch of one launch: X in float8, D when it is padded (d_ld), then the algorithm's workspace.
+// The scratch of one launch, in this order: X in float8 as [m, kp]; W copied to [n, kp] where K is not a multiple of 16
+// (cuBLASLt's fp8 kernels want it; the zeros past K add nothing to the products); D where it is padded (d_ld); the workspace.
 struct ScratchLayout {
-  size_t xq, d;
+  int64_t kp, ldd;   // K rounded up to 16, D's leading dimension
+  size_t xq, wq, d;  // bytes of each part, 0 for a part not needed (W and Y used as given)
   ScratchLayout(int64_t m, int64_t n, int64_t k, size_t elem_bytes)
-      : xq(scratch_aligned(static_cast<size_t>(m * k))),
-        d(d_ld(n, elem_bytes) == n ? 0 : scratch_aligned(static_cast<size_t>(m * d_ld(n, elem_bytes)) * elem_bytes)) {}
+      : kp((k + kFp8GemmActKMultiple - 1) / kFp8GemmActKMultiple * kFp8GemmActKMultiple),
+        ldd(d_ld(n, elem_bytes)),
+        xq(scratch_aligned(static_cast<size_t>(m * kp))),
+        wq(kp == k ? 0 : scratch_aligned(static_cast<size_t>(n * kp))),
+        d(ldd == n ? 0 : scratch_aligned(static_cast<size_t>(m * ldd) * elem_bytes)) {}
+  size_t bytes(size_t workspace) const { return xq + wq + d + workspace; }
 };
 
 // q[i] = e4m3(x[i] / scale) for i < groups * 16; x and q 16-byte aligned.
@@ -56,26 +62,31 @@ __global__ void quantize_e4m3_vec(const T* __restrict__ x, const float* __restri
   reinterpret_cast<uint4*>(q)[g] = *reinterpret_cast<const uint4*>(out);
 }
 
-// The same one element a thread, for X off 16-byte alignment.
+// The same one element a thread into rows of kp bytes, zeros past k: for X off 16-byte alignment or K not a multiple of 16.
 template <typename T>
-__global__ void quantize_e4m3_scalar(const T* __restrict__ x, const float* __restrict__ scale, uint8_t* __restrict__ q, int64_t count) {
+__global__ void quantize_e4m3_rows(const T* __restrict__ x, const float* __restrict__ scale, uint8_t* __restrict__ q, int64_t k, int64_t kp,
+                                   int64_t count) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i < count) q[i] = __nv_cvt_float_to_fp8(to_float(x[i]) * (1.f / __ldg(scale)), __NV_SATFINITE, __NV_E4M3);
+  if (i >= count) return;
+  const int64_t row = i / kp, col = i - row * kp;
+  q[i] = col < k ? __nv_cvt_float_to_fp8(to_float(x[row * k + col]) * (1.f / __ldg(scale)), __NV_SATFINITE, __NV_E4M3) : 0;
 }
 
+// q [m, kp] = e4m3(x [m, k] / scale), zeros past k.
 template <typename T>
-cudaError_t quantize_e4m3(cudaStream_t stream, const T* x, const float* scale, uint8_t* q, int64_t count) {
-  if (count % kPerThread == 0 && aligned16(x) && aligned16(q)) {
-    const int64_t groups = count / kPerThread;
+cudaError_t quantize_e4m3(cudaStream_t stream, const T* x, const float* scale, uint8_t* q, int64_t m, int64_t k, int64_t kp) {
+  if (kp == k && (m * k) % kPerThread == 0 && aligned16(x) && aligned16(q)) {
+    const int64_t groups = m * k / kPerThread;
     quantize_e4m3_vec<T><<<static_cast<unsigned>((groups + kThreads - 1) / kThreads), kThreads, 0, stream>>>(x, scale, q, groups);
   } else {
-    quantize_e4m3_scalar<T><<<static_cast<unsigned>((count + kThreads - 1) / kThreads), kThreads, 0, stream>>>(x, scale, q, count);
+    const int64_t count = m * kp;
+    quantize_e4m3_rows<T><<<static_cast<unsigned>((count + kThreads - 1) / kThreads), kThreads, 0, stream>>>(x, scale, q, k, kp, count);
   }
   return cudaGetLastError();
 }
 
 using Plan = cublaslt::Plan<kGemmActCandidates>;
-// dtype, m, n, k, epilogue, alignments of W, Bias, D (X's float8 copy is always kScratchAlign-aligned; a padded D too)
+// dtype, m, n, k, epilogue, alignments of W, Bias, D (the copies in the scratch are kScratchAlign-aligned)
 using PlanKey = std::tuple<int, int64_t, int64_t, int64_t, int, uint32_t, uint32_t, uint32_t>;
 
 }  // namespace
@@ -87,20 +98,21 @@ class Fp8GemmActRunner {
   const Plan* plan(const Fp8GemmActProblem& p, const float* x_scale, const uint8_t* w, const float* w_scale, const T* bias, const T* y,
                    cudaError_t* err) {
     cublasLtEpilogue_t epi;
-    if (p.k <= 0 || p.k % kFp8GemmActKMultiple != 0 || !cublaslt::bias_epilogue(p.act, &epi)) {
+    if (p.k <= 0 || !cublaslt::bias_epilogue(p.act, &epi)) {
       *err = cudaErrorInvalidValue;
       return nullptr;
     }
-    const int64_t ldd = d_ld(p.n, sizeof(T));
-    const uint32_t d_align = ldd == p.n ? cublaslt::alignment(y) : kScratchAlign;
-    const uint32_t aligns[4] = {cublaslt::alignment(w), kScratchAlign, d_align, d_align};
+    const ScratchLayout at(p.m, p.n, p.k, sizeof(T));
+    const uint32_t d_align = at.d ? kScratchAlign : cublaslt::alignment(y);
+    const uint32_t aligns[4] = {at.wq ? kScratchAlign : cublaslt::alignment(w), kScratchAlign, d_align, d_align};
     const cudaDataType_t type = cublaslt::data_type<T>();
     const PlanKey key{static_cast<int>(type), p.m, p.n, p.k, static_cast<int>(epi), aligns[0], cublaslt::alignment(bias), aligns[3]};
     return plans_.find(
         key,
         [&](Plan& plan, cublasLtHandle_t handle) {
           const int32_t bias_type = type;
-          return plan.create(CUBLAS_COMPUTE_32F, {CUDA_R_8F_E4M3, p.k, p.n, p.k}, {CUDA_R_8F_E4M3, p.k, p.m, p.k}, {type, p.n, p.m, ldd}) &&
+          return plan.create(CUBLAS_COMPUTE_32F, {CUDA_R_8F_E4M3, at.kp, p.n, at.kp}, {CUDA_R_8F_E4M3, at.kp, p.m, at.kp},
+                             {type, p.n, p.m, at.ldd}) &&
                  cublaslt::set(plan.desc, CUBLASLT_MATMUL_DESC_TRANSA, CUBLAS_OP_T) &&
                  cublaslt::set(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, epi) &&
                  cublaslt::set(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, bias_type) &&
@@ -120,20 +132,25 @@ class Fp8GemmActRunner {
     return plans_.with_plan(plan_of, [&](const Plan& plan) {
       const ScratchLayout at(p.m, p.n, p.k, sizeof(T));
       const size_t workspace_bytes = plan.candidate(p.algo).workspaceSize;
-      auto* buffer = static_cast<uint8_t*>(scratch.get(at.xq + at.d + workspace_bytes));
-      if (buffer == nullptr) return cudaErrorMemoryAllocation;
-      DF_RETURN_IF_ERROR(quantize_e4m3(stream, x, x_scale, buffer, p.m * p.k));
+      auto* xq = static_cast<uint8_t*>(scratch.get(at.bytes(workspace_bytes)));
+      if (xq == nullptr) return cudaErrorMemoryAllocation;
+      uint8_t *wq = xq + at.xq, *d_copy = wq + at.wq, *workspace = d_copy + at.d;
+      DF_RETURN_IF_ERROR(quantize_e4m3(stream, x, x_scale, xq, p.m, p.k, at.kp));
+      if (at.wq) {  // W [n, k] into rows of kp bytes, zeros past k
+        DF_RETURN_IF_ERROR(cudaMemcpy2DAsync(wq, at.kp, w, p.k, p.k, p.n, cudaMemcpyDeviceToDevice, stream));
+        DF_RETURN_IF_ERROR(cudaMemset2DAsync(wq + p.k, at.kp, 0, at.kp - p.k, p.n, stream));
+      }
       if (!cublaslt::set(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias) ||  // this call's pointers
           !cublaslt::set(plan.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, w_scale) ||
           !cublaslt::set(plan.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, x_scale))
         return cudaErrorInvalidValue;
-      T* d = at.d ? reinterpret_cast<T*>(buffer + at.xq) : y;
+      T* d = at.d ? reinterpret_cast<T*>(d_copy) : y;
       DF_RETURN_IF_ERROR(
-          plan.matmul(plans_.handle(), p.algo, w, buffer, 0.f, d, d, workspace_bytes ? buffer + at.xq + at.d : nullptr, stream));
+          plan.matmul(plans_.handle(), p.algo, at.wq ? wq : w, xq, 0.f, d, d, workspace_bytes ? workspace : nullptr, stream));
       if (d == y) return cudaSuccess;
       const size_t row = static_cast<size_t>(p.n) * sizeof(T);
-      return cudaMemcpy2DAsync(y, row, d, static_cast<size_t>(d_ld(p.n, sizeof(T))) * sizeof(T), row, static_cast<size_t>(p.m),
-                               cudaMemcpyDeviceToDevice, stream);
+      return cudaMemcpy2DAsync(y, row, d, static_cast<size_t>(at.ldd) * sizeof(T), row, static_cast<size_t>(p.m), cudaMemcpyDeviceToDevice,
+                               stream);
     });
   }
 
@@ -147,8 +164,7 @@ class Fp8GemmActRunner {
 };
 
 size_t fp8_gemm_act_scratch_bytes(int64_t m, int64_t n, int64_t k, size_t elem_bytes) {
-  const ScratchLayout at(m, n, k, elem_bytes);
-  return at.xq + at.d + kGemmActWorkspaceBytes;
+  return ScratchLayout(m, n, k, elem_bytes).bytes(kGemmActWorkspaceBytes);
 }
 
 std::shared_ptr<Fp8GemmActRunner> make_fp8_gemm_act_runner() { return std::make_shared<Fp8GemmActRunner>(); }

@@ -1,8 +1,9 @@
 // Fp8GemmAct CUDA launcher on cuBLASLt: Y[m, n] = act(dq(q(X, x_scale)) @ dq(W, w_scale)^T + bias[n]) with W float8e4m3fn
 // [n, k]. One vectorised kernel quantizes X into float8e4m3fn scratch, then one cuBLASLt fp8 GEMM ("TN", the scales as device
-// pointers, fp32 accumulation) writes Y with the bias / ReLU / tanh-GELU epilogue. Needs an sm_89+ GPU (Ada, Hopper) and K a
-// multiple of 16 (cuBLASLt's fp8 kernels); any N (rows of Y that are not a multiple of 16 bytes are written to a padded copy in
-// the scratch, then copied into Y). Y and the bias take T = fp16 or bf16: cuBLASLt's fp8 kernels write fp32 only with a bf16
+// pointers, fp32 accumulation) writes Y with the bias / ReLU / tanh-GELU epilogue. Needs an sm_89+ GPU (Ada, Hopper). Any K and N:
+// cuBLASLt's fp8 kernels want K a multiple of 16 and rows of Y a multiple of 16 bytes, so otherwise X's float8 copy and a copy of W
+// are padded with zeros to the next multiple of 16, and Y is written to a padded copy in the scratch and copied into Y (extra
+// passes; the models' GEMMs need none). Y and the bias take T = fp16 or bf16: cuBLASLt's fp8 kernels write fp32 only with a bf16
 // bias, which would round the op's fp32 Bias, so fp32 answers cudaErrorNotSupported. The scratch interface and workspace limits
 // are GemmAct's (the same cuBLASLt).
 #pragma once
@@ -25,10 +26,8 @@ struct Fp8GemmActProblem {
   int algo;  // -1: the heuristic's first choice; k >= 0: its k-th candidate (the first when there are fewer)
 };
 
-// The scratch bytes one launch asks for at most (elem_bytes: sizeof(T)): X in float8 (m·k bytes), Y in a
-// padded copy where a row of Y is not a multiple of 16 bytes (cuBLASLt's fp8 kernels write 16-byte aligned
-// rows; the copy is then copied into Y), each rounded up to 256, and the algorithm's workspace (at most
-// kGemmActWorkspaceBytes).
+// The scratch bytes one launch asks for at most (elem_bytes: sizeof(T)): X in float8, the padded copies of W and Y
+// where they need one (each rounded up to 256 bytes) and the algorithm's workspace (at most kGemmActWorkspaceBytes).
 size_t fp8_gemm_act_scratch_bytes(int64_t m, int64_t n, int64_t k, size_t elem_bytes);
 
 // One per kernel instance: the cuBLASLt handle and the plans of the shapes it has run, as GemmAct's
@@ -37,7 +36,7 @@ class Fp8GemmActRunner;
 std::shared_ptr<Fp8GemmActRunner> make_fp8_gemm_act_runner();
 
 // x_scale, w_scale: device pointers to one float each. cudaErrorSharedObjectInitFailed when cuBLASLt
-// is missing (gemm_act_unavailable says why), cudaErrorInvalidValue for K not a multiple of 16 or an
+// is missing (gemm_act_unavailable says why), cudaErrorInvalidValue for K = 0 or an
 // activation no epilogue computes, cudaErrorNotSupported when cuBLASLt has no fp8 algorithm for the
 // problem (fp32, a GPU before sm_89, misaligned pointers), cudaErrorMemoryAllocation when scratch
 // gives no memory.

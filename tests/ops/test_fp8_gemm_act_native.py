@@ -122,10 +122,10 @@ def test_generated_header_carries_input_types_and_the_trt_list_leaves_the_op_out
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="no CUDA toolkit (nvcc): the C ABI library cannot compile")
 def test_c_abi_refuses_what_the_fp8_gemm_cannot_run_before_any_cuda_call():
-    """df_fp8_gemm_act (bench/fp8_gemm_gpu.py's entry) answers cudaErrorInvalidValue for K not a
-    multiple of 16 and for an activation no cuBLASLt epilogue computes, without touching a GPU;
-    its scratch is X's float8 copy, a padded Y where Y's rows are off 16 bytes (each rounded up to 256 bytes), and
-    the largest workspace."""
+    """df_fp8_gemm_act (bench/fp8_gemm_gpu.py's entry) answers cudaErrorInvalidValue for K = 0 and for an
+    activation no cuBLASLt epilogue computes, without touching a GPU; its scratch is X's float8 copy (rows of K
+    rounded up to 16 bytes), a copy of W padded likewise where K is not a multiple of 16, a padded Y where Y's
+    rows are off 16 bytes (each rounded up to 256 bytes), and the largest workspace."""
     from deployfuse.ops.native import build_plugins
 
     lib = ctypes.CDLL(str(build_plugins(cuda=True, tensorrt=True) / "libdeployfuse_ops_cuda.so"))
@@ -139,8 +139,9 @@ def test_c_abi_refuses_what_the_fp8_gemm_cannot_run_before_any_cuda_call():
     def run(k: int, act: int) -> int:
         return lib.df_fp8_gemm_act(1, None, None, None, None, None, None, None, 4, 16, k, act, -1, None, 0)
 
-    assert run(40, ACT_CODES["none"]) == invalid_value
+    assert run(0, ACT_CODES["none"]) == invalid_value
     assert run(48, 2) == invalid_value  # Act::kGelu (exact erf): no epilogue
-    assert lib.df_fp8_gemm_act_candidates(1, None, None, None, None, None, 4, 16, 40, ACT_CODES["relu"]) == -invalid_value
+    assert lib.df_fp8_gemm_act_candidates(1, None, None, None, None, None, 4, 16, 0, ACT_CODES["relu"]) == -invalid_value
     assert lib.df_fp8_gemm_act_scratch_bytes(1, 100, 64, 48) == 4864 + WORKSPACE_BYTES  # fp16 rows of 128 bytes: Y written in place
     assert lib.df_fp8_gemm_act_scratch_bytes(1, 100, 60, 48) == 4864 + 12800 + WORKSPACE_BYTES  # 120-byte rows: a copy padded to 128
+    assert lib.df_fp8_gemm_act_scratch_bytes(1, 100, 64, 40) == 4864 + 3072 + WORKSPACE_BYTES  # K = 40: X and W in rows of 48 bytes
