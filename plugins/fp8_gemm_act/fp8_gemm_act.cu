@@ -2,7 +2,8 @@
 // 1/x_scale read from the device once per thread, so q(x) = e4m3(x · (1/s)), which differs from e4m3(x / s) only where x / s lies
 // within an fp32 ulp of a rounding midpoint), then one fp8 GEMM. Row-major Y = Xq Wᵀ is column-major Yᵀ = W Xqᵀ: cuBLASLt gets
 // A = W stored k x n (ld k) with op T, B = Xq stored k x m (ld k), D = Y (n x m, ld n) — the "TN" layout its fp8 kernels want — and
-// computes D = epilogue(w_scale · x_scale · (A B) + bias) with fp32 accumulation; C is D with beta = 0.
+// computes D = epilogue(w_scale · x_scale · (A B) + bias) with fp32 accumulation; C is D with beta = 0. Where K or a row of Y does
+// not fit cuBLASLt's fp8 alignment, padded copies in the scratch stand in for them (ScratchLayout).
 #include <cuda_fp8.h>
 
 #include <tuple>
