@@ -16,9 +16,13 @@ lacks for TensorRT:
   leaves these GEMMs alone);
 - a tensor quantized for a GEMM reaches its other consumers (a residual Add) unquantized:
   ONNX Runtime hands them the dequantized copy, `_unquantized_elsewhere` gives the original back;
-- fp8 activation scales are amax / 448 (E4M3's largest finite value), the max calibration of
-  TensorRT's own recipes and torchao's float8, instead of ONNX Runtime's only fp8 method, which
-  matches the standard deviation of the float8 grid and saturates outliers;
+- fp8 scales are amax / 448 (E4M3's largest finite value), per tensor, for activations
+  (calibrated) and weights alike: the max calibration of TensorRT's own recipes and torchao's
+  float8. ONNX Runtime's quantizer offers only its Distribution method for float8, which matches
+  the standard deviation of the float8 grid and saturates outliers, and leaves weights short of
+  the range (a tiny BERT's pooler: |Wq| <= 352); so fp8 Q/DQ are placed here (`_fp8_qdq`) after
+  one MinMax calibration pass, without ONNX Runtime's quantizer, which is also the slow part of
+  each of the gate's re-quantizations (BERT-base: 19 s of a 2-core CPU each; now about a second);
 - in an fp16/bf16 graph the scales take the graph's type (ONNX Runtime writes float32 ones).
 
 Calibration runs once per model and sample set in a process (`_CalibrationCache`): the gate
@@ -95,12 +99,11 @@ def place_qdq(model: onnx.ModelProto, precision: str, calibration: Calibration, 
         external = model.ByteSize() > _EXTERNAL_DATA_THRESHOLD
         onnx.save_model(model, source, save_as_external_data=external, all_tensors_to_one_file=True, location="float.onnx.data")
         ranges = _CACHE.entry(source, samples, precision)
-        overrides = {}
         if precision == "fp8":
             if ranges.amax is None:
                 ranges.amax = _activation_amax(source, model, samples, Path(tmp))
-            overrides = _fp8_overrides(ranges.amax, {n.input[0] for n in model.graph.node if n.name in set(nodes)})
-        _quantize(source, target, precision, nodes, samples, overrides, external, ranges.path)
+            return _fp8_qdq(model, set(nodes), ranges.amax)
+        _quantize(source, target, precision, nodes, samples, external, ranges.path)
         quantized = onnx.load(os.fspath(target))
     if default_opset(quantized) != opset:  # the quantizer raises opsets it finds too old: never silently
         raise ValueError(f"ONNX Runtime's quantizer moved the model from opset {opset} to {default_opset(quantized)}")
@@ -194,26 +197,21 @@ def _reader(samples: list[dict[str, np.ndarray]]) -> Any:
     return SampleReader()
 
 
-def _quantize(source: Path, target: Path, precision: str, nodes: list[str], samples: list[dict[str, np.ndarray]], overrides: dict[str, Any], external: bool,
-              cache: Path) -> None:
+def _quantize(source: Path, target: Path, precision: str, nodes: list[str], samples: list[dict[str, np.ndarray]], external: bool, cache: Path) -> None:
+    """int8 Q/DQ by ONNX Runtime's static quantizer (MinMax calibration, per-channel weights)."""
     from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
 
-    qtype = QuantType.QInt8 if precision == "int8" else QuantType.QFLOAT8E4M3FN
     options = {
         "ActivationSymmetric": True,  # zero point 0: TensorRT rejects any other
         "WeightSymmetric": True,
         "QuantizeBias": False,  # float bias: TensorRT and GemmAct add it in the GEMM epilogue
         "DedicatedQDQPair": True,  # one Q -> DQ per GEMM, each a pattern of its own
-        "OpTypesToExcludeOutputQuantization": list(GEMM_OPS["int8"]),  # float GEMM outputs
-        "TensorQuantOverrides": overrides,
+        "OpTypesToExcludeOutputQuantization": list(GEMM_OPS[precision]),  # float GEMM outputs
     }
     quantize_static(
         os.fspath(source), os.fspath(target), _reader(samples), quant_format=QuantFormat.QDQ,
-        activation_type=qtype, weight_type=qtype, per_channel=precision == "int8",
-        op_types_to_quantize=list(GEMM_OPS[precision]), nodes_to_quantize=nodes,
-        # ONNX Runtime takes only its Distribution method for float8; the fp8 activation scales
-        # are overridden with max calibration (`_fp8_overrides`).
-        calibrate_method=CalibrationMethod.MinMax if precision == "int8" else CalibrationMethod.Distribution,
+        activation_type=QuantType.QInt8, weight_type=QuantType.QInt8, per_channel=True,
+        op_types_to_quantize=list(GEMM_OPS[precision]), nodes_to_quantize=nodes, calibrate_method=CalibrationMethod.MinMax,
         use_external_data_format=external, extra_options=options, calibration_cache_path=cache,
     )
 
@@ -232,21 +230,63 @@ def _activation_amax(source: Path, model: onnx.ModelProto, samples: list[dict[st
     return {name: max(abs(float(np.asarray(v).max())) for v in ranges[name].range_value) for name in activations}
 
 
-def _fp8_overrides(amax: dict[str, float], activations: set[str]) -> dict[str, Any]:
-    """TensorQuantOverrides giving each activation the scale amax / 448 and a float8 zero point 0."""
-    zero = np.array(0, dtype=_float8())
-    return {name: [{"scale": np.array(amax[name] / FP8_E4M3_MAX if amax[name] > 0 else 1.0, dtype=np.float32), "zero_point": zero}]
-            for name in sorted(activations)}
-
-
-def _float8() -> Any:
+def _fp8_qdq(model: onnx.ModelProto, nodes: set[str], amax: Mapping[str, float]) -> onnx.ModelProto:
+    """`model` with each of `nodes` reading a float8 e4m3 Q -> DQ pair of its activation (scale
+    amax / 448 from `amax`) and its weight stored in float8 behind a DequantizeLinear (scale
+    max|W| / 448), per tensor, zero points 0, scales in the weight's float type: the form TensorRT
+    fuses into its fp8 GEMMs and the fp8_gemm rule into Fp8GemmAct. A weight only quantized nodes
+    read is stored in float8 alone."""
     import ml_dtypes
 
-    return ml_dtypes.float8_e4m3fn
+    out = _copy(model)
+    graph = out.graph
+    weights = {t.name: t for t in graph.initializer}
+    zero = _unique("fp8_zero_point", {t.name for t in graph.initializer} | {o for n in graph.node for o in n.output})
+    added = [numpy_helper.from_array(np.array(0, dtype=ml_dtypes.float8_e4m3fn), zero)]
+    stored: dict[str, tuple[str, str]] = {}  # float weight -> (float8 weight, its scale)
+    order: list[onnx.NodeProto] = []
+    for node in graph.node:
+        if node.name in nodes:
+            x, w = node.input[0], node.input[1]
+            dtype = helper.tensor_dtype_to_np_dtype(weights[w].data_type)
+            if w not in stored:
+                values = numpy_helper.to_array(weights[w]).astype(np.float32)
+                scale = _fp8_scale(float(np.abs(values).max()), dtype)
+                stored[w] = (f"{w}_fp8", f"{w}_fp8_scale")
+                added += [numpy_helper.from_array((values / np.float32(scale)).clip(-FP8_E4M3_MAX, FP8_E4M3_MAX).astype(ml_dtypes.float8_e4m3fn), stored[w][0]),
+                          numpy_helper.from_array(np.array(scale, dtype=dtype), stored[w][1])]
+            x_scale, x_q, x_dq, w_dq = (f"{node.name}_{part}" for part in ("x_scale", "x_q", "x_dq", "w_dq"))
+            added.append(numpy_helper.from_array(np.array(_fp8_scale(amax[x], dtype), dtype=dtype), x_scale))
+            order += [helper.make_node("QuantizeLinear", [x, x_scale, zero], [x_q], name=f"{node.name}_x_QuantizeLinear"),
+                      helper.make_node("DequantizeLinear", [x_q, x_scale, zero], [x_dq], name=f"{node.name}_x_DequantizeLinear"),
+                      helper.make_node("DequantizeLinear", [*stored[w], zero], [w_dq], name=f"{node.name}_w_DequantizeLinear")]
+            node.input[0], node.input[1] = x_dq, w_dq
+        order.append(node)
+    del graph.node[:]
+    graph.node.extend(order)
+    read = {i for n in graph.node for i in n.input} | {o.name for o in graph.output}
+    kept = [t for t in graph.initializer if t.name in read]
+    del graph.initializer[:]
+    graph.initializer.extend(kept + added)
+    return out
+
+
+def _fp8_scale(amax: float, dtype: Any) -> float:
+    """amax / 448 as `dtype` holds it (1 for an all-zero tensor; at least `dtype`'s smallest
+    normal number, so that fp16 never rounds a scale to 0): the weights are quantized with the
+    scale the graph stores."""
+    tiny = float(np.finfo(np.float16).tiny) if np.dtype(dtype) == np.float16 else float(np.finfo(np.float32).tiny)
+    return float(np.array(max(amax / FP8_E4M3_MAX, tiny) if amax > 0 else 1.0, dtype=dtype).astype(np.float32))
+
+
+def _unique(name: str, taken: set[str]) -> str:
+    while name in taken:
+        name += "_"
+    return name
 
 
 def _scales_in_graph_type(model: onnx.ModelProto, float_model: onnx.ModelProto, quantized: list[str]) -> None:
-    """Scales in the type of the tensors they quantize: ONNX Runtime writes float32 scales, and in
+    """Scales in the type of the tensors they quantize (int8): ONNX Runtime writes float32 scales, and in
     an fp16 or bf16 graph QuantizeLinear needs its input's type and DequantizeLinear outputs its
     scale's (the GEMM's weight gives the type: both GEMM inputs share it)."""
     weight_type = {t.name: t.data_type for t in float_model.graph.initializer}
