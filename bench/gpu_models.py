@@ -216,11 +216,12 @@ def median_ms(fn: Callable[[], object], warmup: int, runs: int) -> float:
     return statistics.median(times)
 
 
-def ort_cuda(path: str, inputs: dict, cuda_options: dict[str, str]) -> Callable[[], object]:
+def ort_cuda(path: str, inputs: dict, cuda_options: dict[str, str], custom_ops_library: str | None = None) -> Callable[[], object]:
     """An ORT CUDA session bound once to the device inputs and preallocated device outputs.
 
     deployfuse.backends.ort.session adds the CUDA options an artefact carries; `cuda_options`
-    go on top. A CUDA-graph session only ever sees the bound buffers.
+    go on top. A CUDA-graph session only ever sees the bound buffers. `custom_ops_library`
+    runs deployfuse nodes on its native kernels (None: their ONNX function bodies).
     """
     import numpy as np
     import torch
@@ -229,7 +230,7 @@ def ort_cuda(path: str, inputs: dict, cuda_options: dict[str, str]) -> Callable[
 
     numpy = {torch.float32: np.float32, torch.float16: np.float16, torch.int64: np.int64, torch.int32: np.int32, torch.bool: np.bool_}
     providers = ("CUDAExecutionProvider", "CPUExecutionProvider")
-    sess = session(path, providers=providers, cuda_options=cuda_options)
+    sess = session(path, providers=providers, cuda_options=cuda_options, custom_ops_library=custom_ops_library)
     wanted = {i.name for i in sess.get_inputs()}
     bound = {k: v.contiguous() for k, v in inputs.items() if k in wanted}
     metas = sess.get_outputs()
@@ -237,7 +238,7 @@ def ort_cuda(path: str, inputs: dict, cuda_options: dict[str, str]) -> Callable[
         elem = {"tensor(float)": torch.float32, "tensor(float16)": torch.float16, "tensor(int64)": torch.int64}
         outputs = [torch.empty(tuple(m.shape), dtype=elem[m.type], device="cuda") for m in metas]
     else:  # shapes from a plain session's first run
-        first = run(session(path, providers=providers), {k: v.cpu().numpy() for k, v in bound.items()})
+        first = run(session(path, providers=providers, custom_ops_library=custom_ops_library), {k: v.cpu().numpy() for k, v in bound.items()})
         outputs = [torch.from_numpy(first[m.name]).cuda() for m in metas]
     binding = sess.io_binding()
     for name, t in bound.items():

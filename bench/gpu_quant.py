@@ -10,9 +10,12 @@ Variants, each the alternative at its best settings:
   the alternative to beat.
 - `{ort-plain,ort-opt,onnxscript,deployfuse}-fp16+cudagraph`: ONNX Runtime's CUDA EP on the fp16
   ONNX files bench/gpu_models.py times (bench/anchors.py makes them), IO binding, CUDA graph.
-- `deployfuse-fp8[+cudagraph]`: `deployfuse export --target ort-cuda --precision fp8` (Q/DQ on
-  the GEMMs, calibrated on random inputs, accuracy-gated against fp32; the row's `settings`
-  counts its GemmAct nodes, the GEMMs kept in float, and its QuantizeLinear nodes).
+- `deployfuse-fp8[+cudagraph]`: `deployfuse export --target ort-cuda --precision fp8`: an fp16
+  graph whose GEMMs are deployfuse.Fp8GemmAct nodes (cuBLASLt fp8 GEMMs, quantizing their own
+  activations; scales calibrated on random inputs, accuracy-gated against fp32), run on
+  deployfuse's custom-op library (`--ort-library`, default: the built one). The row records
+  `export_s` (the export's own seconds, gate included), `fp8_gemms` (Fp8GemmAct nodes),
+  `kept_fp16` (GEMMs the gate kept in fp16) and `qdq_left` (Q/DQ nodes: 0 unless a fusion rolled back).
 
 Each variant records `median_ms` (host wall clock per call after a device synchronise,
 bench/gpu_models.py's `median_ms`), `max_abs_err` of the first output against PyTorch fp32
@@ -21,6 +24,7 @@ A failing variant records `error`. Rows merge into WORKDIR/h200_quant.json after
 (a re-run skips finished rows) and are copied to --out.
 
     pip install torchao                          # the fp8 alternative (not a deployfuse dependency)
+    deployfuse plugins build --cuda on           # the Fp8GemmAct CUDA kernel (or pass --ort-library)
     python bench/gpu_quant.py --out bench/results
     python bench/gpu_quant.py --dry-run          # tiny models on the CPU, fp32 instead of fp16: tests the script
 """
@@ -40,6 +44,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from gpu_models import first_output, key, median_ms, ort_cuda, set_tf32, short_error  # noqa: E402
+
+from deployfuse.backends.ort import native_library  # noqa: E402
 
 MODELS = ("bert", "gpt2", "vit")
 BATCHES = (8, 64)
@@ -114,14 +120,15 @@ class Device:
             times.append((time.perf_counter() - start) * 1e3)
         return statistics.median(times)
 
-    def ort(self, path: str, inputs: dict, cuda_graph: bool) -> Callable[[], object]:
+    def ort(self, path: str, inputs: dict, cuda_graph: bool, library: str | None = None) -> Callable[[], object]:
+        """`path` on ONNX Runtime, deployfuse nodes on `library`'s kernels (None: function bodies)."""
         if self.cuda:
-            return ort_cuda(path, inputs, {"enable_cuda_graph": "1"} if cuda_graph else {})
+            return ort_cuda(path, inputs, {"enable_cuda_graph": "1"} if cuda_graph else {}, library)
         import torch
 
         from deployfuse.backends.ort import run, session
 
-        sess = session(path)
+        sess = session(path, custom_ops_library=library)
         feeds = {k: v.numpy() for k, v in inputs.items()}
         return lambda: torch.from_numpy(next(iter(run(sess, feeds).values())))
 
@@ -134,20 +141,26 @@ def torchao_fp8(module, granularity: str):
     return module
 
 
-def fp8_artefact(build: Callable, model_name: str, batch: int, folder: Path) -> tuple[Path, str]:
-    """deployfuse's fp8 ort-cuda export of the fp32 model (made once per row), and what it holds."""
+def fp8_artefact(build: Callable, model_name: str, batch: int, folder: Path) -> tuple[Path, str, dict[str, object]]:
+    """deployfuse's fp8 ort-cuda export of the fp32 model (made once per row), what it holds (one
+    line), and the row's fields about it: export seconds, Fp8GemmAct nodes, GEMMs kept in fp16, Q/DQ left."""
     import onnx
 
     import deployfuse
 
-    path = folder / f"{model_name}_b{batch}_fp8.onnx"
+    path, report_path = folder / f"{model_name}_b{batch}_fp8.onnx", folder / f"{model_name}_b{batch}_fp8.report.json"
     if not path.exists():
         module, inputs = build(model_name, batch)
-        deployfuse.export(module, path, example_inputs=inputs, target="ort-cuda", precision="fp8", report_path=folder / f"{path.stem}.report.json")
+        deployfuse.export(module, path, example_inputs=inputs, target="ort-cuda", precision="fp8", report_path=report_path)
     ops = [n.op_type for n in onnx.load(path, load_external_data=False).graph.node]
-    report = json.loads((folder / f"{path.stem}.report.json").read_text()) if (folder / f"{path.stem}.report.json").exists() else {}
-    quantize = next((s.get("detail", "") for s in report.get("steps", []) if s.get("name") == "quantize"), "")
-    return path, f"GemmAct x{ops.count('GemmAct')}, QuantizeLinear x{ops.count('QuantizeLinear')}; {quantize}"
+    report = json.loads(report_path.read_text())
+    gate = (report.get("quantization") or {}).get("gate") or {}
+    fields: dict[str, object] = {"export_s": round(sum(s["seconds"] for s in report["steps"]), 1), "fp8_gemms": ops.count("Fp8GemmAct"),
+                                 "kept_fp16": len(gate.get("fp16_layers", [])), "qdq_left": ops.count("QuantizeLinear") + ops.count("DequantizeLinear")}
+    steps = {s["name"]: s.get("detail", "") for s in report["steps"]}
+    holds = (f"Fp8GemmAct x{fields['fp8_gemms']}, GemmAct x{ops.count('GemmAct')}, {fields['kept_fp16']} of {gate.get('quantized_layers')} GEMMs kept in fp16, "
+             f"Q/DQ left x{fields['qdq_left']}; export {fields['export_s']} s; {steps.get('quantize', '')}")
+    return path, holds, fields
 
 
 def bench_row(model_name: str, batch: int, device: Device, workdir: Path, results: Results) -> None:
@@ -159,8 +172,8 @@ def bench_row(model_name: str, batch: int, device: Device, workdir: Path, result
     folder.mkdir(parents=True, exist_ok=True)
     args = device.args
 
-    def record(variant: str, dtype: str, settings: str, make: Callable[[], Callable[[], object]]) -> None:
-        row: dict[str, object] = {"model": model_name, "dtype": dtype, "batch": batch, "variant": variant, "settings": settings}
+    def record(variant: str, dtype: str, settings: str, make: Callable[[], Callable[[], object]], fields: dict[str, object] | None = None) -> None:
+        row: dict[str, object] = {"model": model_name, "dtype": dtype, "batch": batch, "variant": variant, "settings": settings, **(fields or {})}
         start = time.time()
         try:
             fn = make()
@@ -217,17 +230,22 @@ def bench_row(model_name: str, batch: int, device: Device, workdir: Path, result
         record(f"{name}-{device.low}{graph}", device.low, "ONNX Runtime CUDA EP, IO binding" + (", CUDA graph" if device.cuda else " (CPU EP: dry run)"), make_ort)
     del low
     gc.collect()
+    fields: dict[str, object] = {}
     try:
-        artefact, holds = fp8_artefact(build, model_name, batch, folder)
+        artefact, holds, fields = fp8_artefact(build, model_name, batch, folder)
     except Exception as exc:
         artefact, holds = None, f"export failed: {short_error(exc)}"
+    half = {k: v.half() if v.is_floating_point() else v for k, v in inputs32.items()}  # the artefact is an fp16 graph
+    library = args.ort_library or native_library()
+    runs_on = f"ONNX Runtime {'CUDA' if device.cuda else 'CPU'} EP, Fp8GemmAct on {Path(library).name if library else 'its function body (no custom-op library)'}"
     for cuda_graph in (False, True) if device.cuda else (False,):
         def make_fp8(cuda_graph=cuda_graph):
             if artefact is None:
                 raise RuntimeError(holds)
-            return device.ort(str(artefact), inputs32, cuda_graph=cuda_graph)
+            return device.ort(str(artefact), half, cuda_graph=cuda_graph, library=library and str(library))
 
-        record("deployfuse-fp8" + ("+cudagraph" if cuda_graph else ""), "fp8", f"deployfuse export --target ort-cuda --precision fp8: {holds}", make_fp8)
+        record("deployfuse-fp8" + ("+cudagraph" if cuda_graph else ""), "fp8",
+               f"deployfuse export --target ort-cuda --precision fp8: {holds}; {runs_on}" + (", CUDA graph" if cuda_graph else ""), make_fp8, fields)
     if device.cuda:
         torch.cuda.empty_cache()
 
@@ -243,6 +261,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--profile-iters", type=int, default=10)
     parser.add_argument("--workdir", default="/tmp/deployfuse_bench_quant", help="ONNX files and the merged results")
     parser.add_argument("--out", default=None, help=f"folder to copy {RESULTS} to after every variant")
+    parser.add_argument("--ort-library", default=None, help="libdeployfuse_ort.so for the fp8 artefact's Fp8GemmAct nodes (default: the built one)")
     parser.add_argument("--dry-run", action="store_true", help="tiny models on the CPU in fp32, 3 runs, no torch.compile: checks the script, times nothing real")
     args = parser.parse_args(argv)
     models, batches = args.models.split(","), [int(b) for b in args.batches.split(",")]
