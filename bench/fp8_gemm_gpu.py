@@ -8,12 +8,15 @@ and sums), fp16 and bf16, every activation, odd M, N a multiple of 16, of 8 only
 (the padded copies of Y, X and W), X off 16-byte alignment (the scalar quantize path); the quantization bit for bit
 (W = identity, power-of-two scales: Y = dq(q(X)) exactly, ties, subnormals, saturation, infinities, NaN); every
 heuristic candidate; a CUDA-graph replay = the eager launch; fp32 (cuBLASLt's fp8
-kernels want a bf16 bias with an fp32 output: the op answers cudaErrorNotSupported, reported either way).
+kernels want a bf16 bias with an fp32 output: the op answers cudaErrorNotSupported, reported either way). Every
+check runs with full fp32 accumulation (fast_accum=0, TOL) and with cuBLASLt's fast accumulation (fast_accum=1, the
+op's default, TOL_FAST: its coarser rounding of the sum over K); the largest fast-accum error is printed.
 
 Speed (fp16, GPU ms per call from CUDA events around CUDA-graph replays of 20 calls) at the BERT/ViT/GPT-2 GEMM
-shapes: torch fp16 addmm, torch._scaled_mm on an X already in fp8 (also with fast accumulation, which Fp8GemmAct
-does not use) and with torch's own quantize pass, and Fp8GemmAct (quantize + GEMM) at the heuristic's choice and
-its fastest candidate.
+shapes: torch fp16 addmm, torch._scaled_mm on an X already in fp8 (with full and with fast accumulation) and with
+torch's own quantize pass, Fp8GemmAct's quantize kernel alone (df_fp8_quantize_e4m3, with the bandwidth it reaches:
+fp16 X read + fp8 copy written), and Fp8GemmAct (quantize + GEMM) at the heuristic's choice and its fastest
+candidate, with full (fast_accum=0) and fast accumulation (fast_accum=1).
 
     python bench/fp8_gemm_gpu.py plugins/build/gpu/libdeployfuse_ops_cuda.so [--ort plugins/build/gpu/libdeployfuse_ort.so]
     python bench/fp8_gemm_gpu.py LIB --check-only --small    # the small checks (under compute-sanitizer)
@@ -47,6 +50,9 @@ from deployfuse.rewrite.gemm_tuning import ACT_CODES  # noqa: E402
 OP = "Fp8GemmAct"
 DT = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
+# fast_accum=1: cuBLASLt's fast fp8 accumulation rounds the sum over K more coarsely (Hopper: a narrower accumulator,
+# promoted to fp32 less often); the bound is loose enough for K = 3072 and still catches a wrong scale, layout or bias.
+TOL_FAST = {torch.float32: 1e-2, torch.float16: 1e-2, torch.bfloat16: 2e-2}
 ONNX_TYPE = {torch.float32: onnx.TensorProto.FLOAT, torch.float16: onnx.TensorProto.FLOAT16, torch.bfloat16: onnx.TensorProto.BFLOAT16}
 NOT_SUPPORTED = 801  # cudaErrorNotSupported
 
@@ -79,8 +85,10 @@ class Problem:
     """One Fp8GemmAct call: inputs as the spec's example_inputs makes them (XScale = 0.8·amax(X)/448, so the largest
     |X| saturate; W quantized from a random weight), an output, the scratch, and the float64 reference."""
 
-    def __init__(self, lead: tuple[int, ...], k: int, n: int, act: str, dtype: torch.dtype, device: str, misalign: bool = False) -> None:
+    def __init__(self, lead: tuple[int, ...], k: int, n: int, act: str, dtype: torch.dtype, device: str, misalign: bool = False,
+                 fast_accum: int = 0) -> None:
         self.lead, self.m, self.n, self.k, self.act, self.dtype = lead, math.prod(lead), n, k, act, dtype
+        self.fast_accum = fast_accum
         x = torch.randn(*lead, k, device=device).to(dtype)
         if misalign:  # storage one element off 16-byte alignment
             x = torch.cat([x.new_zeros(1), x.flatten()])[1:].view(x.shape)
@@ -152,8 +160,9 @@ class CApi:
     def __init__(self, path: str) -> None:
         self.lib = ctypes.CDLL(path)
         P, I64, INT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
-        self.lib.df_fp8_gemm_act.argtypes = [INT, P, P, P, P, P, P, P, I64, I64, I64, INT, INT, P, ctypes.c_size_t]
-        self.lib.df_fp8_gemm_act_candidates.argtypes = [INT, P, P, P, P, P, I64, I64, I64, INT]
+        self.lib.df_fp8_gemm_act.argtypes = [INT, P, P, P, P, P, P, P, I64, I64, I64, INT, INT, INT, P, ctypes.c_size_t]
+        self.lib.df_fp8_gemm_act_candidates.argtypes = [INT, P, P, P, P, P, I64, I64, I64, INT, INT]
+        self.lib.df_fp8_quantize_e4m3.argtypes = [INT, P, P, P, P, I64, I64]
         self.lib.df_fp8_gemm_act_scratch_bytes.argtypes = [INT, I64, I64, I64]
         self.lib.df_fp8_gemm_act_scratch_bytes.restype = ctypes.c_size_t
         self.scratch: dict[int, torch.Tensor] = {}  # by size
@@ -168,11 +177,16 @@ class CApi:
         s = self._scratch(p)
         return self.lib.df_fp8_gemm_act(DT[p.dtype], torch.cuda.current_stream().cuda_stream, p.x.data_ptr(), p.x_scale.data_ptr(), p.w.data_ptr(),
                                         p.w_scale.data_ptr(), p.bias.data_ptr(), p.y.data_ptr(), p.m, p.n, p.k, ACT_CODES[p.act], algo,
-                                        s.data_ptr(), s.numel())
+                                        p.fast_accum, s.data_ptr(), s.numel())
 
     def candidates(self, p: Problem) -> int:
         return self.lib.df_fp8_gemm_act_candidates(DT[p.dtype], p.x_scale.data_ptr(), p.w.data_ptr(), p.w_scale.data_ptr(), p.bias.data_ptr(),
-                                                   p.y.data_ptr(), p.m, p.n, p.k, ACT_CODES[p.act])
+                                                   p.y.data_ptr(), p.m, p.n, p.k, ACT_CODES[p.act], p.fast_accum)
+
+    def quantize(self, p: Problem, q: torch.Tensor) -> int:
+        """The launch's quantize pass alone: q [m, k rounded up to 16] = e4m3(X / XScale)."""
+        return self.lib.df_fp8_quantize_e4m3(DT[p.dtype], torch.cuda.current_stream().cuda_stream, p.x.data_ptr(), p.x_scale.data_ptr(),
+                                             q.data_ptr(), p.m, p.k)
 
 
 def one_node_model(p: Problem) -> onnx.ModelProto:
@@ -184,7 +198,7 @@ def one_node_model(p: Problem) -> onnx.ModelProto:
              numpy_helper.from_array(p.bias.float().cpu().numpy(), "Bias")]
     if p.dtype != torch.float32:  # Bias in T
         inits[3] = helper.make_tensor("Bias", ONNX_TYPE[p.dtype], [p.n], p.bias.cpu().view(torch.int16).numpy().tobytes(), raw=True)
-    node = helper.make_node(OP, ["X", "XScale", "W", "WScale", "Bias"], ["Y"], domain=DOMAIN, activation=p.act)
+    node = helper.make_node(OP, ["X", "XScale", "W", "WScale", "Bias"], ["Y"], domain=DOMAIN, activation=p.act, fast_accum=p.fast_accum)
     graph = helper.make_graph([node], "fp8", [helper.make_tensor_value_info("X", ONNX_TYPE[p.dtype], [p.m, p.k])],
                               [helper.make_tensor_value_info("Y", ONNX_TYPE[p.dtype], [p.m, p.n])], initializer=inits)
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20), helper.make_opsetid(DOMAIN, 1)], ir_version=10)
@@ -210,15 +224,21 @@ class OrtCpu:
 
 
 def check(run: Any, device: str, small: bool, dtypes: tuple[torch.dtype, ...]) -> bool:
-    """The checks every backend passes: the CUDA launcher through the C ABI, the CPU kernel in the dry run."""
+    """The checks every backend passes: the CUDA launcher through the C ABI, the CPU kernel in the dry run (which
+    ignores fast_accum: it accumulates in fp32 either way)."""
     ok = True
     shapes = [c for c in CHECKS if not small or math.prod(c[0]) * c[1] * c[2] <= SMALL]
-    for dtype, (lead, k, n, act, misalign) in itertools.product(dtypes, shapes):
-        rc, err, nan = Problem(lead, k, n, act, dtype, device, misalign).error(run)
+    worst_fast: dict[torch.dtype, float] = {}
+    for dtype, fast_accum, (lead, k, n, act, misalign) in itertools.product(dtypes, (0, 1), shapes):
+        rc, err, nan = Problem(lead, k, n, act, dtype, device, misalign, fast_accum).error(run)
         name = f"{str(dtype)[6:]:8} X{list(lead) + [k]} N={n} {act:9}"
-        good = rc == 0 and nan == 0 and err <= TOL[dtype]
+        good = rc == 0 and nan == 0 and err <= (TOL_FAST if fast_accum else TOL)[dtype]
         ok &= good
-        print(f"{'ok  ' if good else 'FAIL'} {name} misaligned={int(misalign)} rc={rc} rel_l2={err:.2e} nan={nan}")
+        if fast_accum:
+            worst_fast[dtype] = max(worst_fast.get(dtype, 0.0), err)
+        print(f"{'ok  ' if good else 'FAIL'} {name} misaligned={int(misalign)} fast_accum={fast_accum} rc={rc} rel_l2={err:.2e} nan={nan}")
+    for dtype, worst in worst_fast.items():
+        print(f"     {str(dtype)[6:]:8} fast_accum=1: largest rel_l2 {worst:.2e} (tolerance {TOL_FAST[dtype]:.1e}; full accumulation {TOL[dtype]:.1e})")
     for dtype in dtypes:
         same, what = exact_match(exact_problem(dtype, device), run)
         ok &= same
@@ -226,8 +246,26 @@ def check(run: Any, device: str, small: bool, dtypes: tuple[torch.dtype, ...]) -
     return ok
 
 
+def check_quantize_entry(api: CApi) -> bool:
+    """df_fp8_quantize_e4m3 (the timing table's quantize column) writes the spec's e4m3 bytes, zeros past K: the
+    vectorised kernel (K = 64) and the row kernel (K = 40, rows of 48 bytes)."""
+    ok = True
+    for dtype, k in itertools.product((torch.float16, torch.bfloat16), (64, 40)):
+        p = Problem((37,), k, 16, "none", dtype, "cuda")
+        p.x_scale.fill_(2.0**-6)  # a power of two: x / s = x · (1/s) exactly, so the kernel's reciprocal cannot differ at a tie
+        q = torch.full((p.m, -(-k // 16) * 16), 0x7F, dtype=torch.uint8, device="cuda")  # NaN codes: every byte must be written
+        rc = api.quantize(p, q)
+        torch.cuda.synchronize()
+        want = quantize_e4m3(p.x, p.x_scale).to(torch.float8_e4m3fn).view(torch.uint8).reshape(p.m, k)
+        good = rc == 0 and torch.equal(q[:, :k], want) and not q[:, k:].any()
+        ok &= good
+        print(f"{'ok  ' if good else 'FAIL'} {str(dtype)[6:]:8} df_fp8_quantize_e4m3 X[{p.m}, {k}]: rc={rc}, bytes {'equal' if good else 'DIFFER'}")
+    return ok
+
+
 def check_gpu(api: CApi, small: bool) -> bool:
     ok = check(api.run, "cuda", small, (torch.float16, torch.bfloat16))
+    ok &= check_quantize_entry(api)
     for dtype in (torch.float16, torch.bfloat16):
         lead, k, n = ((2, 64), 256, 256) if small else ((8, 128), 768, 768)
         p = Problem(lead, k, n, "gelu_tanh", dtype, "cuda")
@@ -288,8 +326,19 @@ def check_ort(library: str) -> bool:
     return ok
 
 
+def fastest(api: CApi, p: Problem) -> tuple[float, float, int, int]:
+    """(heuristic ms, fastest candidate's ms, its index, candidates) of Fp8GemmAct on p at p.fast_accum."""
+    count = api.candidates(p)
+    if count <= 0:
+        raise RuntimeError(f"refused (rc {-count}) at fast_accum={p.fast_accum}")
+    per_algo = [gpu_ms(lambda a=a: api.run(p, a)) for a in range(count)]
+    best = min(range(count), key=per_algo.__getitem__)
+    return gpu_ms(lambda: api.run(p, -1)), per_algo[best], best, count
+
+
 def bench_row(api: CApi, name: str, m: int, k: int, n: int) -> str:
-    """One table row: the alternatives and Fp8GemmAct (heuristic, every candidate) on one fp16 problem."""
+    """One table row: the alternatives, the quantize pass alone and Fp8GemmAct (heuristic, every candidate; full and
+    fast accumulation) on one fp16 problem."""
     p = Problem((m,), k, n, "none", torch.float16, "cuda")
     w16 = (p.w.float() * p.w_scale).to(torch.float16).t()
     xq = quantize_e4m3(p.x, p.x_scale).to(torch.float8_e4m3fn)
@@ -305,20 +354,22 @@ def bench_row(api: CApi, name: str, m: int, k: int, n: int) -> str:
     pre = gpu_ms(lambda: scaled_mm(xq))
     fast = gpu_ms(lambda: torch._scaled_mm(xq, wt, scale_a=p.x_scale, scale_b=p.w_scale, bias=p.bias, out_dtype=torch.float16, use_fast_accum=True))
     quant = gpu_ms(quantize_then_scaled_mm)
-    head = f"| {name} | {m}x{k}x{n} | {fp16:.4f} | {pre:.4f} | {fast:.4f} | {quant:.4f} |"
-    count = api.candidates(p)
-    if count <= 0:
-        return f"{head} refused (rc {-count}) | | 0 | |"
-    per_algo = [gpu_ms(lambda a=a: api.run(p, a)) for a in range(count)]
-    best = min(range(count), key=per_algo.__getitem__)
-    heuristic = gpu_ms(lambda: api.run(p, -1))
-    return f"{head} {heuristic:.4f} | {per_algo[best]:.4f} ({best}) | {count} | {per_algo[best] / fp16:.2f} |"
+    q = torch.empty(m, -(-k // 16) * 16, dtype=torch.uint8, device="cuda")
+    alone = gpu_ms(lambda: api.quantize(p, q))
+    tbps = (p.x.numel() * p.x.element_size() + q.numel()) / (alone * 1e-3) / 1e12
+    heuristic, best_ms, best, count = fastest(api, p)
+    p.fast_accum = 1
+    _, fast_ms, fast_best, _ = fastest(api, p)
+    return (f"| {name} | {m}x{k}x{n} | {fp16:.4f} | {pre:.4f} | {fast:.4f} | {quant:.4f} | {alone:.4f} ({tbps:.1f} TB/s) | {heuristic:.4f} | "
+            f"{best_ms:.4f} ({best}) | {fast_ms:.4f} ({fast_best}) | {count} | {best_ms / fp16:.2f} | {fast_ms / fp16:.2f} |")
 
 
 def bench(api: CApi) -> None:
-    print("\nfp16, GPU ms per call (CUDA events around CUDA-graph replays); fp8/fp16 = Fp8GemmAct best / torch fp16 addmm")
+    print("\nfp16, GPU ms per call (CUDA events around CUDA-graph replays); fp8/fp16 = Fp8GemmAct best / torch fp16 addmm, full and fast "
+          "accumulation; quantize alone: Fp8GemmAct's quantize kernel (TB/s: fp16 X read + fp8 copy written)")
     print("| GEMM | M x K x N | torch fp16 addmm | _scaled_mm (X in fp8) | _scaled_mm fast accum | torch quantize + _scaled_mm | "
-          f"Fp8GemmAct heuristic | Fp8GemmAct best (algo) | candidates | fp8/fp16 |\n|{'---|' * 10}")
+          "Fp8GemmAct quantize alone | Fp8GemmAct heuristic | Fp8GemmAct best (algo) | Fp8GemmAct fast accum best (algo) | candidates | "
+          f"fp8/fp16 | fp8 fast/fp16 |\n|{'---|' * 13}")
     for name, m, k, n in BENCH:
         try:
             print(bench_row(api, name, m, k, n))

@@ -159,8 +159,9 @@ DF_EXPORT int df_gemm_act_candidates(int dtype, const void* x, const void* w, co
 
 // Fp8GemmAct (an ONNX Runtime op only: no TensorRT plugin, so not behind df_run) on the process's
 // runner, as bench/fp8_gemm_gpu.py checks and times it. x_scale, w_scale: device pointers to one
-// float32 each; w: float8e4m3fn [n, k]; scratch: scratch_bytes of device memory (at least
-// df_fp8_gemm_act_scratch_bytes: X's float8 copy, the padded copies of W and Y where needed, the workspace).
+// float32 each; w: float8e4m3fn [n, k]; fast_accum: the attribute (1 fast, 0 full fp32 accumulation);
+// scratch: scratch_bytes of device memory (at least df_fp8_gemm_act_scratch_bytes: X's float8 copy,
+// the padded copies of W, Bias and Y where needed, the workspace).
 namespace {
 Fp8GemmActRunner& process_fp8_gemm_act_runner() {
   static const auto runner = make_fp8_gemm_act_runner();
@@ -169,15 +170,25 @@ Fp8GemmActRunner& process_fp8_gemm_act_runner() {
 }  // namespace
 
 DF_EXPORT int df_fp8_gemm_act(int dtype, void* stream, const void* x, const void* x_scale, const void* w, const void* w_scale,
-                              const void* bias, void* y, int64_t m, int64_t n, int64_t k, int act, int algo, void* scratch,
+                              const void* bias, void* y, int64_t m, int64_t n, int64_t k, int act, int algo, int fast_accum, void* scratch,
                               size_t scratch_bytes) {
   FixedScratch fixed(scratch, scratch_bytes);
   return static_cast<int>(with_dtype(static_cast<DType>(dtype), [&](auto* t) {
     using T = std::remove_pointer_t<decltype(t)>;
     return launch_fp8_gemm_act<T>(process_fp8_gemm_act_runner(), static_cast<cudaStream_t>(stream),
-                                  Fp8GemmActProblem{m, n, k, static_cast<Act>(act), algo}, static_cast<const T*>(x),
+                                  Fp8GemmActProblem{m, n, k, static_cast<Act>(act), algo, fast_accum != 0}, static_cast<const T*>(x),
                                   static_cast<const float*>(x_scale), static_cast<const uint8_t*>(w), static_cast<const float*>(w_scale),
                                   static_cast<const T*>(bias), static_cast<T*>(y), fixed);
+  }));
+}
+
+// Fp8GemmAct's quantize pass alone (bench/fp8_gemm_gpu.py times it): q [m, k rounded up to 16] float8e4m3fn
+// = e4m3(x [m, k] / *x_scale), zeros past k.
+DF_EXPORT int df_fp8_quantize_e4m3(int dtype, void* stream, const void* x, const void* x_scale, void* q, int64_t m, int64_t k) {
+  return static_cast<int>(with_dtype(static_cast<DType>(dtype), [&](auto* t) {
+    using T = std::remove_pointer_t<decltype(t)>;
+    return fp8_quantize_e4m3<T>(static_cast<cudaStream_t>(stream), static_cast<const T*>(x), static_cast<const float*>(x_scale),
+                                static_cast<uint8_t*>(q), m, k);
   }));
 }
 
@@ -192,13 +203,14 @@ DF_EXPORT size_t df_fp8_gemm_act_scratch_bytes(int dtype, int64_t m, int64_t n, 
 
 // How many cuBLASLt heuristic candidates Fp8GemmAct's `algo` may index for this problem; negative: a cudaError_t.
 DF_EXPORT int df_fp8_gemm_act_candidates(int dtype, const void* x_scale, const void* w, const void* w_scale, const void* bias,
-                                         const void* y, int64_t m, int64_t n, int64_t k, int act) {
+                                         const void* y, int64_t m, int64_t n, int64_t k, int act, int fast_accum) {
   int count = 0;
   const cudaError_t err = with_dtype(static_cast<DType>(dtype), [&](auto* t) {
     using T = std::remove_pointer_t<decltype(t)>;
-    count = fp8_gemm_act_candidates<T>(process_fp8_gemm_act_runner(), Fp8GemmActProblem{m, n, k, static_cast<Act>(act), -1},
-                                       static_cast<const float*>(x_scale), static_cast<const uint8_t*>(w),
-                                       static_cast<const float*>(w_scale), static_cast<const T*>(bias), static_cast<const T*>(y));
+    count =
+        fp8_gemm_act_candidates<T>(process_fp8_gemm_act_runner(), Fp8GemmActProblem{m, n, k, static_cast<Act>(act), -1, fast_accum != 0},
+                                   static_cast<const float*>(x_scale), static_cast<const uint8_t*>(w), static_cast<const float*>(w_scale),
+                                   static_cast<const T*>(bias), static_cast<const T*>(y));
     return cudaSuccess;
   });
   return err != cudaSuccess ? -static_cast<int>(err) : count;

@@ -2,8 +2,11 @@
 // 1/x_scale read from the device once per thread, so q(x) = e4m3(x · (1/s)), which differs from e4m3(x / s) only where x / s lies
 // within an fp32 ulp of a rounding midpoint), then one fp8 GEMM. Row-major Y = Xq Wᵀ is column-major Yᵀ = W Xqᵀ: cuBLASLt gets
 // A = W stored k x n (ld k) with op T, B = Xq stored k x m (ld k), D = Y (n x m, ld n) — the "TN" layout its fp8 kernels want — and
-// computes D = epilogue(w_scale · x_scale · (A B) + bias) with fp32 accumulation; C is D with beta = 0. Where K or a row of Y does
-// not fit cuBLASLt's fp8 alignment, padded copies in the scratch stand in for them (ScratchLayout).
+// computes D = epilogue(w_scale · x_scale · (A B) + bias) with fp32 accumulation (or the GPU's faster, coarser one: fast_accum);
+// C is D with beta = 0. cuBLASLt's fp8 kernels want every dimension of 16 bytes (cuBLAS docs, cublasLtMatmul's fp8 requirements:
+// "the optimal requirements listed in Tensor Core Usage", (k · 1) % 16 for A and B, (rows of D · sizeof(T)) % 16 for C and D —
+// the rows themselves, not only the leading dimension): where K or N does not fit, padded copies in the scratch stand in
+// (ScratchLayout) and the GEMM computes np >= n output columns whose extra ones are dropped by the copy into Y.
 #include <cuda_fp8.h>
 
 #include <tuple>
@@ -22,25 +25,26 @@ constexpr uint32_t kScratchAlign = 256;  // bytes; each part of the scratch star
 
 size_t scratch_aligned(size_t bytes) { return (bytes + kScratchAlign - 1) / kScratchAlign * kScratchAlign; }
 
-// D's leading dimension: n, or n rounded up to 16 bytes of T where n·sizeof(T) is not a multiple of 16 (cuBLASLt's fp8 kernels
-// want 16-byte aligned rows; D then goes to scratch and is copied into Y).
-int64_t d_ld(int64_t n, size_t elem_bytes) {
+// N rounded up to 16 bytes of T: the output columns the GEMM computes (cuBLASLt's fp8 kernels want D's rows of 16 bytes).
+int64_t n_padded(int64_t n, size_t elem_bytes) {
   const auto per16 = static_cast<int64_t>(16 / elem_bytes);
   return (n + per16 - 1) / per16 * per16;
 }
 
-// The scratch of one launch, in this order: X in float8 as [m, kp]; W copied to [n, kp] where K is not a multiple of 16
-// (cuBLASLt's fp8 kernels want it; the zeros past K add nothing to the products); D where it is padded (d_ld); the workspace.
+// The scratch of one launch, in this order: X in float8 as [m, kp]; W copied to [np, kp] where K is not a multiple of 16 or
+// N not of 16 bytes of T (zeros past K add nothing to the products; the rows past N make the dropped columns); the bias copied
+// to [np] and D as [m, np] where N is padded; the workspace.
 struct ScratchLayout {
-  int64_t kp, ldd;   // K rounded up to 16, D's leading dimension
-  size_t xq, wq, d;  // bytes of each part, 0 for a part not needed (W and Y used as given)
+  int64_t kp, np;          // K rounded up to 16, N to 16 bytes of T
+  size_t xq, wq, bias, d;  // bytes of each part, 0 for a part not needed (W, Bias and Y used as given)
   ScratchLayout(int64_t m, int64_t n, int64_t k, size_t elem_bytes)
-      : kp((k + kFp8GemmActKMultiple - 1) / kFp8GemmActKMultiple * kFp8GemmActKMultiple),
-        ldd(d_ld(n, elem_bytes)),
+      : kp(fp8_gemm_act_k_padded(k)),
+        np(n_padded(n, elem_bytes)),
         xq(scratch_aligned(static_cast<size_t>(m * kp))),
-        wq(kp == k ? 0 : scratch_aligned(static_cast<size_t>(n * kp))),
-        d(ldd == n ? 0 : scratch_aligned(static_cast<size_t>(m * ldd) * elem_bytes)) {}
-  size_t bytes(size_t workspace) const { return xq + wq + d + workspace; }
+        wq(kp == k && np == n ? 0 : scratch_aligned(static_cast<size_t>(np * kp))),
+        bias(np == n ? 0 : scratch_aligned(static_cast<size_t>(np) * elem_bytes)),
+        d(np == n ? 0 : scratch_aligned(static_cast<size_t>(m * np) * elem_bytes)) {}
+  size_t bytes(size_t workspace) const { return xq + wq + bias + d + workspace; }
 };
 
 // q[i] = e4m3(x[i] / scale) for i < groups * 16; x and q 16-byte aligned.
@@ -73,9 +77,16 @@ __global__ void quantize_e4m3_rows(const T* __restrict__ x, const float* __restr
   q[i] = col < k ? __nv_cvt_float_to_fp8(to_float(x[row * k + col]) * (1.f / __ldg(scale)), __NV_SATFINITE, __NV_E4M3) : 0;
 }
 
-// q [m, kp] = e4m3(x [m, k] / scale), zeros past k.
+using Plan = cublaslt::Plan<kGemmActCandidates>;
+// dtype, m, n, k, epilogue, fast accumulation, alignments of W, Bias, D (the copies in the scratch are kScratchAlign-aligned)
+using PlanKey = std::tuple<int, int64_t, int64_t, int64_t, int, int, uint32_t, uint32_t, uint32_t>;
+
+}  // namespace
+
 template <typename T>
-cudaError_t quantize_e4m3(cudaStream_t stream, const T* x, const float* scale, uint8_t* q, int64_t m, int64_t k, int64_t kp) {
+cudaError_t fp8_quantize_e4m3(cudaStream_t stream, const T* x, const float* scale, uint8_t* q, int64_t m, int64_t k) {
+  const int64_t kp = fp8_gemm_act_k_padded(k);
+  if (m == 0 || kp == 0) return cudaSuccess;
   if (kp == k && (m * k) % kPerThread == 0 && aligned16(x) && aligned16(q)) {
     const int64_t groups = m * k / kPerThread;
     quantize_e4m3_vec<T><<<static_cast<unsigned>((groups + kThreads - 1) / kThreads), kThreads, 0, stream>>>(x, scale, q, groups);
@@ -85,12 +96,6 @@ cudaError_t quantize_e4m3(cudaStream_t stream, const T* x, const float* scale, u
   }
   return cudaGetLastError();
 }
-
-using Plan = cublaslt::Plan<kGemmActCandidates>;
-// dtype, m, n, k, epilogue, alignments of W, Bias, D (the copies in the scratch are kScratchAlign-aligned)
-using PlanKey = std::tuple<int, int64_t, int64_t, int64_t, int, uint32_t, uint32_t, uint32_t>;
-
-}  // namespace
 
 class Fp8GemmActRunner {
  public:
@@ -106,20 +111,23 @@ class Fp8GemmActRunner {
     const ScratchLayout at(p.m, p.n, p.k, sizeof(T));
     const uint32_t d_align = at.d ? kScratchAlign : cublaslt::alignment(y);
     const uint32_t aligns[4] = {at.wq ? kScratchAlign : cublaslt::alignment(w), kScratchAlign, d_align, d_align};
+    const uint32_t bias_align = at.bias ? kScratchAlign : cublaslt::alignment(bias);
     const cudaDataType_t type = cublaslt::data_type<T>();
-    const PlanKey key{static_cast<int>(type), p.m, p.n, p.k, static_cast<int>(epi), aligns[0], cublaslt::alignment(bias), aligns[3]};
+    const int8_t fast_accum = p.fast_accum ? 1 : 0;
+    const PlanKey key{static_cast<int>(type), p.m, p.n, p.k, static_cast<int>(epi), fast_accum, aligns[0], bias_align, aligns[3]};
     return plans_.find(
         key,
         [&](Plan& plan, cublasLtHandle_t handle) {
           const int32_t bias_type = type;
-          return plan.create(CUBLAS_COMPUTE_32F, {CUDA_R_8F_E4M3, at.kp, p.n, at.kp}, {CUDA_R_8F_E4M3, at.kp, p.m, at.kp},
-                             {type, p.n, p.m, at.ldd}) &&
+          return plan.create(CUBLAS_COMPUTE_32F, {CUDA_R_8F_E4M3, at.kp, at.np, at.kp}, {CUDA_R_8F_E4M3, at.kp, p.m, at.kp},
+                             {type, at.np, p.m, at.np}) &&
                  cublaslt::set(plan.desc, CUBLASLT_MATMUL_DESC_TRANSA, CUBLAS_OP_T) &&
                  cublaslt::set(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, epi) &&
                  cublaslt::set(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, bias_type) &&
                  cublaslt::set(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias) &&
                  cublaslt::set(plan.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, w_scale) &&
                  cublaslt::set(plan.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, x_scale) &&
+                 cublaslt::set(plan.desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, fast_accum) &&
                  plan.query(handle, kGemmActWorkspaceBytes, aligns);
         },
         err);
@@ -135,23 +143,27 @@ class Fp8GemmActRunner {
       const size_t workspace_bytes = plan.candidate(p.algo).workspaceSize;
       auto* xq = static_cast<uint8_t*>(scratch.get(at.bytes(workspace_bytes)));
       if (xq == nullptr) return cudaErrorMemoryAllocation;
-      uint8_t *wq = xq + at.xq, *d_copy = wq + at.wq, *workspace = d_copy + at.d;
-      DF_RETURN_IF_ERROR(quantize_e4m3(stream, x, x_scale, xq, p.m, p.k, at.kp));
-      if (at.wq) {  // W [n, k] into rows of kp bytes, zeros past k
+      uint8_t *wq = xq + at.xq, *bias_copy = wq + at.wq, *d_copy = bias_copy + at.bias, *workspace = d_copy + at.d;
+      DF_RETURN_IF_ERROR(fp8_quantize_e4m3(stream, x, x_scale, xq, p.m, p.k));
+      if (at.wq) {  // W [n, k] into [np, kp]: zeros past k and in the rows past n
         DF_RETURN_IF_ERROR(cudaMemcpy2DAsync(wq, at.kp, w, p.k, p.k, p.n, cudaMemcpyDeviceToDevice, stream));
-        DF_RETURN_IF_ERROR(cudaMemset2DAsync(wq + p.k, at.kp, 0, at.kp - p.k, p.n, stream));
+        if (at.kp > p.k) DF_RETURN_IF_ERROR(cudaMemset2DAsync(wq + p.k, at.kp, 0, at.kp - p.k, p.n, stream));
+        if (at.np > p.n) DF_RETURN_IF_ERROR(cudaMemsetAsync(wq + p.n * at.kp, 0, (at.np - p.n) * at.kp, stream));
       }
-      if (!cublaslt::set(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias) ||  // this call's pointers
-          !cublaslt::set(plan.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, w_scale) ||
+      const size_t row = static_cast<size_t>(p.n) * sizeof(T), padded_row = static_cast<size_t>(at.np) * sizeof(T);
+      if (at.bias) {  // the epilogue reads np bias values: the given n, zeros past them
+        DF_RETURN_IF_ERROR(cudaMemcpyAsync(bias_copy, bias, row, cudaMemcpyDeviceToDevice, stream));
+        DF_RETURN_IF_ERROR(cudaMemsetAsync(bias_copy + row, 0, padded_row - row, stream));
+      }
+      if (!cublaslt::set(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, at.bias ? reinterpret_cast<const T*>(bias_copy) : bias) ||
+          !cublaslt::set(plan.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, w_scale) ||  // this call's pointers
           !cublaslt::set(plan.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, x_scale))
         return cudaErrorInvalidValue;
       T* d = at.d ? reinterpret_cast<T*>(d_copy) : y;
       DF_RETURN_IF_ERROR(
           plan.matmul(plans_.handle(), p.algo, at.wq ? wq : w, xq, 0.f, d, d, workspace_bytes ? workspace : nullptr, stream));
       if (d == y) return cudaSuccess;
-      const size_t row = static_cast<size_t>(p.n) * sizeof(T);
-      return cudaMemcpy2DAsync(y, row, d, static_cast<size_t>(at.ldd) * sizeof(T), row, static_cast<size_t>(p.m), cudaMemcpyDeviceToDevice,
-                               stream);
+      return cudaMemcpy2DAsync(y, row, d, padded_row, row, static_cast<size_t>(p.m), cudaMemcpyDeviceToDevice, stream);
     });
   }
 
@@ -183,6 +195,7 @@ int fp8_gemm_act_candidates(Fp8GemmActRunner& runner, const Fp8GemmActProblem& p
 }
 
 #define DF_INSTANTIATE(T)                                                                                                          \
+  template cudaError_t fp8_quantize_e4m3<T>(cudaStream_t, const T*, const float*, uint8_t*, int64_t, int64_t);                     \
   template cudaError_t launch_fp8_gemm_act<T>(Fp8GemmActRunner&, cudaStream_t, const Fp8GemmActProblem&, const T*, const float*,   \
                                               const uint8_t*, const float*, const T*, T*, GemmActScratch&);                        \
   template int fp8_gemm_act_candidates<T>(Fp8GemmActRunner&, const Fp8GemmActProblem&, const float*, const uint8_t*, const float*, \

@@ -1,11 +1,11 @@
 // Fp8GemmAct CUDA launcher on cuBLASLt: Y[m, n] = act(dq(q(X, x_scale)) @ dq(W, w_scale)^T + bias[n]) with W float8e4m3fn
 // [n, k]. One vectorised kernel quantizes X into float8e4m3fn scratch, then one cuBLASLt fp8 GEMM ("TN", the scales as device
-// pointers, fp32 accumulation) writes Y with the bias / ReLU / tanh-GELU epilogue. Needs an sm_89+ GPU (Ada, Hopper). Any K and N:
-// cuBLASLt's fp8 kernels want K a multiple of 16 and rows of Y a multiple of 16 bytes, so otherwise X's float8 copy and a copy of W
-// are padded with zeros to the next multiple of 16, and Y is written to a padded copy in the scratch and copied into Y (extra
-// passes; the models' GEMMs need none). Y and the bias take T = fp16 or bf16: cuBLASLt's fp8 kernels write fp32 only with a bf16
-// bias, which would round the op's fp32 Bias, so fp32 answers cudaErrorNotSupported. The scratch interface and workspace limits
-// are GemmAct's (the same cuBLASLt).
+// pointers, fp32 accumulation, fast or full: fast_accum) writes Y with the bias / ReLU / tanh-GELU epilogue. Needs an sm_89+ GPU (Ada,
+// Hopper). Any K and N: cuBLASLt's fp8 kernels want K a multiple of 16 and N a multiple of 16 bytes of T, so otherwise X's float8 copy and
+// a copy of W are padded with zeros to the next multiple of 16, W and the bias to N rounded up, and Y is written to a padded copy in the
+// scratch and copied into Y (extra passes; the models' GEMMs need none). Y and the bias take T = fp16 or bf16: cuBLASLt's fp8 kernels write
+// fp32 only with a bf16 bias, which would round the op's fp32 Bias, so fp32 answers cudaErrorNotSupported. The scratch interface and
+// workspace limits are GemmAct's (the same cuBLASLt).
 #pragma once
 #include <cuda_runtime.h>
 
@@ -19,14 +19,24 @@
 namespace deployfuse {
 
 constexpr int64_t kFp8GemmActKMultiple = 16;
+// K rounded up to kFp8GemmActKMultiple: the bytes of a row of X's float8 copy.
+constexpr int64_t fp8_gemm_act_k_padded(int64_t k) { return (k + kFp8GemmActKMultiple - 1) / kFp8GemmActKMultiple * kFp8GemmActKMultiple; }
 
 struct Fp8GemmActProblem {
   int64_t m, n, k;
   Act act;
   int algo;  // -1: the heuristic's first choice; k >= 0: its k-th candidate (the first when there are fewer)
+  // cuBLASLt's fast accumulation (CUBLASLT_MATMUL_DESC_FAST_ACCUM; torchao's float8 default): on Hopper the fp8 tensor-core
+  // partial sums are not promoted to full fp32 as often, which rounds the accumulation more coarsely; false: full fp32.
+  bool fast_accum = true;
 };
 
-// The scratch bytes one launch asks for at most (elem_bytes: sizeof(T)): X in float8, the padded copies of W and Y
+// q [m, kp] = e4m3(x [m, k] / *scale) with kp = fp8_gemm_act_k_padded(k), zeros past k: the quantize pass of a launch
+// alone (one kernel; the 16-element vectorised one when kp = k and x and q are 16-byte aligned).
+template <typename T>
+cudaError_t fp8_quantize_e4m3(cudaStream_t stream, const T* x, const float* scale, uint8_t* q, int64_t m, int64_t k);
+
+// The scratch bytes one launch asks for at most (elem_bytes: sizeof(T)): X in float8, the padded copies of W, Bias and Y
 // where they need one (each rounded up to 256 bytes) and the algorithm's workspace (at most kGemmActWorkspaceBytes).
 size_t fp8_gemm_act_scratch_bytes(int64_t m, int64_t n, int64_t k, size_t elem_bytes);
 

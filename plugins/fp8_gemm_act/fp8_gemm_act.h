@@ -16,8 +16,11 @@ struct Fp8GemmActAttrs {
   using Spec = spec::Fp8GemmAct;
   Act act;
   int algo;
+  bool fast_accum;  // the CUDA GEMM's accumulation only: the CPU kernel accumulates in fp32 either way
   explicit Fp8GemmActAttrs(const AttrValues& a)
-      : act(act_named(a.text(Spec::kActivation))), algo(static_cast<int>(a.integer(Spec::kAlgo))) {
+      : act(act_named(a.text(Spec::kActivation))),
+        algo(static_cast<int>(a.integer(Spec::kAlgo))),
+        fast_accum(a.integer(Spec::kFastAccum) != 0) {
     if (algo < -1) throw std::invalid_argument("algo must be -1 (the heuristic's choice) or a candidate index >= 0");
   }
 

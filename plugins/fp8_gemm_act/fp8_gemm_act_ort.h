@@ -37,8 +37,8 @@ struct Fp8GemmAct : Fp8GemmActAttrs {
     launch_cuda(Spec::kName, c, [&](auto* tag) {
       using T = std::remove_pointer_t<decltype(tag)>;
       const cudaError_t err = launch_fp8_gemm_act<T>(
-          *runner, static_cast<cudaStream_t>(c.stream), Fp8GemmActProblem{s.m, s.n, s.k, act, algo}, in[0].as<T>(), in[1].as<float>(),
-          in[2].as<uint8_t>(), in[3].as<float>(), in[4].as<T>(), static_cast<T*>(y.GetTensorMutableRawData()), scratch);
+          *runner, static_cast<cudaStream_t>(c.stream), Fp8GemmActProblem{s.m, s.n, s.k, act, algo, fast_accum}, in[0].as<T>(),
+          in[1].as<float>(), in[2].as<uint8_t>(), in[3].as<float>(), in[4].as<T>(), static_cast<T*>(y.GetTensorMutableRawData()), scratch);
       if (err == cudaErrorNotSupported)
         fail(Spec::kName, "cuBLASLt has no fp8 GEMM for this problem (it needs an sm_89+ GPU, float16/bfloat16 X and a 16-byte aligned W)");
       return err;

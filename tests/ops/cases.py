@@ -27,9 +27,10 @@ CASES: list[tuple[str, tuple[int, ...], dict[str, Any]]] = [
     ("FusedMHA", (2, 1, 13, 40), {"num_heads": 5, "mask": True}),
     *[("GemmAct", (3, 5, 37, 19), {"activation": a}) for a in ("none", "relu", "gelu_tanh")],
     *[("GemmAct", (6, 24, 1 if a == "relu" else 9), {"activation": a, "mask": True, "algo": 1}) for a in ("none", "relu", "gelu_tanh")],
-    # Fp8GemmAct (shape = X's dims + N): rank-3 X with odd K and N, a one-row rank-2 X, N = 1
+    # Fp8GemmAct (shape = X's dims + N): rank-3 X with odd K and N, a one-row rank-2 X, N = 1, fast_accum off
     *[("Fp8GemmAct", (3, 5, 37, 19), {"activation": a}) for a in ("none", "relu", "gelu_tanh")],
     ("Fp8GemmAct", (1, 45, 23), {"activation": "gelu_tanh", "algo": 1}), ("Fp8GemmAct", (7, 16, 1), {"activation": "relu"}),
+    ("Fp8GemmAct", (2, 9, 48, 19), {"activation": "relu", "fast_accum": 0}),  # full fp32 accumulation: the same math
 ]
 
 

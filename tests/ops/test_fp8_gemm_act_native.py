@@ -74,6 +74,17 @@ def test_cpu_kernel_matches_the_reference_at_a_bert_shape(library):
     np.testing.assert_allclose(_native(library, xs, activation="gelu_tanh"), reference_output(OP, xs, activation="gelu_tanh"), rtol=1e-4, atol=1e-5)
 
 
+def test_cpu_kernel_accumulates_in_fp32_at_either_fast_accum_and_refuses_other_values(library):
+    """fast_accum picks the CUDA GEMM's accumulation only: the CPU kernel gives the same numbers
+    (bit for bit) at 0 and 1, and a value outside {0, 1} is refused by name."""
+    xs = example_inputs(OP, (5, 37, 19))
+    full, fast = _native(library, xs, fast_accum=0), _native(library, xs, fast_accum=1)
+    np.testing.assert_array_equal(full, fast)
+    np.testing.assert_allclose(fast, reference_output(OP, xs), rtol=1e-4, atol=1e-5)
+    with pytest.raises(Exception, match="fast_accum"):
+        _native(library, xs, fast_accum=2)
+
+
 def test_library_registers_the_fixed_input_types(library):
     """W declared float32 instead of float8e4m3fn: no kernel of the library matches the node (the
     registration gives each input the spec's type, not T)."""
@@ -123,25 +134,38 @@ def test_generated_header_carries_input_types_and_the_trt_list_leaves_the_op_out
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="no CUDA toolkit (nvcc): the C ABI library cannot compile")
 def test_c_abi_refuses_what_the_fp8_gemm_cannot_run_before_any_cuda_call():
     """df_fp8_gemm_act (bench/fp8_gemm_gpu.py's entry) answers cudaErrorInvalidValue for K = 0 and for an
-    activation no cuBLASLt epilogue computes, without touching a GPU; its scratch is X's float8 copy (rows of K
-    rounded up to 16 bytes), a copy of W padded likewise where K is not a multiple of 16, a padded Y where Y's
-    rows are off 16 bytes (each rounded up to 256 bytes), and the largest workspace."""
+    activation no cuBLASLt epilogue computes, without touching a GPU, at either fast_accum; its scratch
+    says the padded plan: X's float8 copy (rows of K rounded up to 16 bytes), a copy of W padded likewise,
+    and where N is off 16 bytes of T (cuBLASLt's fp8 kernels want D's rows themselves, not only its
+    leading dimension, of 16 bytes) W, the bias and Y padded to N rounded up; each part rounded up to 256
+    bytes, then the largest workspace."""
     from deployfuse.ops.native import build_plugins
 
     lib = ctypes.CDLL(str(build_plugins(cuda=True, tensorrt=True) / "libdeployfuse_ops_cuda.so"))
     P, I64, INT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
-    lib.df_fp8_gemm_act.argtypes = [INT, P, P, P, P, P, P, P, I64, I64, I64, INT, INT, P, ctypes.c_size_t]
-    lib.df_fp8_gemm_act_candidates.argtypes = [INT, P, P, P, P, P, I64, I64, I64, INT]
+    lib.df_fp8_gemm_act.argtypes = [INT, P, P, P, P, P, P, P, I64, I64, I64, INT, INT, INT, P, ctypes.c_size_t]
+    lib.df_fp8_gemm_act_candidates.argtypes = [INT, P, P, P, P, P, I64, I64, I64, INT, INT]
     lib.df_fp8_gemm_act_scratch_bytes.argtypes = [INT, I64, I64, I64]
     lib.df_fp8_gemm_act_scratch_bytes.restype = ctypes.c_size_t
     invalid_value = 1
 
-    def run(k: int, act: int) -> int:
-        return lib.df_fp8_gemm_act(1, None, None, None, None, None, None, None, 4, 16, k, act, -1, None, 0)
+    def run(k: int, act: int, fast_accum: int) -> int:
+        return lib.df_fp8_gemm_act(1, None, None, None, None, None, None, None, 4, 16, k, act, -1, fast_accum, None, 0)
 
-    assert run(0, ACT_CODES["none"]) == invalid_value
-    assert run(48, 2) == invalid_value  # Act::kGelu (exact erf): no epilogue
-    assert lib.df_fp8_gemm_act_candidates(1, None, None, None, None, None, 4, 16, 0, ACT_CODES["relu"]) == -invalid_value
-    assert lib.df_fp8_gemm_act_scratch_bytes(1, 100, 64, 48) == 4864 + WORKSPACE_BYTES  # fp16 rows of 128 bytes: Y written in place
-    assert lib.df_fp8_gemm_act_scratch_bytes(1, 100, 60, 48) == 4864 + 12800 + WORKSPACE_BYTES  # 120-byte rows: a copy padded to 128
-    assert lib.df_fp8_gemm_act_scratch_bytes(1, 100, 64, 40) == 4864 + 3072 + WORKSPACE_BYTES  # K = 40: X and W in rows of 48 bytes
+    for fast_accum in (0, 1):
+        assert run(0, ACT_CODES["none"], fast_accum) == invalid_value
+        assert run(48, 2, fast_accum) == invalid_value  # Act::kGelu (exact erf): no epilogue
+        assert lib.df_fp8_gemm_act_candidates(1, None, None, None, None, None, 4, 16, 0, ACT_CODES["relu"], fast_accum) == -invalid_value
+
+    def scratch(dtype: int, m: int, n: int, k: int) -> int:
+        return lib.df_fp8_gemm_act_scratch_bytes(dtype, m, n, k) - WORKSPACE_BYTES
+
+    fp16, bf16 = 1, 2
+    assert scratch(fp16, 100, 64, 48) == 4864  # fp16 rows of 128 bytes, K = 48: only X's float8 copy
+    assert scratch(fp16, 100, 24, 48) == 4864  # 48-byte rows: a multiple of 16, written in place
+    assert scratch(fp16, 100, 64, 40) == 4864 + 3072  # K = 40: X and W in rows of 48 bytes
+    # N = 60 (120-byte rows): computed as 64 columns, W [64, 48] (3072), bias [64] (128 -> 256), Y [100, 64] (12800)
+    assert scratch(fp16, 100, 60, 48) == 4864 + 3072 + 256 + 12800
+    # N = 19, K = 37 (the GPU check's odd shape): X [3, 48] (144 -> 256), W [24, 48] (1152 -> 1280), bias [24], Y [3, 24]
+    for dtype in (fp16, bf16):
+        assert scratch(dtype, 3, 19, 37) == 256 + 1280 + 256 + 256

@@ -8,6 +8,12 @@ X [..., K] in T; XScale, WScale float32 scalars (per tensor; XScale calibrated a
 W float8e4m3fn [N, K], the weight quantized offline and stored transposed (row n = output column
 n: cuBLASLt's fp8 GEMM wants A transposed, "TN"); Bias [N] in T; Y [..., N] in T. The math is
 float32 throughout (x / s, the products, the accumulation, bias and activation), rounded to T once.
+
+fast_accum (default 1, as torchao's float8 and torch._scaled_mm(use_fast_accum=True)) lets the CUDA GEMM
+use cuBLASLt's fast accumulation (CUBLASLT_MATMUL_DESC_FAST_ACCUM): Hopper's fp8 tensor cores keep the
+partial sums in a narrower accumulator and promote them to fp32 less often, which rounds the sum over K
+more coarsely (bench/fp8_gemm_gpu.py measures by how much). It changes that rounding only, never the
+math the reference computes; the reference, the function body and the CPU kernel ignore it (exact fp32).
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ from onnxscript.onnx_types import FLOAT, FLOAT8E4M3FN
 from deployfuse.ops.body import Body
 from deployfuse.ops.defs import gemm_act
 from deployfuse.ops.defs._onnxscript import DF, TFloat
-from deployfuse.ops.schema import E4M3_MAX, OpSpec, RandFn, apply_activation, to_element_type
+from deployfuse.ops.schema import E4M3_MAX, Attr, OpSpec, RandFn, apply_activation, to_element_type
 
 
 def quantize_e4m3(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
@@ -34,9 +40,11 @@ def quantize_e4m3(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     return ratio.clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn).float()
 
 
-def reference(x: torch.Tensor, x_scale: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, bias: torch.Tensor, *, activation: str, algo: int) -> torch.Tensor:
+def reference(
+    x: torch.Tensor, x_scale: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, bias: torch.Tensor, *, activation: str, algo: int, fast_accum: int = 1
+) -> torch.Tensor:
     """Y = act(dq(q(X, XScale)) @ dq(W, WScale)^T + Bias); W [N, K] holds float8 values (as any
-    float dtype); `algo` only picks the kernel, never the math."""
+    float dtype); `algo` and `fast_accum` only pick the kernel and its rounding, never the math."""
     xs, ws = x_scale.float().reshape(()), w_scale.float().reshape(())
     x_dq = quantize_e4m3(x, xs) * xs
     w_dq = w.float() * ws
@@ -73,12 +81,14 @@ SPEC = OpSpec(
     name="Fp8GemmAct",
     inputs=("X", "XScale", "W", "WScale", "Bias"),
     outputs=("Y",),
-    attrs=dict(gemm_act.SPEC.attrs),  # GemmAct's: the cuBLASLt epilogue's activation, the candidate algorithm
+    # GemmAct's (the cuBLASLt epilogue's activation, the candidate algorithm) and the GEMM's accumulation
+    attrs={**gemm_act.SPEC.attrs, "fast_accum": Attr("int", 1, (0, 1))},
     doc="Y = act(dq(q(X, XScale)) @ dq(W, WScale)^T + Bias), q(x, s) = saturate_e4m3(round_nearest_even(x / s)) "
     "(QuantizeLinear with a float8e4m3fn zero point), dq(v, s) = float(v) * s; X [..., K] and Bias [N] in T, "
     "XScale and WScale float32 scalars, W float8e4m3fn [N, K] (the weight transposed); computed in float32, "
     "Y [..., N] in T. algo: -1 = the cuBLASLt heuristic's first choice, k >= 0 = its k-th candidate, never "
-    "a change of the math. Needs opset 19 (float8 QuantizeLinear).",
+    "a change of the math. fast_accum: 1 = cuBLASLt's fast fp8 accumulation (coarser rounding of the sum over K), "
+    "0 = full float32 accumulation; the rounding only, never the math. Needs opset 19 (float8 QuantizeLinear).",
     reference_fn=reference,
     body_fn=body,
     example_fn=example_inputs,
@@ -89,19 +99,23 @@ SPEC = OpSpec(
 
 
 @torch.library.custom_op("deployfuse::fp8_gemm_act", mutates_args=())
-def torch_op(x: torch.Tensor, x_scale: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, bias: torch.Tensor, activation: str = "none", algo: int = -1) -> torch.Tensor:
+def torch_op(
+    x: torch.Tensor, x_scale: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, bias: torch.Tensor, activation: str = "none", algo: int = -1, fast_accum: int = 1
+) -> torch.Tensor:
     """act(dq(q(x, x_scale)) @ dq(w, w_scale)^T + bias) with w a torch.float8_e4m3fn [N, K]."""
-    return SPEC.reference(x, x_scale, w, w_scale, bias, activation=activation, algo=algo)
+    return SPEC.reference(x, x_scale, w, w_scale, bias, activation=activation, algo=algo, fast_accum=fast_accum)
 
 
 @torch_op.register_fake
-def _(x, x_scale, w, w_scale, bias, activation="none", algo=-1):
+def _(x, x_scale, w, w_scale, bias, activation="none", algo=-1, fast_accum=1):
     return x.new_empty(*x.shape[:-1], w.shape[0])
 
 
 @onnxscript.script(opset=DF)
-def fp8_gemm_act_onnx(x: TFloat, x_scale: FLOAT, w: FLOAT8E4M3FN, w_scale: FLOAT, bias: TFloat, activation: str = "none", algo: int = -1) -> TFloat:
-    return DF.Fp8GemmAct(x, x_scale, w, w_scale, bias, activation=activation, algo=algo)
+def fp8_gemm_act_onnx(
+    x: TFloat, x_scale: FLOAT, w: FLOAT8E4M3FN, w_scale: FLOAT, bias: TFloat, activation: str = "none", algo: int = -1, fast_accum: int = 1
+) -> TFloat:
+    return DF.Fp8GemmAct(x, x_scale, w, w_scale, bias, activation=activation, algo=algo, fast_accum=fast_accum)
 
 
 to_onnx = fp8_gemm_act_onnx  # the exporter inlines it by name: one name per op
