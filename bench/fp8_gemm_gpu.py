@@ -50,9 +50,10 @@ from deployfuse.rewrite.gemm_tuning import ACT_CODES  # noqa: E402
 OP = "Fp8GemmAct"
 DT = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
-# fast_accum=1: cuBLASLt's fast fp8 accumulation rounds the sum over K more coarsely (Hopper: a narrower accumulator,
-# promoted to fp32 less often); the bound is loose enough for K = 3072 and still catches a wrong scale, layout or bias.
-TOL_FAST = {torch.float32: 1e-2, torch.float16: 1e-2, torch.bfloat16: 2e-2}
+# fast_accum=1: cuBLASLt's fast fp8 accumulation rounds the sum over K more coarsely (Hopper: partial sums not promoted
+# to fp32 as often). Measured on the H200 (cuBLASLt of CUDA 13, these checks): fp16 largest rel_l2 8.2e-4 at K = 3072
+# (full accumulation 2.3e-4), 3.9e-4 at K = 768; bf16 1.9e-3, its own rounding (full 1.9e-3). About 5x that in fp16.
+TOL_FAST = {torch.float32: 1e-2, torch.float16: 4e-3, torch.bfloat16: TOL[torch.bfloat16]}
 ONNX_TYPE = {torch.float32: onnx.TensorProto.FLOAT, torch.float16: onnx.TensorProto.FLOAT16, torch.bfloat16: onnx.TensorProto.BFLOAT16}
 NOT_SUPPORTED = 801  # cudaErrorNotSupported
 
