@@ -13,7 +13,7 @@ fast_accum (default 1, as torchao's float8 and torch._scaled_mm(use_fast_accum=T
 use cuBLASLt's fast accumulation (CUBLASLT_MATMUL_DESC_FAST_ACCUM): Hopper's fp8 tensor cores keep the
 partial sums in a narrower accumulator and promote them to fp32 less often, which rounds the sum over K
 more coarsely (bench/fp8_gemm_gpu.py on an H200: an fp16 Y 8e-4 off the reference in relative L2 at
-K = 3072 instead of 2e-4; 10-20 % faster at batch 64). It changes that rounding only, never the
+K = 3072 instead of 2e-4; 3-19 % faster at batch 64). It changes that rounding only, never the
 math the reference computes; the reference, the function body and the CPU kernel ignore it (exact fp32).
 """
 
