@@ -34,6 +34,7 @@ from deployfuse.quantize import ort_int8
 from deployfuse.quantize.calibration import Calibration
 from deployfuse.quantize.gate import Budget, GateResult, Switchboard, budget_of, run_gate
 from deployfuse.quantize.qdq import MIN_OPSET, PRECISIONS as QUANTIZED, place_qdq, quantizable_nodes
+from deployfuse.quantize.rounding import rounded_weights
 from deployfuse.targets import ORT_CPU, ORT_CUDA, Target
 
 
@@ -97,8 +98,10 @@ def quantize(model: onnx.ModelProto, options: QuantizeOptions, calibration: Cali
     """
     switchboard: Callable[[], Switchboard | None] | None = None  # built only if the gate fails
     if options.mode == "dynamic":
-        quantizer, layers = ort_int8.quantizer(model), ort_int8.layers(model)
-        switchboard = partial(ort_int8.switchboard, model)
+        layers = ort_int8.layers(model)
+        weights = rounded_weights(model, layers, calibration.feeds())
+        quantizer = ort_int8.quantizer(model, weights)
+        switchboard = partial(ort_int8.switchboard, model, weights)
     else:
         quantizer = _qdq_quantizer(model, options.precision, calibration)
         names = set(quantizable_nodes(model, options.precision))

@@ -3,7 +3,8 @@
 `dynamic` (the default, this module): weights int8 per output channel, activations quantized at
 run time per tensor (DynamicQuantizeLinear → MatMulInteger, which ORT's optimizer turns into
 DynamicQuantizeMatMul; com.microsoft Attention → QAttention; Conv → ConvInteger). No scale is
-fitted to data, so calibration samples only feed the gate. `static`: activation scales fitted on
+fitted to data; the calibration samples choose how the MatMul weights round (`rounding`: GPTQ,
+ONNX Runtime's scales, other integers) and feed the gate. `static`: activation scales fitted on
 the calibration samples, the same QuantizeLinear/DequantizeLinear placement the GPU targets get
 (`qdq.place_qdq`), which ORT's CPU optimizer folds into its int8 kernels. (ORT's own static QDQ
 quantizer hands the dequantized tensor to every consumer, residual sums included: on a tiny BERT
@@ -22,7 +23,7 @@ from __future__ import annotations
 
 import logging
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -31,6 +32,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from deployfuse.quantize.gate import Switchboard
+from deployfuse.quantize.rounding import int8_per_column
 
 MODES = ("dynamic", "static")
 # Fusion families that would hide GEMMs from ORT's int8 quantizer: com.microsoft FusedConv (Conv +
@@ -62,9 +64,10 @@ def layers(model: onnx.ModelProto) -> dict[str, onnx.NodeProto]:
     return {n.name: n for n in model.graph.node if n.name and n.op_type in OP_TYPES and not (n.op_type == "Attention" and any(n.input[4:]))}
 
 
-def quantizer(model: onnx.ModelProto) -> Callable[[set[str]], onnx.ModelProto]:
+def quantizer(model: onnx.ModelProto, weights: Mapping[str, tuple[np.ndarray, np.ndarray]] | None = None) -> Callable[[set[str]], onnx.ModelProto]:
     """A function that quantizes `model` to dynamic int8, leaving the named nodes in fp32
-    (`model` itself is left as it is)."""
+    (`model` itself is left as it is); `weights` (`rounding.rounded_weights`: int8 weight and
+    per-column scales by weight name) replace the integers ONNX Runtime's quantizer rounds."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     serialized = model.SerializeToString()
@@ -75,23 +78,42 @@ def quantizer(model: onnx.ModelProto) -> Callable[[set[str]], onnx.ModelProto]:
             out = Path(tmp) / "int8.onnx"
             source = onnx.load_from_string(serialized)  # the quantizer edits the model it is given
             quantize_dynamic(source, out, per_channel=True, weight_type=QuantType.QInt8, nodes_to_quantize=[n for n in quantizable if n not in exclude])
-            return onnx.load(str(out))
+            quantized = onnx.load(str(out))
+        _replace_weights(quantized, weights or {})
+        return quantized
 
     return quantize
 
 
-def switchboard(model: onnx.ModelProto) -> Switchboard | None:
+def _replace_weights(quantized: onnx.ModelProto, weights: Mapping[str, tuple[np.ndarray, np.ndarray]]) -> None:
+    """Put `weights` in place of the int8 weights and scales ONNX Runtime's quantizer wrote
+    (`{weight}_quantized`, `{weight}_scale`), where it quantized that weight."""
+    initializers = {t.name: t for t in quantized.graph.initializer}
+    for name, (int8_weight, scale) in weights.items():
+        old = initializers.get(f"{name}_quantized")
+        if old is None:  # kept in fp32
+            continue
+        old_scale = initializers.get(f"{name}_scale")
+        if tuple(old.dims) != int8_weight.shape or old.data_type != TensorProto.INT8 or old_scale is None or tuple(old_scale.dims) != scale.shape:
+            raise ValueError(f"ONNX Runtime's quantizer wrote {name}_quantized as {tuple(old.dims)} (type {old.data_type}), not the per-column int8 "
+                             f"{int8_weight.shape} this module rounds")
+        old.CopyFrom(numpy_helper.from_array(int8_weight, old.name))
+        old_scale.CopyFrom(numpy_helper.from_array(scale, old_scale.name))
+
+
+def switchboard(model: onnx.ModelProto, weights: Mapping[str, tuple[np.ndarray, np.ndarray]] | None = None) -> Switchboard | None:
     """`model` with each of its `layers` behind an If on a bool input of its own: true runs it in
     dynamic int8 (com.microsoft DynamicQuantizeMatMul: per-column int8 weights, the activation
-    quantized at run time per tensor, the same numbers as `quantizer`'s MatMulInteger chain), false
+    quantized at run time per tensor, the same numbers as `quantizer`'s MatMulInteger chain, with
+    the same `weights` when given, else rounded to nearest as ONNX Runtime rounds them), false
     in fp32. One session of it measures any choice of int8 layers, where `quantizer` would run
     ONNX Runtime's quantizer and build a session per choice (BERT-base: 72 layers, ~9 s each).
 
     None when a layer is not a MatMul with a 2-D initializer weight (Gemm, Conv, Attention): the
     gate then quantizes each choice for real."""
-    weights = {t.name: t for t in model.graph.initializer}
+    initializers = {t.name: t for t in model.graph.initializer}
     chosen = layers(model)
-    if not all(n.op_type == "MatMul" and n.input[1] in weights and len(weights[n.input[1]].dims) == 2 for n in chosen.values()):
+    if not all(n.op_type == "MatMul" and n.input[1] in initializers and len(initializers[n.input[1]].dims) == 2 for n in chosen.values()):
         return None
     board = onnx.ModelProto()
     board.CopyFrom(model)
@@ -104,7 +126,7 @@ def switchboard(model: onnx.ModelProto) -> Switchboard | None:
         switch = f"{node.name}.int8"
         switches[node.name] = switch
         board.graph.input.append(helper.make_tensor_value_info(switch, TensorProto.BOOL, []))
-        int8_weight, scale = _int8_per_column(numpy_helper.to_array(weights[node.input[1]]))
+        int8_weight, scale = (weights or {}).get(node.input[1]) or int8_per_column(numpy_helper.to_array(initializers[node.input[1]]))
         names = [f"{switch}.weight", f"{switch}.scale", f"{switch}.zero_point"]
         board.graph.initializer.extend([numpy_helper.from_array(int8_weight, names[0]), numpy_helper.from_array(scale, names[1]),
                                         numpy_helper.from_array(np.zeros(scale.shape, np.int8), names[2])])
@@ -117,14 +139,6 @@ def switchboard(model: onnx.ModelProto) -> Switchboard | None:
     del board.graph.node[:]
     board.graph.node.extend(nodes)
     return Switchboard(board, switches)
-
-
-def _int8_per_column(weight: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """A MatMul weight (K, N) in symmetric int8 per output column, as ONNX Runtime's quantizer
-    makes it (range -127..127, scale max|column| / 127), and its scales."""
-    absmax = np.abs(weight).max(axis=0).astype(np.float64)
-    scale = np.where(absmax > 0, absmax / 127.0, 1.0).astype(np.float32)
-    return np.clip(np.rint(weight / scale), -127, 127).astype(np.int8), scale
 
 
 __all__ = ["MODES", "OP_TYPES", "SKIPPED_FAMILIES", "layers", "quantizer", "switchboard"]

@@ -8,6 +8,7 @@ import numpy as np
 import onnx
 import pytest
 import torch
+from onnx import numpy_helper
 
 import deployfuse
 from deployfuse.backends.ort import run, session
@@ -18,6 +19,7 @@ from deployfuse.quantize import ort_int8
 from deployfuse.quantize.calibration import random_calibration
 from deployfuse.quantize.gate import Budget, sensitivity_ranking
 from deployfuse.quantize.ort_int8 import SKIPPED_FAMILIES
+from deployfuse.quantize.rounding import int8_per_column, rounded_weights
 from deployfuse.rewrite.fuser import family_names, fuse
 
 
@@ -36,13 +38,19 @@ def _outputs(model: onnx.ModelProto, feed: dict[str, np.ndarray]) -> np.ndarray:
     return next(iter(run(session(model), feed).values()))
 
 
-def test_switchboard_runs_any_choice_as_the_quantized_artefact_does(fused_bert):
+@pytest.mark.parametrize("rounding", ["nearest", "gptq"])
+def test_switchboard_runs_any_choice_as_the_quantized_artefact_does(fused_bert, rounding):
     model, example, fused = fused_bert
-    board = ort_int8.switchboard(fused)
-    assert board is not None
     layers = list(ort_int8.layers(fused))
+    weights = None
+    if rounding == "gptq":  # the artefact gets these integers in place of ONNX Runtime's, and so does the switchboard
+        weights = rounded_weights(fused, ort_int8.layers(fused), random_calibration(example, model, seed=5).feeds())
+        nearest = {name: int8_per_column(numpy_helper.to_array(w))[0] for name, w in ((t.name, t) for t in fused.graph.initializer) if name in weights}
+        assert all((weights[name][0] != q).any() for name, q in nearest.items())
+    board = ort_int8.switchboard(fused, weights)
+    assert board is not None
     assert sorted(board.switches) == sorted(layers) and len(layers) >= 6
-    quantize = ort_int8.quantizer(fused)
+    quantize = ort_int8.quantizer(fused, weights)
     feed = {k: v.numpy() for k, v in make_inputs(specs_of(example), model, seed=11, pad_masks=True).items()}
     with torch.no_grad():
         reference = next(iter(flatten_outputs(model(**{k: torch.from_numpy(v) for k, v in feed.items()})).values())).numpy()
