@@ -15,7 +15,10 @@ op's default, TOL_FAST: its coarser rounding of the sum over K); the largest fas
 Speed (fp16, GPU ms per call from CUDA events around CUDA-graph replays of 20 calls) at the BERT/ViT/GPT-2 GEMM
 shapes: torch fp16 addmm, torch._scaled_mm on an X already in fp8 (with full and with fast accumulation) and with
 torch's own quantize pass, Fp8GemmAct's quantize kernel alone (df_fp8_quantize_e4m3, with the bandwidth it reaches:
-fp16 X read + fp8 copy written), and Fp8GemmAct (quantize + GEMM) at the heuristic's choice and its fastest
+fp16 X read + fp8 copy written; its replays find X in the 60 MB L2 where X fits, so past HBM's ~4.3 TB/s there, while
+inside the op the GEMM's output has evicted it: H200, 8192x768x3072, quantize alone 3.4 us, our quantize +
+_scaled_mm in one graph 51.4 us = Fp8GemmAct 51.8 us against _scaled_mm 44.2 us: the GEMM is torch's, the
+difference the separate pass), and Fp8GemmAct (quantize + GEMM) at the heuristic's choice and its fastest
 candidate, with full (fast_accum=0) and fast accumulation (fast_accum=1).
 
     python bench/fp8_gemm_gpu.py plugins/build/gpu/libdeployfuse_ops_cuda.so [--ort plugins/build/gpu/libdeployfuse_ort.so]
