@@ -367,6 +367,7 @@ def _run(request: _Request, out_path: Path, report: ExportReport, steps: _Steps,
     if request.quantize is not None:
         if not quantize_first:
             onnx_model, gate = _quantize_step(onnx_model, request, calibration, gate_references, report, steps)
+            report.op_histogram = dict(Counter(f"{n.domain + '.' if n.domain else ''}{n.op_type}" for n in onnx_model.graph.node).most_common())
         steps.skip("verify", "the accuracy gate (quantize step) judged the quantized model against PyTorch fp32" if gate else "--no-verify")
     elif request.verify:
         with steps.step("verify") as step:
@@ -398,15 +399,13 @@ def _run(request: _Request, out_path: Path, report: ExportReport, steps: _Steps,
 
 
 def _families(request: _Request) -> list[str] | None:
-    """The fusion families to run: all (None), less those whose fused nodes an ort-cpu int8
-    quantization could not quantize."""
-    from deployfuse.quantize.ort_int8 import SKIPPED_FAMILIES
+    """The fusion families to run: all (None), less those a quantized export runs without
+    (`quantize.lowering.skipped_families`: fused nodes its quantization could not reach)."""
+    from deployfuse.quantize.lowering import skipped_families
     from deployfuse.rewrite.fuser import family_names
-    from deployfuse.targets import ORT_CPU
 
-    if request.quantize is None or request.target != ORT_CPU:
-        return None
-    return [f for f in family_names() if f not in SKIPPED_FAMILIES]
+    skipped = skipped_families(request.target, request.quantize)
+    return [f for f in family_names() if f not in skipped] if skipped else None
 
 
 def _calibration(loaded: LoadedModel, example: Inputs, request: _Request, checking: _Checking,

@@ -6,11 +6,16 @@ QuantizeLinear/DequantizeLinear pairs (`qdq.place_qdq`), which ORT's CPU optimiz
 its int8 kernels and TensorRT into its int8/fp8 GEMMs. fp8 has no CPU kernel, so
 ort-cpu refuses it. Either way the accuracy gate (`gate.run_gate`) decides which layers stay in float.
 
-fp8 on ort-cuda is exported in fp16 (`float_precision`) and Q/DQ'd, and its fusions turn every
-float8 Q/DQ'd GEMM into a deployfuse.Fp8GemmAct node (the fp8_gemm rule family): an fp16 graph
-around cuBLASLt fp8 GEMMs, the artefact to hold against the fp16 one. Layers the gate leaves out stay fp16.
+fp8 on ort-cuda is exported in fp16 (`float_precision`) and fused, Q/DQ'd, and every float8
+Q/DQ'd GEMM becomes a deployfuse.Fp8GemmAct node (`rewrite.rules.fp8_gemm.lower`, in each of the
+gate's attempts, so the gate judges the artefact itself): an fp16 graph around cuBLASLt fp8 GEMMs,
+the artefact to hold against the fp16 one. Layers the gate leaves out stay fp16. The fusions run
+first, on the float graph, because their guard cannot judge a quantized one (fp8 roundings flip
+on any upstream change: BERT-base's Q/DQ graph failed it in every family); less
+`FP8_SKIPPED_FAMILIES`, which would take the GEMMs out of the quantizer's reach (packed QKV,
+GemmAct) or their bias out of the fp8 GEMM's epilogue (BiasGelu, BiasAct).
 
-Where the quantization runs (`before_fusion`): on ort-cuda, on the unfused graph, and deployfuse's
+Where the quantization runs (`before_fusion`): int8 on ort-cuda, on the unfused graph, and deployfuse's
 fusions then run on the Q/DQ graph. After the fusions the Q/K/V projections sit inside a packed
 com.microsoft Attention node that no Q/DQ can reach (a tiny BERT: 7 of its 13 GEMMs quantizable
 instead of 13), while on the Q/DQ graph MultiHeadAttention, SkipLayerNormalization and
@@ -35,6 +40,7 @@ from deployfuse.quantize.calibration import Calibration
 from deployfuse.quantize.gate import Budget, GateResult, Switchboard, budget_of, run_gate
 from deployfuse.quantize.qdq import MIN_OPSET, PRECISIONS as QUANTIZED, place_qdq, quantizable_nodes
 from deployfuse.quantize.rounding import rounded_weights
+from deployfuse.rewrite.rules import fp8_gemm
 from deployfuse.targets import ORT_CPU, ORT_CUDA, Target
 
 
@@ -47,6 +53,7 @@ class QuantizeOptions:
     budget: Budget
     calibration_data: str | None = None
     float_precision: str = "fp32"  # what the model is exported in, and what the layers the gate leaves unquantized stay in
+    fp8_gemms: bool = False  # the Q/DQ'd GEMMs become deployfuse.Fp8GemmAct nodes (fp8 on ort-cuda)
 
 
 def check_options(precision: str, target: Target, opset: int, calibration_data: str | None, accuracy_budget: str | None,
@@ -70,21 +77,35 @@ def check_options(precision: str, target: Target, opset: int, calibration_data: 
     if int8_mode is not None and int8_mode not in ort_int8.MODES:
         raise UsageError(f"--int8-mode {int8_mode!r}: choose {' or '.join(ort_int8.MODES)}")
     mode = (int8_mode or "dynamic") if target == ORT_CPU else "qdq"
-    return QuantizeOptions(precision, mode, budget_of(accuracy_budget), calibration_data, float_precision(precision, target))
+    fp8_gemms = precision == "fp8" and target == ORT_CUDA
+    return QuantizeOptions(precision, mode, budget_of(accuracy_budget), calibration_data, float_precision(precision, target), fp8_gemms)
 
 
 def float_precision(precision: str, target: Target) -> str:
     """The float precision a `precision` export for `target` is made in, around its quantized
-    GEMMs: fp16 for fp8 on ort-cuda, whose artefact must beat the fp16 one (the fp8_gemm rule
-    family turns each float8 Q/DQ'd GEMM into a deployfuse.Fp8GemmAct node, a cuBLASLt fp8 GEMM
-    writing fp16); fp32 otherwise (TensorRT picks its own types for what it does not quantize,
+    GEMMs: fp16 for fp8 on ort-cuda, whose artefact must beat the fp16 one (each float8 Q/DQ'd
+    GEMM becomes a deployfuse.Fp8GemmAct node, a cuBLASLt fp8 GEMM writing fp16); fp32 otherwise (TensorRT picks its own types for what it does not quantize,
     ONNX Runtime's CPU int8 kernels take fp32)."""
     return "fp16" if precision == "fp8" and target == ORT_CUDA else "fp32"
 
 
 def before_fusion(target: Target, options: QuantizeOptions | None) -> bool:
     """Whether `options` quantize the unfused graph for `target` (then fused), not the fused one."""
-    return options is not None and target == ORT_CUDA
+    return options is not None and target == ORT_CUDA and not options.fp8_gemms
+
+
+FP8_SKIPPED_FAMILIES = ("packed_qkv", "gemm_act", "bias_gelu", "bias_act")
+"""Families an fp8 ort-cuda export fuses without: packed QKV and GemmAct nodes hold GEMMs no Q/DQ
+reaches; BiasGelu and BiasAct would take a bias (and a ReLU) the fp8 GEMM's epilogue adds."""
+
+
+def skipped_families(target: Target, options: QuantizeOptions | None) -> tuple[str, ...]:
+    """The fusion families an export with `options` for `target` runs without."""
+    if options is None:
+        return ()
+    if options.fp8_gemms:
+        return FP8_SKIPPED_FAMILIES
+    return ort_int8.SKIPPED_FAMILIES if target == ORT_CPU else ()
 
 
 def quantize(model: onnx.ModelProto, options: QuantizeOptions, calibration: Calibration,
@@ -103,7 +124,7 @@ def quantize(model: onnx.ModelProto, options: QuantizeOptions, calibration: Cali
         quantizer = ort_int8.quantizer(model, weights)
         switchboard = partial(ort_int8.switchboard, model, weights)
     else:
-        quantizer = _qdq_quantizer(model, options.precision, calibration)
+        quantizer = _qdq_quantizer(model, options, calibration)
         names = set(quantizable_nodes(model, options.precision))
         layers = {n.name: n for n in model.graph.node if n.name in names}
     if references is None:
@@ -118,11 +139,12 @@ def quantize(model: onnx.ModelProto, options: QuantizeOptions, calibration: Cali
     return quantized, result
 
 
-def _qdq_quantizer(model: onnx.ModelProto, precision: str, calibration: Calibration) -> Callable[[set[str]], onnx.ModelProto]:
+def _qdq_quantizer(model: onnx.ModelProto, options: QuantizeOptions, calibration: Calibration) -> Callable[[set[str]], onnx.ModelProto]:
     def quantize(exclude: set[str]) -> onnx.ModelProto:
-        return place_qdq(model, precision, calibration, exclude)
+        quantized = place_qdq(model, options.precision, calibration, exclude)
+        return fp8_gemm.lower(quantized, ORT_CUDA)[0] if options.fp8_gemms else quantized
 
     return quantize
 
 
-__all__ = ["QUANTIZED", "QuantizeOptions", "before_fusion", "check_options", "float_precision", "quantize"]
+__all__ = ["FP8_SKIPPED_FAMILIES", "QUANTIZED", "QuantizeOptions", "before_fusion", "check_options", "float_precision", "quantize", "skipped_families"]

@@ -1,8 +1,8 @@
 """QuantizeLinear/DequantizeLinear placement for the tensorrt and ort-cuda targets (int8, fp8).
 
-ONNX Runtime's static quantizer (`onnxruntime.quantization.quantize_static`, QDQ format) does
-the calibration and the placement; this module chooses its settings and mends what its output
-lacks for TensorRT:
+For int8, ONNX Runtime's static quantizer (`onnxruntime.quantization.quantize_static`, QDQ
+format) does the calibration and the placement, and this module chooses its settings and mends
+what its output lacks for TensorRT; fp8 is placed here (`_fp8_qdq`, see below). Either way:
 
 - only GEMM-bearing nodes with a constant weight are quantized (`quantizable_nodes`): MatMul
   and Gemm (attention projections, MLPs, heads), and Conv in int8. Activation x activation
@@ -14,15 +14,15 @@ lacks for TensorRT:
   `Q(X, s_x, 0) -> DQ -> MatMul(., DQ(W_q, s_w, 0)) [-> Add bias] [-> activation]`, the pattern
   TensorRT fuses into an int8/fp8 GEMM (deployfuse's GemmAct rule takes constant weights only and
   leaves these GEMMs alone);
-- a tensor quantized for a GEMM reaches its other consumers (a residual Add) unquantized:
-  ONNX Runtime hands them the dequantized copy, `_unquantized_elsewhere` gives the original back;
+- a tensor quantized for a GEMM reaches its other consumers (a residual Add) unquantized (int8:
+  ONNX Runtime hands them the dequantized copy, `_unquantized_elsewhere` gives the original back);
 - fp8 scales are amax / 448 (E4M3's largest finite value), per tensor, for activations
   (calibrated) and weights alike: the max calibration of TensorRT's own recipes and torchao's
   float8. ONNX Runtime's quantizer offers only its Distribution method for float8, which matches
   the standard deviation of the float8 grid and saturates outliers, and leaves weights short of
   the range (a tiny BERT's pooler: |Wq| <= 352); so fp8 Q/DQ are placed here (`_fp8_qdq`) after
   one MinMax calibration pass, without ONNX Runtime's quantizer, which is also the slow part of
-  each of the gate's re-quantizations (BERT-base: 19 s of a 2-core CPU each; now about a second);
+  each of the gate's re-quantizations (BERT-base fp16 on a 2-core CPU: 19 s each, now 2 s);
 - in an fp16/bf16 graph the scales take the graph's type (ONNX Runtime writes float32 ones).
 
 Calibration runs once per model and sample set in a process (`_CalibrationCache`): the gate

@@ -1,5 +1,6 @@
-"""The fp8_gemm family: every float8 Q/DQ'd GEMM of an fp16 graph becomes a deployfuse.Fp8GemmAct
-(ort-cuda only) that computes what the Q/DQ graph computes, and attention and skip-norm still fuse.
+"""fp8_gemm.lower: every float8 Q/DQ'd GEMM of an fp16 graph becomes a deployfuse.Fp8GemmAct
+(ort-cuda only) that computes what the Q/DQ graph computes; on a graph fused as an fp8 export fuses
+it, attention and skip-norm stay fused around them.
 
 Numbers are checked on fresh random inputs, ONNX Runtime's CPU EP running the Fp8GemmAct function
 bodies: one GEMM against the Q/DQ math done in numpy (float64 around the same float8 values), and
@@ -26,8 +27,9 @@ import deployfuse
 from deployfuse.backends.ort import run, session
 from deployfuse.inputs import make_inputs, specs_of
 from deployfuse.quantize.calibration import Calibration, random_calibration
+from deployfuse.quantize.lowering import FP8_SKIPPED_FAMILIES
 from deployfuse.quantize.qdq import place_qdq, quantizable_nodes
-from deployfuse.rewrite import fuse
+from deployfuse.rewrite import family_names, fuse
 from deployfuse.rewrite.rules import fp8_gemm
 
 _ROOT = tempfile.TemporaryDirectory(prefix="deployfuse-fp8-gemm-tests.")
@@ -91,9 +93,10 @@ def _feeds(shape: list[int], count: int, seed: int) -> list[dict[str, np.ndarray
     return [{"x": rng.standard_normal(shape).astype(np.float16)} for _ in range(count)]
 
 
-def _fuse(model: onnx.ModelProto, feeds: list[dict[str, np.ndarray]], target: str = "ort-cuda") -> onnx.ModelProto:
-    fused, _ = fuse(model, target, feeds, families=["gelu", "fp8_gemm"], custom_ops_library=False)
-    return fused
+def _lower(model: onnx.ModelProto) -> onnx.ModelProto:
+    lowered, count = fp8_gemm.lower(model, "ort-cuda")
+    assert count == _ops(lowered).count("Fp8GemmAct")
+    return lowered
 
 
 @pytest.mark.parametrize(("form", "activation", "bias"), [("matmul", None, True), ("matmul", "relu", True), ("matmul", "tanh", False), ("gemm", None, True),
@@ -104,7 +107,7 @@ def test_one_gemm_becomes_fp8_gemm_act_computing_the_qdq_math(form, activation, 
     final fp16 rounding (and a rare x/s that fp16 and fp32 round to neighbouring e4m3 values) apart."""
     model, made = _gemm_graph(form, activation=activation, bias=bias)
     shape = [d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim]
-    fused = _fuse(model, _feeds(shape, 1, 1))
+    fused = _lower(model)
     assert _ops(fused) == ["Fp8GemmAct"]
     node = fused.graph.node[0]
     assert helper.get_attribute_value(next(a for a in node.attribute if a.name == "activation")).decode() == {None: "none", "relu": "relu", "tanh": "gelu_tanh"}[activation]
@@ -134,16 +137,16 @@ def test_what_the_rule_leaves(why, kwargs):
     """fp32 graphs, int8 Q/DQ and per-channel weight scales keep their Q/DQ (no Fp8GemmAct form);
     an exact-erf Gelu-20 stays a node after the bias epilogue."""
     model, _ = _gemm_graph("matmul", **kwargs)
-    dtype = helper.tensor_dtype_to_np_dtype(model.graph.input[0].type.tensor_type.elem_type)
-    fused = _fuse(model, [{"x": f["x"].astype(dtype)} for f in _feeds([2, 5, 32], 1, 1)])
+    fused = _lower(model)
     if why == "exact-erf GELU":
         assert _ops(fused) == ["Fp8GemmAct", "Gelu"]
     else:
         assert "Fp8GemmAct" not in _ops(fused) and "QuantizeLinear" in _ops(fused), why
 
 
-def test_only_ort_cuda_gets_it():
+def test_only_ort_cuda_gets_it_and_not_from_fuse():
     assert fp8_gemm.rules("ort-cuda") and not fp8_gemm.rules("tensorrt") and not fp8_gemm.rules("ort-cpu")  # TensorRT fuses its own Q/DQ
+    assert fp8_gemm.FAMILY not in family_names()  # the guard cannot judge a quantized graph: the gate judges `lower`
 
 
 # --- whole models ---------------------------------------------------------------------------
@@ -151,15 +154,17 @@ def test_only_ort_cuda_gets_it():
 
 @functools.cache
 def _qdq_model(name: str, dynamic: bool) -> tuple[onnx.ModelProto, onnx.ModelProto, torch.nn.Module, dict[str, torch.Tensor]]:
-    """Zoo model `name` (trained-like biases) exported in fp16 for ort-cuda, unfused, and the same
-    graph with float8 Q/DQ on its GEMMs, calibrated on random fp16 inputs."""
+    """Zoo model `name` (trained-like biases) exported in fp16 for ort-cuda and fused as an fp8
+    export fuses it (less FP8_SKIPPED_FAMILIES), and the same graph with float8 Q/DQ on its
+    GEMMs, calibrated on random fp16 inputs."""
     torch.manual_seed(0)
     module, example = zoo.ZOO[name].build()
     _trained_like(module)
     path = Path(_ROOT.name) / f"{name}_{dynamic}.onnx"
     deployfuse.export(module, path, example_inputs=example, target="ort-cuda", precision="fp16", fuse=False, verify=False,
                       dynamic=list(zoo.ZOO[name].dynamic) if dynamic else ())
-    model = onnx.load(path)
+    model, _ = fuse(onnx.load(path), "ort-cuda", _model_feeds(module, example, (1, 2)), families=[f for f in family_names() if f not in FP8_SKIPPED_FAMILIES],
+                    custom_ops_library=False)
     drawn = random_calibration(example, module, seed=0)
     half = Calibration([{k: v.half() if v.is_floating_point() else v for k, v in s.items()} for s in drawn.samples], [], drawn.source)
     return model, place_qdq(model, "fp8", half, set()), module, example
@@ -174,11 +179,10 @@ def _model_feeds(module: torch.nn.Module, example: dict[str, torch.Tensor], seed
 def test_every_qdq_gemm_becomes_fp8_gemm_act_and_attention_still_fuses(name, dynamic):
     """BERT (MatMul + Add, erf GELU), GPT-2 (Conv1D's Gemm + Reshape, tanh GELU) and ViT: no Q/DQ
     left, one Fp8GemmAct per quantized GEMM, MultiHeadAttention and SkipLayerNormalization in
-    every layer; the fused model is the Q/DQ model up to fp16 roundings, with ONNX Runtime's
+    every layer; the lowered model is the Q/DQ model up to fp16 roundings, with ONNX Runtime's
     graph optimisations off and on (its Q/DQ propagation must not see through the bodies)."""
     float_model, qdq, module, example = _qdq_model(name, dynamic)
-    fused, report = fuse(qdq, "ort-cuda", _model_feeds(module, example, (1, 2)), custom_ops_library=False)
-    assert not [f.family for f in report.families if f.rolled_back]
+    fused = _lower(qdq)
     ops = _ops(fused)
     layers = zoo.ZOO[name].layers
     assert ops.count("Fp8GemmAct") == len(quantizable_nodes(float_model, "fp8")) and not {"QuantizeLinear", "DequantizeLinear"} & set(ops)
