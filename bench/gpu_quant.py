@@ -210,13 +210,14 @@ def bench_row(model_name: str, batch: int, device: Device, workdir: Path, result
         reference = first_output(fp32(**inputs32)).float().cpu()
     del fp32
     low, inputs = device.place(*build(model_name, batch), device.low)
-    record("eager", device.low, "PyTorch eager", lambda m=low: lambda: m(**inputs))
-    for mode in args.compile_modes:
+    if "torch" not in args.skip:
+        record("eager", device.low, "PyTorch eager", lambda m=low: lambda: m(**inputs))
+    for mode in args.compile_modes if "torch" not in args.skip else ():
         torch._dynamo.reset()
         compiled = torch.compile(low, mode=mode)
         record("compile" + ("" if mode == "default" else f"-{mode}"), device.low, f"torch.compile mode={mode}", lambda c=compiled: lambda: c(**inputs))
         del compiled
-    for granularity in TORCHAO_GRANULARITIES:
+    for granularity in TORCHAO_GRANULARITIES if "torchao" not in args.skip else ():
         for mode in args.compile_modes or [None]:  # None (--dry-run): torchao without torch.compile
             def make(granularity=granularity, mode=mode):
                 torch._dynamo.reset()
@@ -261,6 +262,8 @@ def bench_row(model_name: str, batch: int, device: Device, workdir: Path, result
         def make_fp8(cuda_graph=cuda_graph):
             if artefact is None:
                 raise RuntimeError(holds)
+            if device.cuda and library is None:  # the function bodies would time Q/DQ + fp32 MatMuls, not fp8 GEMMs
+                raise RuntimeError("no libdeployfuse_ort.so with the Fp8GemmAct CUDA kernel: deployfuse plugins build --cuda on, or --ort-library PATH")
             return device.ort(str(artefact), half, cuda_graph=cuda_graph, library=library and str(library))
 
         record("deployfuse-fp8" + ("+cudagraph" if cuda_graph else ""), "fp8",
@@ -283,6 +286,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--fp8-export-batch", type=int, default=8,
                         help="export the fp8 artefact once per model at this batch, with a dynamic batch axis (calibration and gate at that batch: "
                         "BERT-base's gate at batch 64 runs many minutes on the host CPU); 0: a static export per row, at its batch")
+    parser.add_argument("--skip", default="", help="comma-separated groups of variants not to run: torch (eager, torch.compile), torchao")
     parser.add_argument("--fp8-budget", default=FP8_BUDGET, help=f"the fp8 export's --accuracy-budget (default {FP8_BUDGET}; see above)")
     parser.add_argument("--ort-library", default=None, help="libdeployfuse_ort.so for the fp8 artefact's Fp8GemmAct nodes (default: the built one)")
     parser.add_argument("--dry-run", action="store_true", help="tiny models on the CPU in fp32, 3 runs, no torch.compile: checks the script, times nothing real")
@@ -292,6 +296,9 @@ def main(argv: list[str] | None = None) -> None:
     if bad:
         parser.exit(2, f"gpu_quant.py: unknown model {', '.join(bad)} (models: {', '.join(MODELS)})\n")
     args.compile_modes = [] if args.dry_run else [m for m in args.compile_modes.split(",") if m]
+    args.skip = {g for g in args.skip.split(",") if g}
+    if args.skip - {"torch", "torchao"}:
+        parser.exit(2, f"gpu_quant.py: --skip takes torch and torchao, not {', '.join(sorted(args.skip - {'torch', 'torchao'}))}\n")
     if args.dry_run:
         args.runs, batches, args.fp8_export_batch = 3, [2], min(args.fp8_export_batch, 2)
     workdir = Path(args.workdir)
