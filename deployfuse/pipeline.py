@@ -436,7 +436,7 @@ def _quantize_step(model: onnx.ModelProto, request: _Request, calibration: Calib
     assert request.quantize is not None
     with steps.step("quantize") as step:
         quantized, gate = _quantized(model, request, calibration, references, report)
-        step.detail = _quantize_detail(request.quantize, gate)
+        step.detail = _quantize_detail(request.quantize, gate, quantized)
     return quantized, gate
 
 
@@ -480,8 +480,11 @@ def _quantized(model: onnx.ModelProto, request: _Request, calibration: Calibrati
     return quantized, gate
 
 
-def _quantize_detail(options: QuantizeOptions, gate: GateResult | None) -> str:
+def _quantize_detail(options: QuantizeOptions, gate: GateResult | None, quantized: onnx.ModelProto) -> str:
     head = f"{options.precision} {options.mode}"
+    if options.fp8_gemms:  # what the fp8 GEMMs became, and what is left of the Q/DQ
+        ops = Counter(n.op_type for n in quantized.graph.node)
+        head += f" ({ops['Fp8GemmAct']} Fp8GemmAct, {ops['QuantizeLinear'] + ops['DequantizeLinear']} Q/DQ left)"
     if gate is None:
         return f"{head}; not gated (--no-verify)"
     worst_cos, worst_rel = gate.attempts[-1]["worst_cos"], gate.attempts[-1]["worst_rel"]
