@@ -15,6 +15,7 @@ max|error| / max|reference| per output against PyTorch fp32) on fresh inputs: on
 all-ones attention masks and one padded.
 
     python bench/cpu_int8.py --batches 1,8 --rounds 20      # bench/results/cpu_int8.md
+    python bench/cpu_int8.py --model vit --batches 1 --default-only
 """
 
 from __future__ import annotations
@@ -39,10 +40,10 @@ sys.path[:0] = [str(ROOT / "bench")]
 from anchors import ORT_OPT_TYPES, build  # noqa: E402
 
 
-def _ort_optimized(plain: Path, out: Path) -> Path:
+def _ort_optimized(plain: Path, out: Path, model: str) -> Path:
     from onnxruntime.transformers.optimizer import optimize_model
 
-    model_type, heads, hidden = ORT_OPT_TYPES["bert"]
+    model_type, heads, hidden = ORT_OPT_TYPES[model]
     optimize_model(str(plain), model_type=model_type, num_heads=heads, hidden_size=hidden, opt_level=0, use_gpu=False).save_model_to_file(str(out))
     return out
 
@@ -99,26 +100,29 @@ def _rounding(kind: str) -> Iterator[None]:
         lowering.rounded_weights = default
 
 
-def bench(batches: list[int], rounds: int, threads: int, budget: str, workdir: Path) -> list[dict[str, object]]:
-    """Export every variant once with a dynamic batch axis (at batch 1), then time each batch."""
+def bench(model: str, batches: list[int], rounds: int, threads: int, budget: str, workdir: Path, every_variant: bool = True) -> list[dict[str, object]]:
+    """Export every variant once with a dynamic batch axis (at batch 1), then time each batch;
+    without `every_variant`, only ORT's fp32 and int8 and deployfuse's default."""
     import deployfuse
     from deployfuse.backends.ort import run, session
     from deployfuse.inputs import DynamicAxis
 
-    module, inputs = build("bert", 1)
-    batch_axis = [DynamicAxis("input_ids", 0, "batch"), DynamicAxis("attention_mask", 0, "batch")]
-    plain = workdir / "bert_plain.onnx"
+    module, inputs = build(model, 1)
+    batch_axis = [DynamicAxis(name, 0, "batch") for name in inputs]
+    plain = workdir / f"{model}_plain.onnx"
     deployfuse.export(module, plain, example_inputs=inputs, dynamic=batch_axis, fuse=False, verify=False)
     feed1 = {k: v.numpy() for k, v in inputs.items()}
-    ortopt = _ort_optimized(plain, workdir / "bert_ortopt.onnx")
+    ortopt = _ort_optimized(plain, workdir / f"{model}_ortopt.onnx", model)
     paths = {"ORT optimizer fp32": ortopt,
-             "ORT optimizer + quantize_dynamic": _ort_int8(ortopt, workdir / "bert_ortopt_int8.onnx", per_channel=False),
-             "ORT optimizer + quantize_dynamic per-channel": _ort_int8(ortopt, workdir / "bert_ortopt_int8pc.onnx", per_channel=True),
-             "ORT optimizer + quantize_dynamic per-ch. reduce_range": _ort_int8(ortopt, workdir / "bert_ortopt_int8pcrr.onnx", per_channel=True, reduce_range=True),
-             "ORT quantize_dynamic, then deployfuse fusions": _fuse_after_quantize(plain, workdir / "bert_q_then_fuse.onnx", feed1)}
+             "ORT optimizer + quantize_dynamic": _ort_int8(ortopt, workdir / f"{model}_ortopt_int8.onnx", per_channel=False),
+             "ORT optimizer + quantize_dynamic per-channel": _ort_int8(ortopt, workdir / f"{model}_ortopt_int8pc.onnx", per_channel=True),
+             "ORT optimizer + quantize_dynamic per-ch. reduce_range": _ort_int8(ortopt, workdir / f"{model}_ortopt_int8pcrr.onnx", per_channel=True, reduce_range=True)}
+    if every_variant:
+        paths["ORT quantize_dynamic, then deployfuse fusions"] = _fuse_after_quantize(plain, workdir / f"{model}_q_then_fuse.onnx", feed1)
     gated: dict[str, Any] = {}
-    for name, rounding in (("deployfuse int8 (GPTQ rounding, gated)", "gptq"), ("deployfuse int8 (nearest rounding, gated)", "nearest")):
-        path = workdir / f"bert_deployfuse_int8_{rounding}.onnx"
+    roundings = (("deployfuse int8 (GPTQ rounding, gated)", "gptq"), ("deployfuse int8 (nearest rounding, gated)", "nearest"))
+    for name, rounding in roundings if every_variant else roundings[:1]:
+        path = workdir / f"{model}_deployfuse_int8_{rounding}.onnx"
         start = time.perf_counter()
         with _rounding(rounding):
             result = deployfuse.export(module, path, example_inputs=inputs, dynamic=batch_axis, precision="int8", accuracy_budget=budget, seed=0)
@@ -129,16 +133,21 @@ def bench(batches: list[int], rounds: int, threads: int, budget: str, workdir: P
               f"fp32 layers {[layer.node for layer in result.gate.fp32_layers]}", flush=True)
         paths[name] = path
         gated[name] = result.gate
-    static = workdir / "bert_deployfuse_int8_static.onnx"
-    deployfuse.export(module, static, example_inputs=inputs, dynamic=batch_axis, precision="int8", int8_mode="static", verify=False, seed=0)
-    paths["deployfuse int8 static (not gated)"] = static
+    if every_variant:
+        static = workdir / f"{model}_deployfuse_int8_static.onnx"
+        deployfuse.export(module, static, example_inputs=inputs, dynamic=batch_axis, precision="int8", int8_mode="static", verify=False, seed=0)
+        paths["deployfuse int8 static (not gated)"] = static
     sessions = {name: session(path, threads=threads) for name, path in paths.items()}
     rows = []
     for batch in batches:
-        _, batch_inputs = build("bert", batch)
+        _, batch_inputs = build(model, batch)
         feed = {k: v.numpy() for k, v in batch_inputs.items()}
-        lengths = np.random.default_rng(batch).integers(16, 129, (batch, 1))
-        padded = dict(feed, attention_mask=(np.arange(128) < lengths).astype(np.int64))
+        generator = np.random.default_rng(batch)
+        if "attention_mask" in feed:  # a padded mask
+            lengths = generator.integers(16, feed["attention_mask"].shape[1] + 1, (batch, 1))
+            second = dict(feed, attention_mask=(np.arange(feed["attention_mask"].shape[1]) < lengths).astype(np.int64))
+        else:  # another image
+            second = {k: generator.standard_normal(v.shape).astype(v.dtype) for k, v in feed.items()}
         times: dict[str, list[float]] = {name: [] for name in sessions}
         for sess in sessions.values():
             run(sess, feed)
@@ -151,7 +160,7 @@ def bench(batches: list[int], rounds: int, threads: int, budget: str, workdir: P
         base = statistics.median(times["ORT optimizer fp32"])
         for name, path in paths.items():
             median = statistics.median(times[name])
-            accuracy = _accuracy(path, module, [feed, padded], threads)
+            accuracy = _accuracy(path, module, [feed, second], threads)
             row = {"batch": batch, "variant": name, "median_ms": round(median, 2), "vs_ort_opt_fp32": round(median / base, 3),
                    "worst_cos": round(accuracy["cos"], 6), "worst_rel": float(f"{accuracy['rel']:.3e}")}
             if name in gated:
@@ -164,14 +173,16 @@ def bench(batches: list[int], rounds: int, threads: int, budget: str, workdir: P
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", choices=("bert", "vit"), default="bert", help="BERT-base (seq 128) or ViT-B/16 (224)")
     parser.add_argument("--batches", default="1,8")
+    parser.add_argument("--default-only", action="store_true", help="time ORT fp32, ORT int8 and deployfuse's default (GPTQ, gated) only")
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--budget", default="cos=0.999,rel=2e-2", help="deployfuse's --accuracy-budget (the default budget)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="deployfuse-int8-bench-") as tmp:
-        rows = bench([int(b) for b in args.batches.split(",")], args.rounds, args.threads, args.budget, Path(tmp))
+        rows = bench(args.model, [int(b) for b in args.batches.split(",")], args.rounds, args.threads, args.budget, Path(tmp), not args.default_only)
     if args.out:
         args.out.write_text(json.dumps(rows, indent=1) + "\n")
 

@@ -207,9 +207,9 @@ def _errors(session: Any, calibration: Calibration, references: Mapping[str, Seq
 @dataclass(frozen=True)
 class Switchboard:
     """One model in which any choice of the quantized layers runs quantized: `switches` maps each
-    layer to a bool input, true for quantized. The gate searches on one session of it instead of
-    quantizing and loading the model once per choice; the artefact it finally picks is still
-    quantized for real and measured."""
+    layer to a bool input, true for quantized (layers without a switch stay in float on it). The
+    gate searches on one session of it instead of quantizing and loading the model once per
+    choice; the artefact it finally picks is still quantized for real and measured."""
 
     model: onnx.ModelProto
     switches: Mapping[str, str]
@@ -314,10 +314,10 @@ def sensitivity_ranking(quantize: Callable[[set[str]], onnx.ModelProto], layers:
                         references: Mapping[str, Sequence[dict[str, torch.Tensor]]], budget: Budget, switchboard: Switchboard | None = None,
                         session: Any = None) -> list[tuple[str, float]]:
     """Every layer with its `Budget.score` when it alone is quantized (on the first calibration
-    samples), most sensitive first: on `session`, one of `switchboard`, when given."""
+    samples), most sensitive first: on `session`, one of `switchboard`, for the layers it switches."""
     scores = []
     for name in layers:
-        if session is not None and switchboard is not None:
+        if session is not None and switchboard is not None and name in switchboard.switches:
             errors = _errors(session, calibration, references, PROBE_SAMPLES, held_out=False, switches=switchboard.feed({name}))
         else:
             errors = measure(quantize(set(layers) - {name}), calibration, references, limit=PROBE_SAMPLES, held_out=False)

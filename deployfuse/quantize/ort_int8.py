@@ -109,11 +109,11 @@ def switchboard(model: onnx.ModelProto, weights: Mapping[str, tuple[np.ndarray, 
     in fp32. One session of it measures any choice of int8 layers, where `quantizer` would run
     ONNX Runtime's quantizer and build a session per choice (BERT-base: 72 layers, ~9 s each).
 
-    None when a layer is not a MatMul with a 2-D initializer weight (Gemm, Conv, Attention): the
-    gate then quantizes each choice for real."""
+    Only MatMuls with a 2-D initializer weight get a switch; other layers (Conv, Attention) stay
+    fp32 on it, and the gate measures them on the artefact. None when no layer has a switch."""
     initializers = {t.name: t for t in model.graph.initializer}
-    chosen = layers(model)
-    if not all(n.op_type == "MatMul" and n.input[1] in initializers and len(initializers[n.input[1]].dims) == 2 for n in chosen.values()):
+    chosen = {name: n for name, n in layers(model).items() if n.op_type == "MatMul" and n.input[1] in initializers and len(initializers[n.input[1]].dims) == 2}
+    if not chosen:
         return None
     board = onnx.ModelProto()
     board.CopyFrom(model)

@@ -78,3 +78,37 @@ def test_switchboard_ranks_layers_as_quantizing_each_alone_does(fused_bert):
     for name, score in by_quantizer.items():
         assert by_board[name] == pytest.approx(score, rel=1e-3, abs=1e-6), name
     assert len(set(np.round(list(by_board.values()), 3))) > 1  # the layers differ: the ranking is not a tie
+
+
+class ConvThenMlp(torch.nn.Module):
+    """A Conv (no switch: ConvInteger) feeding two MatMuls (switched)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv1d(8, 32, 3, padding=1)
+        self.up, self.down = torch.nn.Linear(32, 64), torch.nn.Linear(64, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(torch.nn.functional.gelu(self.up(self.conv(x).transpose(1, 2))))
+
+
+def test_layers_without_a_switch_are_ranked_on_the_artefact(tmp_path):
+    torch.manual_seed(0)
+    model, example = ConvThenMlp().eval(), {"x": torch.randn(2, 8, 24)}
+    deployfuse.export(model, tmp_path / "m.onnx", example_inputs=example, fuse=False, verify=False)
+    graph = onnx.load(tmp_path / "m.onnx")
+    layers = ort_int8.layers(graph)
+    board = ort_int8.switchboard(graph)
+    assert board is not None
+    assert sorted(n.op_type for n in layers.values()) == ["Conv", "MatMul", "MatMul"]
+    assert sorted(layers[name].op_type for name in board.switches) == ["MatMul", "MatMul"]
+    calibration = random_calibration(example, model, seed=3)
+    with torch.no_grad():
+        references = {"calibration": [flatten_outputs(model(**sample)) for sample in calibration.samples[:2]]}
+    quantize = ort_int8.quantizer(graph)
+    by_quantizer = dict(sensitivity_ranking(quantize, layers, calibration, references, Budget()))
+    by_board = dict(sensitivity_ranking(quantize, layers, calibration, references, Budget(), board, session(board.model)))
+    for name, score in by_quantizer.items():
+        assert by_board[name] == pytest.approx(score, rel=1e-3, abs=1e-6), (layers[name].op_type, by_board[name], score)
+    conv = next(name for name, node in layers.items() if node.op_type == "Conv")
+    assert by_board[conv] > 0  # measured quantized on the artefact, not read off the switchboard (where it is fp32)
