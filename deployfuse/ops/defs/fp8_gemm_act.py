@@ -25,7 +25,6 @@ from typing import Any
 import onnx
 import onnxscript
 import torch
-from onnx import helper
 from onnxscript.onnx_types import FLOAT, FLOAT8E4M3FN
 
 from deployfuse.ops.body import Body
@@ -53,15 +52,18 @@ def reference(
 
 
 def body(b: Body, variant: dict[str, Any]) -> str:
-    """In float32 around T (Cast in, CastLike out), as the reference and the CUDA kernel: ONNX
-    Runtime's CPU EP has no bfloat16 QuantizeLinear, and Q/DQ + MatMul in float16 (scales CastLike
-    X) put a [8, 64, 768] @ [768, 96] float16 result 3e-3 (relative L2) off the reference, 1e-5 here."""
-    zero = b.op("Constant", value=helper.make_tensor("", onnx.TensorProto.FLOAT8E4M3FN, [], [0.0]))
-    # Every Q/DQ names the float8 zero point: ONNX Runtime's QDQPropagationTransformer copies a
-    # DequantizeLinear's inputs into the pair it inserts past a Reshape, and without one that
-    # QuantizeLinear writes uint8 (tiny BERT: 10x the error at ORT_ENABLE_BASIC; ORT 1.32 CPU).
-    x = b.op("DequantizeLinear", b.op("QuantizeLinear", b.to_float("X"), "XScale", zero), "XScale", zero)
-    w = b.op("Transpose", b.op("DequantizeLinear", "W", "WScale", zero), perm=[1, 0])
+    """In float32 around T (Cast in, CastLike out), as the reference and the CUDA kernel: Q/DQ +
+    MatMul in float16 (scales CastLike X) put a [8, 64, 768] @ [768, 96] float16 result 3e-3
+    (relative L2) off the reference, 1e-5 here.
+
+    The rounding to float8 is a Cast (saturate=1, round to nearest even), not QuantizeLinear /
+    DequantizeLinear: ONNX Runtime's CPU optimizer turns an inlined DQ -> MatMul into its integer
+    kernels (ORT 1.31: MatMulIntegerToFloat fed float8, an invalid graph; 1.32: a uint8
+    QuantizeLinear inserted past a Reshape), and ONNX Runtime has no bfloat16 QuantizeLinear."""
+    f8, f32 = onnx.TensorProto.FLOAT8E4M3FN, onnx.TensorProto.FLOAT
+    x_q = b.op("Cast", b.op("Div", b.to_float("X"), "XScale"), to=f8, saturate=1)
+    x = b.op("Mul", b.op("Cast", x_q, to=f32), "XScale")
+    w = b.op("Transpose", b.op("Mul", b.op("Cast", "W", to=f32), "WScale"), perm=[1, 0])
     y = b.op("Add", b.op("MatMul", x, w), b.to_float("Bias"))
     return b.op("CastLike", b.activation(y, variant["activation"]), "X")
 
