@@ -18,10 +18,15 @@ ORT_OPT_TYPES = {"bert": ("bert", 12, 768), "vit": ("vit", 12, 768), "gpt2": ("g
 
 
 def build(name: str, batch: int, seq: int = 128) -> tuple[torch.nn.Module, dict[str, torch.Tensor]]:
-    """BERT-base, ViT-B/16 (224), GPT-2 (124M) or ResNet-50, with inputs of the given batch."""
+    """BERT-base, ViT-B/16 (224), GPT-2 (124M) or ResNet-50, with inputs of the given batch.
+
+    The weights come from seed 0 and the inputs from seed 1, so a model built at one batch has
+    the weights of the same model built at another: an artefact exported at batch 8 is checked
+    at batch 64 against the same model (the inputs drawn first once made the weights depend on the batch)."""
     torch.manual_seed(0)
-    module, inputs = _from_config(name, batch, seq)
-    return trained_like(module), inputs
+    module = trained_like(_model(name))
+    torch.manual_seed(1)
+    return module, _inputs(name, module, batch, seq)
 
 
 @torch.no_grad()
@@ -47,23 +52,27 @@ def trained_like(module: torch.nn.Module) -> torch.nn.Module:
     return module
 
 
-def _from_config(name: str, batch: int, seq: int) -> tuple[torch.nn.Module, dict[str, torch.Tensor]]:
+def _model(name: str) -> torch.nn.Module:
     if name == "resnet50":
         import torchvision
 
-        return torchvision.models.resnet50().eval(), {"x": torch.randn(batch, 3, 224, 224)}
+        return torchvision.models.resnet50().eval()
     import transformers
 
     if name == "bert":
-        cfg = transformers.BertConfig()
-        ids = torch.randint(0, cfg.vocab_size, (batch, seq))
-        return transformers.BertModel(cfg, add_pooling_layer=False).eval(), {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+        return transformers.BertModel(transformers.BertConfig(), add_pooling_layer=False).eval()
     if name == "vit":
-        return transformers.ViTModel(transformers.ViTConfig(), add_pooling_layer=False).eval(), {"pixel_values": torch.randn(batch, 3, 224, 224)}
+        return transformers.ViTModel(transformers.ViTConfig(), add_pooling_layer=False).eval()
     if name == "gpt2":
-        cfg = transformers.GPT2Config(use_cache=False)
-        return transformers.GPT2Model(cfg).eval(), {"input_ids": torch.randint(0, cfg.vocab_size, (batch, seq))}
+        return transformers.GPT2Model(transformers.GPT2Config(use_cache=False)).eval()
     raise ValueError(f"unknown model {name}")
+
+
+def _inputs(name: str, module: torch.nn.Module, batch: int, seq: int) -> dict[str, torch.Tensor]:
+    if name in ("resnet50", "vit"):
+        return {"x" if name == "resnet50" else "pixel_values": torch.randn(batch, 3, 224, 224)}
+    ids = torch.randint(0, module.config.vocab_size, (batch, seq))
+    return {"input_ids": ids, "attention_mask": torch.ones_like(ids)} if name == "bert" else {"input_ids": ids}
 
 
 def _error(exc: BaseException) -> str:
