@@ -10,7 +10,7 @@
 #include <memory>
 
 #include "fp8_gemm_act/fp8_gemm_act.cuh"
-#include "gemm_act/gemm_act_ort.h"  // OrtScratch
+#include "gemm_act/gemm_act_ort.h"  // launch_cublaslt
 #endif
 
 namespace deployfuse {
@@ -31,10 +31,7 @@ struct Fp8GemmAct : Fp8GemmActAttrs {
       return;
     }
 #ifdef DEPLOYFUSE_WITH_CUDA
-    if (const char* why = gemm_act_unavailable()) fail(Spec::kName, why);
-    if (s.k == 0) fail(Spec::kName, "K must be positive on CUDA");
-    OrtScratch scratch(c.ctx);
-    launch_cuda(Spec::kName, c, [&](auto* tag) {
+    launch_cublaslt(Spec::kName, c, s.k, [&](auto* tag, GemmActScratch& scratch) {
       using T = std::remove_pointer_t<decltype(tag)>;
       const cudaError_t err = launch_fp8_gemm_act<T>(
           *runner, static_cast<cudaStream_t>(c.stream), Fp8GemmActProblem{s.m, s.n, s.k, act, algo, fast_accum}, in[0].as<T>(),

@@ -39,6 +39,16 @@ class OrtScratch final : public GemmActScratch {
   OrtAllocator* allocator_ = nullptr;
   void* ptr_ = nullptr;
 };
+
+// The CUDA side of both cuBLASLt ops: cuBLASLt present, K > 0, scratch from ORT's allocator, then
+// `launch(tag, scratch)` for the node's element type (see launch_cuda).
+template <typename Launch>
+void launch_cublaslt(const char* op, const Call& c, int64_t k, Launch&& launch) {
+  if (const char* why = gemm_act_unavailable()) fail(op, why);
+  if (k == 0) fail(op, "K must be positive on CUDA");
+  OrtScratch scratch(c.ctx);
+  launch_cuda(op, c, [&](auto* tag) { return launch(tag, scratch); });
+}
 #endif
 
 struct GemmAct : GemmActAttrs {
@@ -54,10 +64,7 @@ struct GemmAct : GemmActAttrs {
       return;
     }
 #ifdef DEPLOYFUSE_WITH_CUDA
-    if (const char* why = gemm_act_unavailable()) fail(Spec::kName, why);
-    if (s.k == 0) fail(Spec::kName, "K must be positive on CUDA");
-    OrtScratch scratch(c.ctx);
-    launch_cuda(Spec::kName, c, [&](auto* tag) {
+    launch_cublaslt(Spec::kName, c, s.k, [&](auto* tag, GemmActScratch& scratch) {
       using T = std::remove_pointer_t<decltype(tag)>;
       return launch_gemm_act<T>(*runner, static_cast<cudaStream_t>(c.stream), GemmActProblem{s.m, s.n, s.k, act, algo}, in[0].as<T>(),
                                 in[1].as<T>(), in[2].as<T>(), static_cast<const T*>(residual), static_cast<T*>(y.GetTensorMutableRawData()),
