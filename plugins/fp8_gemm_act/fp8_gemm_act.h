@@ -37,8 +37,8 @@ struct Fp8GemmActAttrs {
 };
 
 // float8e4m3fn (1 sign, 4 exponent bits biased by 7, 3 mantissa bits; no infinities, S.1111.111 = NaN)
-// as QuantizeLinear with saturate=1 writes it: round to nearest even, |v| beyond 448 (infinities
-// too) to ±448, NaN to NaN.
+// as the function body's Cast (saturate=1) writes it: round to nearest even, |v| beyond 448
+// (infinities too) to ±448, NaN to NaN.
 uint8_t e4m3_from_float(float v);
 float e4m3_to_float(uint8_t v);
 

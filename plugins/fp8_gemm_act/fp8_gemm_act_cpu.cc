@@ -38,7 +38,7 @@ float e4m3_to_float(uint8_t v) {
 
 // Dequantizes both operands into fp32 (X rounded through e4m3 first; W transposed to [k, n]) and
 // runs GemmAct's CPU kernel on them: the same float32 products and sums as the ONNX function body's
-// QuantizeLinear -> DequantizeLinear -> MatMul.
+// Div -> Cast to float8 (saturate) -> Cast back -> Mul -> MatMul.
 void fp8_gemm_act_cpu(const float* x, float x_scale, const uint8_t* w, float w_scale, const float* bias, float* y, int64_t m, int64_t n,
                       int64_t k, Act act) {
   float decoded[256];
