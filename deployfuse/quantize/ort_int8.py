@@ -32,7 +32,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from deployfuse.quantize.gate import Switchboard
-from deployfuse.quantize.rounding import int8_per_column
+from deployfuse.quantize.rounding import int8_per_column, weighted_matmuls
 
 MODES = ("dynamic", "static")
 # Fusion families that would hide GEMMs from ORT's int8 quantizer: com.microsoft FusedConv (Conv +
@@ -112,7 +112,7 @@ def switchboard(model: onnx.ModelProto, weights: Mapping[str, tuple[np.ndarray, 
     Only MatMuls with a 2-D initializer weight get a switch; other layers (Conv, Attention) stay
     fp32 on it, and the gate measures them on the artefact. None when no layer has a switch."""
     initializers = {t.name: t for t in model.graph.initializer}
-    chosen = {name: n for name, n in layers(model).items() if n.op_type == "MatMul" and n.input[1] in initializers and len(initializers[n.input[1]].dims) == 2}
+    chosen = weighted_matmuls(model, layers(model))
     if not chosen:
         return None
     board = onnx.ModelProto()
