@@ -14,8 +14,8 @@ Each int8 variant's accuracy is measured the way deployfuse's gate does (worst c
 max|error| / max|reference| per output against PyTorch fp32) on fresh inputs: one draw with
 all-ones attention masks and one padded.
 
-    python bench/cpu_int8.py --batches 1,8 --rounds 20      # bench/results/cpu_int8.md
-    python bench/cpu_int8.py --model vit --batches 1 --default-only
+    python bench/cpu_int8.py --batches 8,1 --rounds 30      # bench/results/cpu_int8.md
+    python bench/cpu_int8.py --model vit --batches 1,8 --rounds 15 --default-only
 """
 
 from __future__ import annotations
