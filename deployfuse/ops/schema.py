@@ -108,7 +108,7 @@ class OpSpec:
         trt_plugin: False when the op has no TensorRT plugin (ONNX Runtime custom op only; the
             tensorrt target never receives it), so the plugin lists leave it out.
         min_opset: the lowest default-domain opset its function body is written for (e.g. 19
-            for float8 QuantizeLinear); `attach_functions` refuses older models.
+            for float8 types and Cast's saturate); `attach_functions` refuses older models.
     """
 
     name: str

@@ -1,5 +1,5 @@
-"""Fp8GemmAct beyond the generic op cases: its quantization is QuantizeLinear's to the bit (ties
-to even, saturation), scales of shape [1] work, the body runs in bfloat16 graphs on the CPU EP,
+"""Fp8GemmAct beyond the generic op cases: its quantization is the saturating float8 conversion's
+to the bit (ties to even, saturation), scales of shape [1] work, the body runs in bfloat16 graphs on the CPU EP,
 and the torch op exports to one node that ONNX Runtime runs to the eager numbers."""
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ def _body(xs, **attrs) -> np.ndarray:
 
 
 def test_quantization_rounds_ties_to_even_and_saturates_like_quantize_linear():
-    """With W = I and no bias, Y = dq(q(X, s)): the reference, the body (ONNX Runtime's
-    QuantizeLinear) and ml_dtypes' conversion agree on every code, ties and overflow included."""
+    """With W = I and no bias, Y = dq(q(X, s)): the reference, the body (ONNX Runtime's saturating
+    float8 Cast) and ml_dtypes' conversion agree on every code, ties and overflow included."""
     s = np.float32(2.0 ** np.random.default_rng().integers(-8, 4))  # a power of two: x / s is exact
     k = 16
     ties = [17.0, 19.0, 248.0, 2.0**-10, 3 * 2.0**-10, 0.5 + 2.0**-5]  # halfway between two float8 codes
@@ -46,8 +46,8 @@ def test_scales_of_shape_one():
 
 
 def test_body_runs_in_bfloat16_on_the_cpu_ep():
-    """The body quantizes in float32 (Cast in, CastLike out): ONNX Runtime's CPU EP has no
-    bfloat16 QuantizeLinear, yet bf16 graphs get the reference's numbers."""
+    """The body quantizes in float32 (Cast in, CastLike out), so bf16 graphs get the reference's
+    numbers on ONNX Runtime's CPU EP."""
     xs = example_inputs(OP, (4, 33, 9), dtype=bfloat16)
     model = single_op_model(OP, xs, activation="gelu_tanh")
     model.graph.node.append(onnx.helper.make_node("Cast", ["Y"], ["Y32"], to=onnx.TensorProto.FLOAT))  # ORT returns no bf16 arrays

@@ -34,10 +34,9 @@ from deployfuse.ops.schema import E4M3_MAX, Attr, OpSpec, RandFn, apply_activati
 
 
 def quantize_e4m3(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """q(x, s) as float32 values: x / s in float32, clamped to ±448 (saturation: torch's own cast
-    is not guaranteed to saturate), rounded to nearest even float8e4m3fn."""
-    ratio = x.float() / scale.float()
-    return ratio.clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn).float()
+    """q(x, s) as float32 values: x / s in float32, saturated and rounded to nearest even
+    float8e4m3fn (`to_element_type`)."""
+    return to_element_type(x.float() / scale.float(), "float8e4m3fn").float()
 
 
 def reference(
@@ -91,7 +90,7 @@ SPEC = OpSpec(
     "XScale and WScale float32 scalars, W float8e4m3fn [N, K] (the weight transposed); computed in float32, "
     "Y [..., N] in T. algo: -1 = the cuBLASLt heuristic's first choice, k >= 0 = its k-th candidate, never "
     "a change of the math. fast_accum: 1 = cuBLASLt's fast fp8 accumulation (coarser rounding of the sum over K), "
-    "0 = full float32 accumulation; the rounding only, never the math. Needs opset 19 (float8 QuantizeLinear).",
+    "0 = full float32 accumulation; the rounding only, never the math. Needs opset 19 (float8 types, Cast's saturate).",
     reference_fn=reference,
     body_fn=body,
     example_fn=example_inputs,
