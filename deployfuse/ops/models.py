@@ -92,8 +92,7 @@ def ort_feed(op: str, inputs: Sequence[np.ndarray | None]) -> dict[str, Any]:
         if arr is None:
             continue
         if arr.dtype.kind == "V":  # ml_dtypes' types are numpy "void" kinds to numpy itself
-            bits = np.ascontiguousarray(arr).view(f"uint{8 * arr.dtype.itemsize}")
-            feed[name] = ort.OrtValue.ortvalue_from_numpy_with_onnx_type(bits, _element_type(arr))
+            feed[name] = ort.OrtValue.ortvalue_from_numpy_with_onnx_type(_bits(arr), _element_type(arr))
         else:
             feed[name] = arr
     return feed
@@ -104,11 +103,15 @@ def torch_inputs(inputs: Sequence[np.ndarray | None]) -> list[torch.Tensor | Non
     tensors: list[torch.Tensor | None] = []
     for arr in inputs:
         if arr is not None and arr.dtype.kind == "V":
-            bits = torch.from_numpy(np.ascontiguousarray(arr).view(f"uint{8 * arr.dtype.itemsize}"))
-            tensors.append(bits.view(_ML_TO_TORCH[arr.dtype.name]))
+            tensors.append(torch.from_numpy(_bits(arr)).view(_ML_TO_TORCH[arr.dtype.name]))
         else:
             tensors.append(None if arr is None else torch.from_numpy(arr))
     return tensors
+
+
+def _bits(arr: np.ndarray) -> np.ndarray:
+    """An `ml_dtypes` array's bytes as unsigned integers of its width, which both bridges take."""
+    return np.ascontiguousarray(arr).view(f"uint{8 * arr.dtype.itemsize}")
 
 
 def reference_output(op: str, inputs: Sequence[np.ndarray | None], **attrs: Any) -> np.ndarray:
