@@ -64,6 +64,10 @@ def test_switchboard_runs_any_choice_as_the_quantized_artefact_does(fused_bert, 
             assert np.abs(got - fp32).max() >= 1e-4 * scale  # int8 where switched on
 
 
+def _refused(fp32_layers: set[str]) -> onnx.ModelProto:
+    raise AssertionError(f"quantized for real with {len(fp32_layers)} layers in fp32: every layer has a switch")
+
+
 def test_switchboard_ranks_layers_as_quantizing_each_alone_does(fused_bert):
     model, example, fused = fused_bert
     calibration = random_calibration(example, model, seed=5)
@@ -73,7 +77,7 @@ def test_switchboard_ranks_layers_as_quantizing_each_alone_does(fused_bert):
     board = ort_int8.switchboard(fused)
     assert board is not None
     by_quantizer = dict(sensitivity_ranking(ort_int8.quantizer(fused), layers, calibration, references, Budget()))
-    by_board = dict(sensitivity_ranking(ort_int8.quantizer(fused), layers, calibration, references, Budget(), board, session(board.model)))
+    by_board = dict(sensitivity_ranking(_refused, layers, calibration, references, Budget(), board, session(board.model)))
     assert by_board.keys() == by_quantizer.keys()
     for name, score in by_quantizer.items():
         assert by_board[name] == pytest.approx(score, rel=1e-3, abs=1e-6), name
@@ -107,8 +111,15 @@ def test_layers_without_a_switch_are_ranked_on_the_artefact(tmp_path):
         references = {"calibration": [flatten_outputs(model(**sample)) for sample in calibration.samples[:2]]}
     quantize = ort_int8.quantizer(graph)
     by_quantizer = dict(sensitivity_ranking(quantize, layers, calibration, references, Budget()))
-    by_board = dict(sensitivity_ranking(quantize, layers, calibration, references, Budget(), board, session(board.model)))
+    quantized_for_real: list[set[str]] = []
+
+    def counted(fp32_layers: set[str]) -> onnx.ModelProto:
+        quantized_for_real.append(fp32_layers)
+        return quantize(fp32_layers)
+
+    by_board = dict(sensitivity_ranking(counted, layers, calibration, references, Budget(), board, session(board.model)))
     for name, score in by_quantizer.items():
         assert by_board[name] == pytest.approx(score, rel=1e-3, abs=1e-6), (layers[name].op_type, by_board[name], score)
     conv = next(name for name, node in layers.items() if node.op_type == "Conv")
     assert by_board[conv] > 0  # measured quantized on the artefact, not read off the switchboard (where it is fp32)
+    assert quantized_for_real == [set(layers) - {conv}]  # the MatMuls were read off the switchboard
