@@ -160,8 +160,8 @@ DF_EXPORT int df_gemm_act_candidates(int dtype, const void* x, const void* w, co
 // Fp8GemmAct (an ONNX Runtime op only: no TensorRT plugin, so not behind df_run) on the process's
 // runner, as bench/fp8_gemm_gpu.py checks and times it. x_scale, w_scale: device pointers to one
 // float32 each; w: float8e4m3fn [n, k]; fast_accum: the attribute (1 fast, 0 full fp32 accumulation);
-// scratch: scratch_bytes of device memory (at least df_fp8_gemm_act_scratch_bytes: X's float8 copy,
-// the padded copies of W, Bias and Y where needed, the workspace).
+// scratch: scratch_bytes of 256-byte aligned device memory (at least df_fp8_gemm_act_scratch_bytes: X's
+// float8 copy, the padded copies of W, Bias and Y where needed, the workspace).
 namespace {
 Fp8GemmActRunner& process_fp8_gemm_act_runner() {
   static const auto runner = make_fp8_gemm_act_runner();

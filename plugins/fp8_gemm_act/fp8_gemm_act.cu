@@ -143,6 +143,7 @@ class Fp8GemmActRunner {
       const size_t workspace_bytes = plan.candidate(p.algo).workspaceSize;
       auto* xq = static_cast<uint8_t*>(scratch.get(at.bytes(workspace_bytes)));
       if (xq == nullptr) return cudaErrorMemoryAllocation;
+      if (cublaslt::alignment(xq) < kScratchAlign) return cudaErrorInvalidValue;  // the plan took every part as kScratchAlign-aligned
       uint8_t *wq = xq + at.xq, *bias_copy = wq + at.wq, *d_copy = bias_copy + at.bias, *workspace = d_copy + at.d;
       DF_RETURN_IF_ERROR(fp8_quantize_e4m3(stream, x, x_scale, xq, p.m, p.k));
       if (at.wq) {  // W [n, k] into [np, kp]: zeros past k and in the rows past n

@@ -46,8 +46,8 @@ class Fp8GemmActRunner;
 std::shared_ptr<Fp8GemmActRunner> make_fp8_gemm_act_runner();
 
 // x_scale, w_scale: device pointers to one float each. cudaErrorSharedObjectInitFailed when cuBLASLt
-// is missing (gemm_act_unavailable says why), cudaErrorInvalidValue for K = 0 or an
-// activation no epilogue computes, cudaErrorNotSupported when cuBLASLt has no fp8 algorithm for the
+// is missing (gemm_act_unavailable says why), cudaErrorInvalidValue for K = 0, an activation no
+// epilogue computes or a scratch not 256-byte aligned, cudaErrorNotSupported when cuBLASLt has no fp8 algorithm for the
 // problem (fp32, a GPU before sm_89, misaligned pointers), cudaErrorMemoryAllocation when scratch
 // gives no memory.
 template <typename T>
