@@ -2,7 +2,7 @@
 # GPU check + benchmark of Fp8GemmAct (X quantized to float8 + cuBLASLt fp8 GEMM with fused epilogues); run from the repo
 # root on a CUDA machine with plugins/build/ort-include and plugins/build/trt-include carried (the headers
 # `deployfuse plugins build` fetches). onnxruntime-gpu staged into ORT_SITE (default /tmp/site) adds the ORT CUDA EP check.
-#   bash bench/fp8_gemm_gpu.sh            # about a minute on an H200: build ~35 s, checks, timings, compute-sanitizer
+#   bash bench/fp8_gemm_gpu.sh            # build, checks, timings, compute-sanitizer (it prints the build's and the whole run's seconds)
 #   bash bench/fp8_gemm_gpu.sh --dry-run  # no GPU: the checks through the CPU kernel (ORT CPU EP), no CUDA build
 # Builds plugins/build/gpu for sm_90, then bench/fp8_gemm_gpu.py (checks against the float64 reference of the same
 # quantization, every heuristic candidate, CUDA-graph capture, ORT CUDA EP, timings against torch fp16 addmm and
