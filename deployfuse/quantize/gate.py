@@ -3,8 +3,9 @@
 Per output, on the calibration samples and on the held-out ones: max |error|, p99 |error|, the
 relative error max|error| / max|reference| (one number per output, unlike `--rtol`'s element-wise
 rule |a - r| <= atol + rtol * |r|) and the cosine similarity of the flattened outputs. A `Budget` bounds the worst of each over all samples. Over budget, the
-most sensitive quantized layer goes back to fp32 and the graph is quantized again, one layer at
-a time, until the gate passes or a quarter of the layers (at least 4) are back in fp32.
+most sensitive quantized layers go back to fp32 and the graph is quantized again (one layer more
+at a time, or as many as a `Switchboard` search found), until the gate passes or a quarter of the
+layers (at least 4) are back in fp32.
 
 A layer's sensitivity is the gate's own measure with that layer alone quantized, on the first
 calibration samples: how far over (or how close to) the budget the model outputs get, as the
@@ -15,7 +16,7 @@ only the choice found is quantized for real; BERT-base (72 layers, 2 cores) rank
 instead of ~685 s. A cheaper proxy, the error each layer adds to its own output tensor (one fp32
 pass), ranks badly: on a tiny BERT it put the query and key projections first, whose error softmax
 all but removes; on BERT-base every layer's own error is 1.0-1.4 %, and falling back by that order
-was still over budget at the bound of 18 layers where this ranking needs 10 (bench/results/cpu_int8.md).
+was still over budget at the bound of 18 layers where this ranking needs 10 (nearest rounding, bench/results/cpu_int8.md).
 """
 
 from __future__ import annotations
