@@ -48,6 +48,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from deployfuse.io import default_opset
+from deployfuse.ops.schema import E4M3_MAX, to_element_type
 
 if TYPE_CHECKING:
     from deployfuse.quantize.calibration import Calibration
@@ -55,7 +56,6 @@ if TYPE_CHECKING:
 PRECISIONS = ("int8", "fp8")
 GEMM_OPS = {"int8": ("MatMul", "Gemm", "Conv"), "fp8": ("MatMul", "Gemm")}
 MIN_OPSET = {"int8": 13, "fp8": 19}  # per-axis DequantizeLinear (13), float8 types (19)
-FP8_E4M3_MAX = 448.0
 _EXTERNAL_DATA_THRESHOLD = 2 * 1024**3  # protobuf cannot serialise a model above 2 GiB
 
 
@@ -103,7 +103,7 @@ def place_qdq(model: onnx.ModelProto, precision: str, calibration: Calibration, 
             if ranges.amax is None:
                 ranges.amax = _activation_amax(source, model, samples, Path(tmp))
             return _fp8_qdq(model, set(nodes), ranges.amax)
-        _quantize(source, target, precision, nodes, samples, external, ranges.path)
+        _quantize(source, target, nodes, samples, external, ranges.path)
         quantized = onnx.load(os.fspath(target))
     if default_opset(quantized) != opset:  # the quantizer raises opsets it finds too old: never silently
         raise ValueError(f"ONNX Runtime's quantizer moved the model from opset {opset} to {default_opset(quantized)}")
@@ -197,7 +197,7 @@ def _reader(samples: list[dict[str, np.ndarray]]) -> Any:
     return SampleReader()
 
 
-def _quantize(source: Path, target: Path, precision: str, nodes: list[str], samples: list[dict[str, np.ndarray]], external: bool, cache: Path) -> None:
+def _quantize(source: Path, target: Path, nodes: list[str], samples: list[dict[str, np.ndarray]], external: bool, cache: Path) -> None:
     """int8 Q/DQ by ONNX Runtime's static quantizer (MinMax calibration, per-channel weights)."""
     from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
 
@@ -206,12 +206,12 @@ def _quantize(source: Path, target: Path, precision: str, nodes: list[str], samp
         "WeightSymmetric": True,
         "QuantizeBias": False,  # float bias: TensorRT and GemmAct add it in the GEMM epilogue
         "DedicatedQDQPair": True,  # one Q -> DQ per GEMM, each a pattern of its own
-        "OpTypesToExcludeOutputQuantization": list(GEMM_OPS[precision]),  # float GEMM outputs
+        "OpTypesToExcludeOutputQuantization": list(GEMM_OPS["int8"]),  # float GEMM outputs
     }
     quantize_static(
         os.fspath(source), os.fspath(target), _reader(samples), quant_format=QuantFormat.QDQ,
         activation_type=QuantType.QInt8, weight_type=QuantType.QInt8, per_channel=True,
-        op_types_to_quantize=list(GEMM_OPS[precision]), nodes_to_quantize=nodes, calibrate_method=CalibrationMethod.MinMax,
+        op_types_to_quantize=list(GEMM_OPS["int8"]), nodes_to_quantize=nodes, calibrate_method=CalibrationMethod.MinMax,
         use_external_data_format=external, extra_options=options, calibration_cache_path=cache,
     )
 
@@ -236,13 +236,11 @@ def _fp8_qdq(model: onnx.ModelProto, nodes: set[str], amax: Mapping[str, float])
     max|W| / 448), per tensor, zero points 0, scales in the weight's float type: the form TensorRT
     fuses into its fp8 GEMMs and the fp8_gemm rule into Fp8GemmAct. A weight only quantized nodes
     read is stored in float8 alone."""
-    import ml_dtypes
-
     out = _copy(model)
     graph = out.graph
     weights = {t.name: t for t in graph.initializer}
     zero = _unique("fp8_zero_point", {t.name for t in graph.initializer} | {o for n in graph.node for o in n.output})
-    added = [numpy_helper.from_array(np.array(0, dtype=ml_dtypes.float8_e4m3fn), zero)]
+    added = [numpy_helper.from_array(to_element_type(0.0, "float8e4m3fn"), zero)]
     stored: dict[str, tuple[str, str]] = {}  # float weight -> (float8 weight, its scale)
     order: list[onnx.NodeProto] = []
     for node in graph.node:
@@ -253,7 +251,7 @@ def _fp8_qdq(model: onnx.ModelProto, nodes: set[str], amax: Mapping[str, float])
                 values = numpy_helper.to_array(weights[w]).astype(np.float32)
                 scale = _fp8_scale(float(np.abs(values).max()), dtype)
                 stored[w] = (f"{w}_fp8", f"{w}_fp8_scale")
-                added += [numpy_helper.from_array((values / np.float32(scale)).clip(-FP8_E4M3_MAX, FP8_E4M3_MAX).astype(ml_dtypes.float8_e4m3fn), stored[w][0]),
+                added += [numpy_helper.from_array(to_element_type(values / np.float32(scale), "float8e4m3fn"), stored[w][0]),
                           numpy_helper.from_array(np.array(scale, dtype=dtype), stored[w][1])]
             x_scale, x_q, x_dq, w_dq = (f"{node.name}_{part}" for part in ("x_scale", "x_q", "x_dq", "w_dq"))
             added.append(numpy_helper.from_array(np.array(_fp8_scale(amax[x], dtype), dtype=dtype), x_scale))
@@ -276,7 +274,7 @@ def _fp8_scale(amax: float, dtype: Any) -> float:
     normal number, so that fp16 never rounds a scale to 0): the weights are quantized with the
     scale the graph stores."""
     tiny = float(np.finfo(np.float16).tiny) if np.dtype(dtype) == np.float16 else float(np.finfo(np.float32).tiny)
-    return float(np.array(max(amax / FP8_E4M3_MAX, tiny) if amax > 0 else 1.0, dtype=dtype).astype(np.float32))
+    return float(np.array(max(amax / E4M3_MAX, tiny) if amax > 0 else 1.0, dtype=dtype).astype(np.float32))
 
 
 def _unique(name: str, taken: set[str]) -> str:
@@ -326,4 +324,4 @@ def _unquantized_elsewhere(model: onnx.ModelProto, quantized: set[str]) -> None:
             node.input[:] = [restore.get(i, i) for i in node.input]
 
 
-__all__ = ["FP8_E4M3_MAX", "PRECISIONS", "place_qdq", "quantizable_nodes"]
+__all__ = ["PRECISIONS", "place_qdq", "quantizable_nodes"]

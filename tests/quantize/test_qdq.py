@@ -17,7 +17,8 @@ from deployfuse.backends import ort as ort_backend
 from deployfuse.compare.localize import with_outputs
 from deployfuse.export import flatten_outputs
 from deployfuse.inputs import make_inputs, specs_of
-from deployfuse.quantize.qdq import FP8_E4M3_MAX, place_qdq, quantizable_nodes
+from deployfuse.ops.schema import E4M3_MAX
+from deployfuse.quantize.qdq import place_qdq, quantizable_nodes
 from tests.quantize.qdq_models import cosine, exported
 
 QUANT_TYPE = {"int8": TensorProto.INT8, "fp8": TensorProto.FLOAT8E4M3FN}
@@ -125,7 +126,7 @@ def test_fp8_gemm_is_e4m3_qdq_with_per_tensor_scales_and_max_calibration(bert):
     for name in sources:
         q = next(q for q in g.of("QuantizeLinear") if q.input[0] == name)
         amax = max(float(np.abs(r[name]).max()) for r in runs)
-        assert float(g.weights[q.input[1]]) * FP8_E4M3_MAX == pytest.approx(amax, rel=1e-5), name
+        assert float(g.weights[q.input[1]]) * E4M3_MAX == pytest.approx(amax, rel=1e-5), name
 
 
 def test_exclude_keeps_those_gemms_in_float(bert):
