@@ -83,7 +83,7 @@ def _enum_name(attr: str) -> str:
 
 
 def _input_types(spec: OpSpec) -> str:
-    types = [spec.input_types.get(name, "T") for name in spec.inputs]
+    types = [spec.input_type(name) for name in spec.inputs]
     unknown = sorted(set(types) - set(_INPUT_TYPES))
     if unknown:
         raise ValueError(f"{spec.name}: input element types {unknown} have no native InputType (plugins/common/op_inputs.h); known: {sorted(_INPUT_TYPES)}")
