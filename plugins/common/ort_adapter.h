@@ -7,9 +7,10 @@
 //   struct <Op> : <Op>Attrs {                       // Spec = spec::<Op>: name, inputs, attributes
 //     using <Op>Attrs::<Op>Attrs;                   // from AttrValues; throws on a bad value
 //     void Run(Call&, bool on_cuda) const;          // throws std::runtime_error on a bad input
+//     static bool takes_on_cuda(ElemType);          // optional: the CUDA EP types it runs in
 //   };
 // in plugins/<op>/<op>_ort.h. ort_ops.cc registers every op for the CPU EP (fp32) and the CUDA EP
-// (fp32/fp16/bf16).
+// (fp32/fp16/bf16, or those takes_on_cuda accepts).
 #pragma once
 #include <cstring>
 #include <stdexcept>

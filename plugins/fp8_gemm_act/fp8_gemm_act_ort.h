@@ -1,7 +1,8 @@
 // Fp8GemmAct for ONNX Runtime (see common/ort_adapter.h): X, Bias and Y in T, XScale and WScale
 // float32, W float8e4m3fn (the element types ort_ops.cc registers from the spec's input_types).
 // On the CUDA EP each kernel instance keeps its own cuBLASLt runner and takes its scratch (X's float8
-// copy, the algorithm's workspace) from ONNX Runtime's allocator, as GemmAct does (CUDA-graph capture safe).
+// copy, the padded copies where K or N needs them, the algorithm's workspace) from ONNX Runtime's
+// allocator, as GemmAct does (CUDA-graph capture safe).
 #pragma once
 
 #include "common/ort_adapter.h"
