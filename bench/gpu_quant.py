@@ -9,7 +9,8 @@ Variants, each the alternative at its best settings:
   the bf16 model, torchao's documented path), then torch.compile (default / reduce-overhead):
   the alternative to beat.
 - `{ort-plain,ort-opt,onnxscript,deployfuse}-fp16+cudagraph`: ONNX Runtime's CUDA EP on the fp16
-  ONNX files bench/gpu_models.py times (bench/anchors.py makes them), IO binding, CUDA graph.
+  ONNX files bench/gpu_models.py times (bench/anchors.py makes them), IO binding, CUDA graph;
+  deployfuse's nodes (GemmAct) on its custom-op library, as a user runs them (`--ort-library`).
 - `deployfuse-fp8[+cudagraph]`: `deployfuse export --target ort-cuda --precision fp8`: an fp16
   graph whose GEMMs are deployfuse.Fp8GemmAct nodes (cuBLASLt fp8 GEMMs, quantizing their own
   activations; scales calibrated on random inputs, accuracy-gated against fp32), run on
@@ -48,7 +49,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from gpu_models import first_output, key, median_ms, ort_cuda, set_tf32, short_error  # noqa: E402
+from gpu_models import deployfuse_library, first_output, key, median_ms, ort_cuda, set_tf32, short_error  # noqa: E402
 
 from deployfuse.backends.ort import native_library  # noqa: E402
 
@@ -235,13 +236,15 @@ def bench_row(model_name: str, batch: int, device: Device, workdir: Path, result
     with torch.inference_mode():
         files = variants(model_name, low, inputs, folder, "ort-cuda", device.low)
     graph = "+cudagraph" if device.cuda else ""
+    library = args.ort_library or native_library()
     for name in ORT_FP16_FILES:
         made = files.get(name, "not made")
 
-        def make_ort(made=made):
+        def make_ort(made=made, name=name):
             if not Path(made).is_file():
                 raise RuntimeError(made)
-            return device.ort(str(made), inputs, cuda_graph=device.cuda)
+            own = deployfuse_library(made, library, device.cuda) if name == "deployfuse" else None
+            return device.ort(str(made), inputs, cuda_graph=device.cuda, library=own)
 
         record(f"{name}-{device.low}{graph}", device.low, "ONNX Runtime CUDA EP, IO binding" + (", CUDA graph" if device.cuda else " (CPU EP: dry run)"), make_ort)
     del low
@@ -258,7 +261,6 @@ def bench_row(model_name: str, batch: int, device: Device, workdir: Path, result
     except Exception as exc:
         artefact, holds = None, f"export failed: {short_error(exc)}"
     half = {k: v.half() if v.is_floating_point() else v for k, v in inputs32.items()}  # the artefact is an fp16 graph
-    library = args.ort_library or native_library()
     runs_on = f"ONNX Runtime {'CUDA' if device.cuda else 'CPU'} EP, Fp8GemmAct on {Path(library).name if library else 'its function body (no custom-op library)'}"
     for cuda_graph in (False, True) if device.cuda else (False,):
         def make_fp8(cuda_graph=cuda_graph):
@@ -290,7 +292,7 @@ def main(argv: list[str] | None = None) -> None:
                         "BERT-base's gate at batch 64 runs many minutes on the host CPU); 0: a static export per row, at its batch")
     parser.add_argument("--skip", default="", help="comma-separated groups of variants not to run: torch (eager, torch.compile), torchao")
     parser.add_argument("--fp8-budget", default=FP8_BUDGET, help=f"the fp8 export's --accuracy-budget (default {FP8_BUDGET}; see above)")
-    parser.add_argument("--ort-library", default=None, help="libdeployfuse_ort.so for the fp8 artefact's Fp8GemmAct nodes (default: the built one)")
+    parser.add_argument("--ort-library", default=None, help="libdeployfuse_ort.so for the deployfuse artefacts' nodes (fp16 GemmAct, fp8 Fp8GemmAct; default: the built one)")
     parser.add_argument("--dry-run", action="store_true", help="tiny models on the CPU in fp32, 3 runs, no torch.compile: checks the script, times nothing real")
     args = parser.parse_args(argv)
     models, batches = args.models.split(","), [int(b) for b in args.batches.split(",")]

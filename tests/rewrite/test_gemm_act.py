@@ -5,6 +5,8 @@ nothing on ort-cpu or tensorrt."""
 from __future__ import annotations
 
 import math
+import sys
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -95,3 +97,22 @@ def test_tuning_sees_each_node_problem_at_the_export_shapes():
     if not torch.cuda.is_available():
         assert line.startswith("GemmAct algorithms not tuned: no CUDA device"), line
         assert copy == model
+
+
+def test_gpu_benchmarks_time_gpt2_gemm_act_on_its_kernels(tmp_path):
+    """GPT-2 with biases: every linear layer outside the packed QKV is GemmAct, so the H200 harnesses
+    (bench/gpu_models.py, bench/gpu_quant.py) must open deployfuse's artefact with the custom-op library;
+    they timed the function bodies instead (tanh-GELU written out: 1.51 ms, not 0.80, at batch 8)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+    from gpu_models import deployfuse_library
+
+    paths = {}
+    for target in ("ort-cuda", "ort-cpu"):
+        paths[target] = tmp_path / f"gpt2_{target}.onnx"
+        onnx.save(fused("gpt2", "dynamo", target)[0], paths[target])
+    library = tmp_path / "libdeployfuse_ort.so"
+    assert deployfuse_library(paths["ort-cuda"], library) == str(library)
+    with pytest.raises(RuntimeError, match="no libdeployfuse_ort.so for the deployfuse nodes of gpt2_ort-cuda.onnx"):
+        deployfuse_library(paths["ort-cuda"], None)
+    assert deployfuse_library(paths["ort-cuda"], None, cuda=False) is None  # the CPU dry runs: function bodies are fine
+    assert deployfuse_library(paths["ort-cpu"], None) is None  # no deployfuse nodes: nothing to register
