@@ -25,6 +25,7 @@ import logging
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -215,9 +216,19 @@ class Switchboard:
     model: onnx.ModelProto
     switches: Mapping[str, str]
 
+    @cached_property
+    def session(self) -> Any:
+        """The one ONNX Runtime session of `model`, built on first use."""
+        return ort_backend.session(self.model)
+
     def feed(self, quantized: Iterable[str]) -> dict[str, np.ndarray]:
         on = set(quantized)
         return {switch: np.array(layer in on) for layer, switch in self.switches.items()}
+
+    def measure(self, quantized: Iterable[str], calibration: Calibration, references: Mapping[str, Sequence[dict[str, torch.Tensor]]],
+                limit: int = GATE_SAMPLES, held_out: bool = True) -> list[OutputError]:
+        """`measure` of the model with the `quantized` layers in int8, on its session."""
+        return _errors(self.session, calibration, references, limit, held_out, self.feed(quantized))
 
 
 def run_gate(quantize: Callable[[set[str]], onnx.ModelProto], layers: Mapping[str, onnx.NodeProto], calibration: Calibration,
@@ -248,10 +259,9 @@ def run_gate(quantize: Callable[[set[str]], onnx.ModelProto], layers: Mapping[st
             return quantized, result
         if ranking is None:
             board = switchboard() if switchboard is not None else None
-            session = ort_backend.session(board.model) if board is not None else None
-            ranking = sensitivity_ranking(quantize, layers, calibration, references, budget, board, session)
+            ranking = sensitivity_ranking(quantize, layers, calibration, references, budget, board)
             if board is not None:
-                fewest = _fewest_on_switchboard(session, board, result, layers, ranking, max_fallback, calibration, references)
+                fewest = _fewest_on_switchboard(board, result, layers, ranking, max_fallback, calibration, references)
                 result.fp32_layers = [_layer(layers[name], score) for name, score in ranking[:fewest]]
                 continue
         if not _fall_back(result, layers, ranking, max_fallback):
@@ -261,7 +271,7 @@ def run_gate(quantize: Callable[[set[str]], onnx.ModelProto], layers: Mapping[st
                                      "--calibration-data, or export in fp16/fp32")
 
 
-def _fewest_on_switchboard(session: Any, switchboard: Switchboard, result: GateResult, layers: Mapping[str, onnx.NodeProto], ranking: Sequence[tuple[str, float]],
+def _fewest_on_switchboard(switchboard: Switchboard, result: GateResult, layers: Mapping[str, onnx.NodeProto], ranking: Sequence[tuple[str, float]],
                            bound: int, calibration: Calibration, references: Mapping[str, Sequence[dict[str, torch.Tensor]]]) -> int:
     """The fewest of the most sensitive layers (up to `bound`) whose return to fp32 brings the
     switchboard within budget, found by doubling the count from 1, then bisecting (1 measurement
@@ -271,7 +281,7 @@ def _fewest_on_switchboard(session: Any, switchboard: Switchboard, result: GateR
 
     def within(count: int) -> bool:
         kept = {name for name, _ in ranking[:count]}
-        result.errors = _errors(session, calibration, references, switches=switchboard.feed(set(layers) - kept))
+        result.errors = switchboard.measure(set(layers) - kept, calibration, references)
         return _judge(result, kept, "switchboard")
 
     bound = min(bound, len(ranking))
@@ -312,14 +322,13 @@ def _layer(node: onnx.NodeProto, sensitivity: float) -> Layer:
 
 
 def sensitivity_ranking(quantize: Callable[[set[str]], onnx.ModelProto], layers: Mapping[str, onnx.NodeProto], calibration: Calibration,
-                        references: Mapping[str, Sequence[dict[str, torch.Tensor]]], budget: Budget, switchboard: Switchboard | None = None,
-                        session: Any = None) -> list[tuple[str, float]]:
+                        references: Mapping[str, Sequence[dict[str, torch.Tensor]]], budget: Budget, switchboard: Switchboard | None = None) -> list[tuple[str, float]]:
     """Every layer with its `Budget.score` when it alone is quantized (on the first calibration
-    samples), most sensitive first: on `session`, one of `switchboard`, for the layers it switches."""
+    samples), most sensitive first: on `switchboard` for the layers it switches."""
     scores = []
     for name in layers:
-        if session is not None and switchboard is not None and name in switchboard.switches:
-            errors = _errors(session, calibration, references, PROBE_SAMPLES, held_out=False, switches=switchboard.feed({name}))
+        if switchboard is not None and name in switchboard.switches:
+            errors = switchboard.measure({name}, calibration, references, PROBE_SAMPLES, held_out=False)
         else:
             errors = measure(quantize(set(layers) - {name}), calibration, references, limit=PROBE_SAMPLES, held_out=False)
         scores.append((name, budget.score(errors)))

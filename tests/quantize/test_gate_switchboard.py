@@ -77,7 +77,7 @@ def test_switchboard_ranks_layers_as_quantizing_each_alone_does(fused_bert):
     board = ort_int8.switchboard(fused)
     assert board is not None
     by_quantizer = dict(sensitivity_ranking(ort_int8.quantizer(fused), layers, calibration, references, Budget()))
-    by_board = dict(sensitivity_ranking(_refused, layers, calibration, references, Budget(), board, session(board.model)))
+    by_board = dict(sensitivity_ranking(_refused, layers, calibration, references, Budget(), board))
     assert by_board.keys() == by_quantizer.keys()
     for name, score in by_quantizer.items():
         assert by_board[name] == pytest.approx(score, rel=1e-3, abs=1e-6), name
@@ -117,7 +117,7 @@ def test_layers_without_a_switch_are_ranked_on_the_artefact(tmp_path):
         quantized_for_real.append(fp32_layers)
         return quantize(fp32_layers)
 
-    by_board = dict(sensitivity_ranking(counted, layers, calibration, references, Budget(), board, session(board.model)))
+    by_board = dict(sensitivity_ranking(counted, layers, calibration, references, Budget(), board))
     for name, score in by_quantizer.items():
         assert by_board[name] == pytest.approx(score, rel=1e-3, abs=1e-6), (layers[name].op_type, by_board[name], score)
     conv = next(name for name, node in layers.items() if node.op_type == "Conv")
