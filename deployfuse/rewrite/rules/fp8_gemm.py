@@ -36,7 +36,7 @@ import onnxscript.optimizer
 from onnxscript.rewriter import MatchResult, pattern
 
 from deployfuse.rewrite.rules._activations import gelu20_approximate
-from deployfuse.rewrite.rules._common import FusionRule, either
+from deployfuse.rewrite.rules._common import FusionRule, either, scalar
 from deployfuse.targets import MS, Target, get_target
 
 FAMILY = "fp8_gemm"
@@ -58,17 +58,13 @@ def _const(value: ir.Value | None) -> np.ndarray | None:
 
 def _fp8_zero(value: ir.Value | None) -> bool:
     """True when `value` is a one-element float8 e4m3 constant 0 (a zero point)."""
-    array = _const(value)
-    return array is not None and value is not None and value.dtype == _FP8 and array.size == 1 and float(array.astype(np.float32).reshape(())) == 0.0
+    return value is not None and value.dtype == _FP8 and scalar(value) == 0.0
 
 
 def _scale(value: ir.Value | None) -> float | None:
     """A one-element, positive, finite constant scale as a float, else None."""
-    array = _const(value)
-    if array is None or array.size != 1:
-        return None
-    scale = float(array.astype(np.float32).reshape(()))
-    return scale if np.isfinite(scale) and scale > 0 else None
+    scale = scalar(value)
+    return scale if scale is not None and np.isfinite(scale) and scale > 0 else None
 
 
 class Fp8Gemm(FusionRule):
