@@ -362,12 +362,12 @@ def _run(request: _Request, out_path: Path, report: ExportReport, steps: _Steps,
 
             timer = cuda_option_timer(onnx_model, {k: to_numpy(v) for k, v in checks[0].items()})
         metadata.write(onnx_model, metadata.CUDA_PROVIDER_OPTIONS, cuda_provider_options(onnx_model, request.cuda_graph, request.tf32, request.precision, timer))
-    report.op_histogram = dict(Counter(f"{n.domain + '.' if n.domain else ''}{n.op_type}" for n in onnx_model.graph.node).most_common())
+    report.op_histogram = _op_histogram(onnx_model)
 
     if request.quantize is not None:
         if not quantize_first:
             onnx_model, gate = _quantize_step(onnx_model, request, calibration, gate_references, report, steps)
-            report.op_histogram = dict(Counter(f"{n.domain + '.' if n.domain else ''}{n.op_type}" for n in onnx_model.graph.node).most_common())
+            report.op_histogram = _op_histogram(onnx_model)
         steps.skip("verify", "the accuracy gate (quantize step) judged the quantized model against PyTorch fp32" if gate else "--no-verify")
     elif request.verify:
         with steps.step("verify") as step:
@@ -396,6 +396,11 @@ def _run(request: _Request, out_path: Path, report: ExportReport, steps: _Steps,
         size = save_model(onnx_model, out_path)
         step.detail = f"{out_path.name}, {size / 1e6:.1f} MB"
     return fusion, gate
+
+
+def _op_histogram(model: onnx.ModelProto) -> dict[str, int]:
+    """Node counts by [domain.]op_type, most frequent first (the report's `op_histogram`)."""
+    return dict(Counter(f"{n.domain + '.' if n.domain else ''}{n.op_type}" for n in model.graph.node).most_common())
 
 
 def _families(request: _Request) -> list[str] | None:
@@ -458,7 +463,8 @@ def _gate_fused(model: onnx.ModelProto, gate: GateResult, calibration: Calibrati
 def _quantized(model: onnx.ModelProto, request: _Request, calibration: Calibration, references: dict[str, list[dict[str, torch.Tensor]]] | None,
                report: ExportReport) -> tuple[onnx.ModelProto, GateResult | None]:
     """`model` quantized as asked, gated against `references`; the report and the artefact's
-    metadata record the budget, the calibration source and the layers kept in fp32."""
+    metadata record the budget, the calibration source and the layers kept in float
+    (`options.float_precision`)."""
     from deployfuse.quantize.gate import GateFailed
     from deployfuse.quantize.lowering import quantize
 
@@ -469,7 +475,6 @@ def _quantized(model: onnx.ModelProto, request: _Request, calibration: Calibrati
     try:
         quantized, gate = quantize(model, options, calibration, references)
     except GateFailed as exc:
-        exc.result.kept_in = options.float_precision
         report.quantization["gate"] = exc.result.to_dict()
         raise
     if gate is not None:
