@@ -14,7 +14,8 @@ use cuBLASLt's fast accumulation (CUBLASLT_MATMUL_DESC_FAST_ACCUM): Hopper's fp8
 partial sums in a narrower accumulator and promote them to fp32 less often, which rounds the sum over K
 more coarsely (bench/results/fp8_gemm_h200.log: an fp16 Y 8e-4 off the reference in relative L2
 at K = 3072 instead of 2e-4; 7-18 % less time per GEMM at batch 64, 3-20 % at batch 8, each at its
-fastest candidate). It changes that rounding only, never the math the reference computes; the reference, the function body and the CPU kernel ignore it (exact fp32).
+fastest candidate). It changes that rounding only, never the math the reference computes; the
+reference, the function body and the CPU kernel ignore it (exact fp32).
 """
 
 from __future__ import annotations
