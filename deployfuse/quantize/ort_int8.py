@@ -74,10 +74,13 @@ def quantizer(model: onnx.ModelProto, weights: Mapping[str, tuple[np.ndarray, np
     quantizable = sorted(layers(model))
 
     def quantize(exclude: set[str]) -> onnx.ModelProto:
+        source = onnx.load_from_string(serialized)  # the quantizer edits the model it is given
+        nodes = [n for n in quantizable if n not in exclude]
+        if not nodes:  # ONNX Runtime's quantizer reads an empty nodes_to_quantize as "all of them"
+            return source
         with tempfile.TemporaryDirectory(prefix="deployfuse-int8-") as tmp, _quiet_root_logger():
             out = Path(tmp) / "int8.onnx"
-            source = onnx.load_from_string(serialized)  # the quantizer edits the model it is given
-            quantize_dynamic(source, out, per_channel=True, weight_type=QuantType.QInt8, nodes_to_quantize=[n for n in quantizable if n not in exclude])
+            quantize_dynamic(source, out, per_channel=True, weight_type=QuantType.QInt8, nodes_to_quantize=nodes)
             quantized = onnx.load(str(out))
         _replace_weights(quantized, weights or {})
         return quantized

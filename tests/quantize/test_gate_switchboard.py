@@ -56,12 +56,14 @@ def test_switchboard_runs_any_choice_as_the_quantized_artefact_does(fused_bert, 
         reference = next(iter(flatten_outputs(model(**{k: torch.from_numpy(v) for k, v in feed.items()})).values())).numpy()
     fp32 = _outputs(fused, feed)
     for quantized in (set(layers), set(layers[1::2]), {layers[-1]}, set()):
-        want = _outputs(quantize(set(layers) - quantized), feed) if quantized else fp32
+        want = _outputs(quantize(set(layers) - quantized), feed)
         got = _outputs(board.model, {**feed, **board.feed(quantized)})
         scale = np.abs(reference).max()
         assert np.abs(got - want).max() <= 1e-5 * scale, sorted(quantized)  # the artefact's numbers, not merely close to fp32
         if quantized:
             assert np.abs(got - fp32).max() >= 1e-4 * scale  # int8 where switched on
+        else:
+            np.testing.assert_array_equal(want, fp32)  # every layer kept in fp32 is the fp32 graph, not "quantize all"
 
 
 def _refused(fp32_layers: set[str]) -> onnx.ModelProto:
