@@ -17,7 +17,7 @@ from deployfuse.export import flatten_outputs
 from deployfuse.inputs import make_inputs, specs_of
 from deployfuse.quantize import ort_int8
 from deployfuse.quantize.calibration import random_calibration
-from deployfuse.quantize.gate import Budget, sensitivity_ranking
+from deployfuse.quantize.gate import Budget, measure, run_gate, sensitivity_ranking
 from deployfuse.quantize.ort_int8 import SKIPPED_FAMILIES
 from deployfuse.quantize.rounding import int8_per_column, rounded_weights
 from deployfuse.rewrite.fuser import family_names, fuse
@@ -98,19 +98,27 @@ class ConvThenMlp(torch.nn.Module):
         return self.down(torch.nn.functional.gelu(self.up(self.conv(x).transpose(1, 2))))
 
 
-def test_layers_without_a_switch_are_ranked_on_the_artefact(tmp_path):
+@pytest.fixture(scope="module")
+def conv_then_mlp(tmp_path_factory):
+    """ConvThenMlp's plain export, random calibration, and PyTorch's outputs on every sample."""
     torch.manual_seed(0)
     model, example = ConvThenMlp().eval(), {"x": torch.randn(2, 8, 24)}
-    deployfuse.export(model, tmp_path / "m.onnx", example_inputs=example, fuse=False, verify=False)
-    graph = onnx.load(tmp_path / "m.onnx")
+    path = tmp_path_factory.mktemp("conv_then_mlp") / "m.onnx"
+    deployfuse.export(model, path, example_inputs=example, fuse=False, verify=False)
+    calibration = random_calibration(example, model, seed=3)
+    with torch.no_grad():
+        references = {samples: [flatten_outputs(model(**sample)) for sample in draws]
+                      for samples, draws in (("calibration", calibration.samples), ("held-out", calibration.held_out))}
+    return onnx.load(path), calibration, references
+
+
+def test_layers_without_a_switch_are_ranked_on_the_artefact(conv_then_mlp):
+    graph, calibration, references = conv_then_mlp
     layers = ort_int8.layers(graph)
     board = ort_int8.switchboard(graph)
     assert board is not None
     assert sorted(n.op_type for n in layers.values()) == ["Conv", "MatMul", "MatMul"]
     assert sorted(layers[name].op_type for name in board.switches) == ["MatMul", "MatMul"]
-    calibration = random_calibration(example, model, seed=3)
-    with torch.no_grad():
-        references = {"calibration": [flatten_outputs(model(**sample)) for sample in calibration.samples[:2]]}
     quantize = ort_int8.quantizer(graph)
     by_quantizer = dict(sensitivity_ranking(quantize, layers, calibration, references, Budget()))
     quantized_for_real: list[set[str]] = []
@@ -125,3 +133,20 @@ def test_layers_without_a_switch_are_ranked_on_the_artefact(tmp_path):
     conv = next(name for name, node in layers.items() if node.op_type == "Conv")
     assert by_board[conv] > 0  # measured quantized on the artefact, not read off the switchboard (where it is fp32)
     assert quantized_for_real == [set(layers) - {conv}]  # the MatMuls were read off the switchboard
+
+
+def test_an_artefact_over_what_the_switchboard_found_gets_one_layer_more_at_a_time(conv_then_mlp):
+    """The switchboard runs the Conv in fp32, so the count its search finds can leave the artefact
+    (Conv in int8) over budget: the gate then adds layers one at a time, as it does without one."""
+    graph, calibration, references = conv_then_mlp
+    layers, quantize, board = ort_int8.layers(graph), ort_int8.quantizer(graph), ort_int8.switchboard(graph)
+    assert board is not None
+    order = [name for name, _ in sensitivity_ranking(quantize, layers, calibration, references, Budget())]
+    on_artefact = [max(e.rel for e in measure(quantize(set(order[:count])), calibration, references)) for count in range(3)]
+    on_board = max(e.rel for e in board.measure(set(layers) - {order[0]}, calibration, references))
+    budget = Budget(cos=0.0, rel=(on_board + on_artefact[1]) / 2)  # the switchboard within with 1 layer back, the artefact not
+    assert on_board < budget.rel < on_artefact[1] and on_artefact[2] <= budget.rel < on_artefact[0], (on_artefact, on_board)
+    for switchboard, searched in ((lambda: board, [("switchboard", 1, True)]), (None, [])):
+        _, result = run_gate(quantize, layers, calibration, references, budget, switchboard)
+        assert [(a["model"], a["fp32_layers"], a["passed"]) for a in result.attempts] == [("artefact", 0, False), *searched, ("artefact", 1, False), ("artefact", 2, True)]
+        assert result.passed and [layer.node for layer in result.fp32_layers] == order[:2]
