@@ -263,7 +263,7 @@ def _fp8_qdq(model: onnx.ModelProto, nodes: set[str], amax: Mapping[str, float])
     del graph.node[:]
     graph.node.extend(order)
     read = {i for n in graph.node for i in n.input} | {o.name for o in graph.output}
-    kept = [t for t in graph.initializer if t.name in read]
+    kept = [t for t in graph.initializer if t.name not in stored or t.name in read]  # only float weights made float8 go (a subgraph may read others)
     del graph.initializer[:]
     graph.initializer.extend(kept + added)
     return out
