@@ -233,10 +233,11 @@ class Switchboard:
 
 def run_gate(quantize: Callable[[set[str]], onnx.ModelProto], layers: Mapping[str, onnx.NodeProto], calibration: Calibration,
              references: Mapping[str, Sequence[dict[str, torch.Tensor]]], budget: Budget,
-             switchboard: Callable[[], Switchboard | None] | None = None) -> tuple[onnx.ModelProto, GateResult]:
-    """Quantize with `quantize(names of layers to keep in fp32)` and check the result against
+             switchboard: Callable[[], Switchboard | None] | None = None, kept_in: str = "fp32") -> tuple[onnx.ModelProto, GateResult]:
+    """Quantize with `quantize(names of layers to keep in float)` and check the result against
     `budget`; over budget, keep the most sensitive of `layers` (the nodes `quantize` quantizes, by
-    name) in fp32 and try again. When `switchboard()` gives a `Switchboard` of the same layers
+    name) in float (`kept_in`: fp32, or fp16 for fp8 on ort-cuda; the report and messages say it)
+    and try again. When `switchboard()` gives a `Switchboard` of the same layers
     (it is built the first time the gate fails), the ranking and the search for how many layers go
     back run on one session of it, and only the choice found within budget is quantized and
     measured for real (then one layer more at a time, should that one fail).
@@ -248,7 +249,7 @@ def run_gate(quantize: Callable[[set[str]], onnx.ModelProto], layers: Mapping[st
         GateFailed: still over budget with the bound on fp32 layers reached (the message names
             the output and its numbers; the exception's `result` has the rest).
     """
-    result = GateResult(budget, calibration.source, calibration.random, len(layers))
+    result = GateResult(budget, calibration.source, calibration.random, len(layers), kept_in=kept_in)
     max_fallback = max(4, len(layers) // 4)
     ranking: list[tuple[str, float]] | None = None
     while True:
@@ -267,7 +268,7 @@ def run_gate(quantize: Callable[[set[str]], onnx.ModelProto], layers: Mapping[st
         if not _fall_back(result, layers, ranking, max_fallback):
             broken = [f"{e.name} ({e.samples}) {', '.join(b)}" for e in result.errors if (b := budget.exceeded(e))]
             raise GateFailed(result, f"the quantized model is over the accuracy budget ({budget.text()}) even with {len(kept)} of {len(layers)} layers back "
-                                     f"in fp32 (the bound is {max_fallback}): {broken[0]}; loosen --accuracy-budget, give representative "
+                                     f"in {kept_in} (the bound is {max_fallback}): {broken[0]}; loosen --accuracy-budget, give representative "
                                      "--calibration-data, or export in fp16/fp32")
 
 
@@ -302,7 +303,7 @@ def _judge(result: GateResult, kept: set[str], model: str) -> bool:
     broken = {f"{e.name} ({e.samples})": b for e in result.errors if (b := result.budget.exceeded(e))}
     result.attempts.append({"model": model, "fp32_layers": len(kept), "worst_cos": min((e.cos for e in result.errors), default=1.0),
                             "worst_rel": max((e.rel for e in result.errors), default=0.0), "passed": not broken})
-    log.info("accuracy gate (%s), %d layer(s) in fp32: %s", model, len(kept), "; ".join(f"{k} {', '.join(v)}" for k, v in broken.items()) or "within budget")
+    log.info("accuracy gate (%s), %d layer(s) in %s: %s", model, len(kept), result.kept_in, "; ".join(f"{k} {', '.join(v)}" for k, v in broken.items()) or "within budget")
     result.passed = not broken and model == "artefact"
     return not broken
 

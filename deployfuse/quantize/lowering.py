@@ -37,7 +37,7 @@ import torch
 from deployfuse.errors import UsageError
 from deployfuse.quantize import ort_int8
 from deployfuse.quantize.calibration import Calibration
-from deployfuse.quantize.gate import Budget, GateFailed, GateResult, Switchboard, budget_of, run_gate
+from deployfuse.quantize.gate import Budget, GateResult, Switchboard, budget_of, run_gate
 from deployfuse.quantize.qdq import MIN_OPSET, PRECISIONS as QUANTIZED, place_qdq, quantizable_nodes
 from deployfuse.quantize.rounding import rounded_weights
 from deployfuse.rewrite.rules import fp8_gemm
@@ -131,12 +131,7 @@ def quantize(model: onnx.ModelProto, options: QuantizeOptions, calibration: Cali
         quantized = quantizer(set())
         result = None
     else:
-        try:
-            quantized, result = run_gate(quantizer, layers, calibration, references, options.budget, switchboard)
-        except GateFailed as exc:  # the report names the layers it kept by their float precision
-            exc.result.kept_in = options.float_precision
-            raise
-        result.kept_in = options.float_precision
+        quantized, result = run_gate(quantizer, layers, calibration, references, options.budget, switchboard, options.float_precision)
     quantized.metadata_props.clear()
     quantized.metadata_props.extend(model.metadata_props)  # the export's facts, whatever the quantizer kept
     return quantized, result
