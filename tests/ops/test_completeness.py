@@ -140,7 +140,7 @@ def _native_pieces(spec: OpSpec, folder: str) -> list[str]:
         if (PLUGINS / own).is_file():
             adapters[runtime] = spec.name if runtime == "ort" else f"{spec.name}Op"
             needles.append((own, f"struct {adapters[runtime]} : {spec.name}Attrs {{"))
-            needles += [(own, "launch_cuda(")] if runtime == "ort" else []  # its CUDA EP path
+            needles += [(own, f"launch_{folder}<")] if runtime == "ort" else []  # its CUDA EP path: the op's own launcher
         else:
             adapters[runtime] = f"Adapter<{spec.name}Attrs>"
             if runtime == "ort":
