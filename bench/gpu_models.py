@@ -221,7 +221,8 @@ def deployfuse_library(path: str | os.PathLike[str], library: str | os.PathLike[
     run on their native kernels as a user's session runs them.
 
     As ONNX function bodies ORT ran each GemmAct of GPT-2 as a Gemm plus the tanh-GELU written out
-    (9 elementwise kernels a layer): fp16 batch 8 at 1.51 ms instead of 0.80 ms on the H200.
+    (9 elementwise kernels a layer): fp16 batch 8 at 1.51 ms on the H200, where the artefact of the
+    zero-bias GPT-2 (no GemmAct) ran 0.80 ms; not yet re-timed with the library.
     Raises on CUDA when the artefact has deployfuse nodes and `library` is None (not built)."""
     import onnx
 

@@ -102,7 +102,7 @@ def test_tuning_sees_each_node_problem_at_the_export_shapes():
 def test_gpu_benchmarks_time_gpt2_gemm_act_on_its_kernels(tmp_path):
     """GPT-2 with biases: every linear layer outside the packed QKV is GemmAct, so the H200 harnesses
     (bench/gpu_models.py, bench/gpu_quant.py) must open deployfuse's artefact with the custom-op library;
-    they timed the function bodies instead (tanh-GELU written out: 1.51 ms, not 0.80, at batch 8)."""
+    they timed the function bodies instead (tanh-GELU written out: 1.51 ms at batch 8)."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
     from gpu_models import deployfuse_library
 
