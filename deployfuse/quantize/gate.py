@@ -299,9 +299,9 @@ def _fewest_on_switchboard(switchboard: Switchboard, result: GateResult, layers:
 
 def _judge(result: GateResult, kept: set[str], model: str) -> bool:
     """Whether `result.errors` (measured on `model`, "artefact" or "switchboard", with `kept` in
-    fp32) are within budget; records the attempt."""
+    `result.kept_in`) are within budget; records the attempt."""
     broken = {f"{e.name} ({e.samples})": b for e in result.errors if (b := result.budget.exceeded(e))}
-    result.attempts.append({"model": model, "fp32_layers": len(kept), "worst_cos": min((e.cos for e in result.errors), default=1.0),
+    result.attempts.append({"model": model, f"{result.kept_in}_layers": len(kept), "worst_cos": min((e.cos for e in result.errors), default=1.0),
                             "worst_rel": max((e.rel for e in result.errors), default=0.0), "passed": not broken})
     log.info("accuracy gate (%s), %d layer(s) in %s: %s", model, len(kept), result.kept_in, "; ".join(f"{k} {', '.join(v)}" for k, v in broken.items()) or "within budget")
     result.passed = not broken and model == "artefact"
