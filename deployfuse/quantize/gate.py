@@ -3,9 +3,9 @@
 Per output, on the calibration samples and on the held-out ones: max |error|, p99 |error|, the
 relative error max|error| / max|reference| (one number per output, unlike `--rtol`'s element-wise
 rule |a - r| <= atol + rtol * |r|) and the cosine similarity of the flattened outputs. A `Budget` bounds the worst of each over all samples. Over budget, the
-most sensitive quantized layers go back to fp32 and the graph is quantized again (one layer more
-at a time, or as many as a `Switchboard` search found), until the gate passes or a quarter of the
-layers (at least 4) are back in fp32.
+most sensitive quantized layers go back to fp32 (fp16 for fp8 on ort-cuda): how many is searched
+for by doubling the count, then bisecting, on a `Switchboard` where the quantizer offers one, else
+on the quantized artefacts themselves, up to a quarter of the layers (at least 4).
 
 A layer's sensitivity is the gate's own measure with that layer alone quantized, on the first
 calibration samples: how far over (or how close to) the budget the model outputs get, as the
@@ -237,10 +237,10 @@ def run_gate(quantize: Callable[[set[str]], onnx.ModelProto], layers: Mapping[st
     """Quantize with `quantize(names of layers to keep in float)` and check the result against
     `budget`; over budget, keep the most sensitive of `layers` (the nodes `quantize` quantizes, by
     name) in float (`kept_in`: fp32, or fp16 for fp8 on ort-cuda; the report and messages say it)
-    and try again. When `switchboard()` gives a `Switchboard` of the same layers
-    (it is built the first time the gate fails), the ranking and the search for how many layers go
-    back run on one session of it, and only the choice found within budget is quantized and
-    measured for real (then one layer more at a time, should that one fail).
+    and try again: how many is searched for (`_fewest`) on the quantized artefacts. When
+    `switchboard()` gives a `Switchboard` of the same layers (it is built the first time the gate
+    fails), the ranking and that search run on one session of it instead, and only the choice found
+    within budget is quantized and measured for real (then one layer more at a time, should that one fail).
 
     Returns:
         The quantized model that passed, and what the gate measured.
@@ -250,42 +250,53 @@ def run_gate(quantize: Callable[[set[str]], onnx.ModelProto], layers: Mapping[st
             the output and its numbers; the exception's `result` has the rest).
     """
     result = GateResult(budget, calibration.source, calibration.random, len(layers), kept_in=kept_in)
+    quantized = quantize(set())
+    result.errors = measure(quantized, calibration, references)
+    if _judge(result, set(), "artefact"):
+        return quantized, result
     max_fallback = max(4, len(layers) // 4)
-    ranking: list[tuple[str, float]] | None = None
-    while True:
+    board = switchboard() if switchboard is not None else None
+    ranking = sensitivity_ranking(quantize, layers, calibration, references, budget, board)
+    passing: dict[int, tuple[onnx.ModelProto, list[OutputError]]] = {}  # artefacts found within budget, by layers kept
+
+    def within(count: int) -> bool:
+        kept = {name for name, _ in ranking[:count]}
+        if board is not None:
+            result.errors = board.measure(set(layers) - kept, calibration, references)
+            return _judge(result, kept, "switchboard")
+        model = quantize(kept)
+        result.errors = measure(model, calibration, references)
+        if _judge(result, kept, "artefact"):
+            passing[count] = (model, result.errors)
+        return count in passing
+
+    fewest = _fewest(within, min(max_fallback, len(ranking)))
+    result.fp32_layers = [_layer(layers[name], score) for name, score in ranking[:fewest]]
+    if fewest in passing:
+        quantized, result.errors = passing[fewest]
+        result.passed = True
+        return quantized, result
+    while board is not None:  # the switchboard's count on the artefact, then one layer more at a time
         kept = {layer.node for layer in result.fp32_layers}
         quantized = quantize(kept)
         result.errors = measure(quantized, calibration, references)
         if _judge(result, kept, "artefact"):
             return quantized, result
-        if ranking is None:
-            board = switchboard() if switchboard is not None else None
-            ranking = sensitivity_ranking(quantize, layers, calibration, references, budget, board)
-            if board is not None:
-                fewest = _fewest_on_switchboard(board, result, layers, ranking, max_fallback, calibration, references)
-                result.fp32_layers = [_layer(layers[name], score) for name, score in ranking[:fewest]]
-                continue
         if not _fall_back(result, layers, ranking, max_fallback):
-            broken = [f"{e.name} ({e.samples}) {', '.join(b)}" for e in result.errors if (b := budget.exceeded(e))]
-            raise GateFailed(result, f"the quantized model is over the accuracy budget ({budget.text()}) even with {len(kept)} of {len(layers)} layers back "
-                                     f"in {kept_in} (the bound is {max_fallback}): {broken[0]}; loosen --accuracy-budget, give representative "
-                                     "--calibration-data, or export in fp16/fp32")
+            break
+    broken = [f"{e.name} ({e.samples}) {', '.join(b)}" for e in result.errors if (b := budget.exceeded(e))]
+    raise GateFailed(result, f"the quantized model is over the accuracy budget ({budget.text()}) even with {len(result.fp32_layers)} of {len(layers)} layers "
+                             f"back in {kept_in} (the bound is {max_fallback}): {broken[0]}; loosen --accuracy-budget, give representative "
+                             "--calibration-data, or export in fp16/fp32")
 
 
-def _fewest_on_switchboard(switchboard: Switchboard, result: GateResult, layers: Mapping[str, onnx.NodeProto], ranking: Sequence[tuple[str, float]],
-                           bound: int, calibration: Calibration, references: Mapping[str, Sequence[dict[str, torch.Tensor]]]) -> int:
-    """The fewest of the most sensitive layers (up to `bound`) whose return to fp32 brings the
-    switchboard within budget, found by doubling the count from 1, then bisecting (1 measurement
-    when one layer does, 8 for 10 of BERT-base's bound of 18, where one layer at a time took 11);
+def _fewest(within: Callable[[int], bool], bound: int) -> int:
+    """The fewest of the most sensitive layers (up to `bound`) whose return to float brings the
+    model within budget (`within(count)`, on the switchboard or the artefact), found by doubling
+    the count from 1, then bisecting (1 measurement when one layer does, 8 for 10 of BERT-base's
+    bound of 18, where one layer at a time took 11; 6 to learn that 18 are not enough);
     `bound` when even that is over budget. Adding layers back lowers the error all but
-    monotonically; the artefact is measured after anyway."""
-
-    def within(count: int) -> bool:
-        kept = {name for name, _ in ranking[:count]}
-        result.errors = switchboard.measure(set(layers) - kept, calibration, references)
-        return _judge(result, kept, "switchboard")
-
-    bound = min(bound, len(ranking))
+    monotonically; an artefact found on the switchboard is measured after anyway."""
     low, high = 0, 1  # over budget with `low` back, within with `high` once found
     while not within(high):
         if high >= bound:

@@ -17,7 +17,7 @@ from deployfuse.export import flatten_outputs
 from deployfuse.inputs import make_inputs, specs_of
 from deployfuse.quantize import ort_int8
 from deployfuse.quantize.calibration import random_calibration
-from deployfuse.quantize.gate import Budget, measure, run_gate, sensitivity_ranking
+from deployfuse.quantize.gate import Budget, GateFailed, measure, run_gate, sensitivity_ranking
 from deployfuse.quantize.ort_int8 import SKIPPED_FAMILIES
 from deployfuse.quantize.rounding import int8_per_column, rounded_weights
 from deployfuse.rewrite.fuser import family_names, fuse
@@ -150,3 +150,19 @@ def test_an_artefact_over_what_the_switchboard_found_gets_one_layer_more_at_a_ti
         _, result = run_gate(quantize, layers, calibration, references, budget, switchboard)
         assert [(a["model"], a["fp32_layers"], a["passed"]) for a in result.attempts] == [("artefact", 0, False), *searched, ("artefact", 1, False), ("artefact", 2, True)]
         assert result.passed and [layer.node for layer in result.fp32_layers] == order[:2]
+
+
+def test_without_a_switchboard_the_count_is_searched_on_the_artefacts(fused_bert):
+    """No switchboard (fp8 on ort-cuda has none): the gate still doubles the count of layers back,
+    on the quantized artefacts themselves, so learning that the bound is not enough takes
+    1, 2, 4 layers back, not 1, 2, 3, 4 (BERT-base fp8: 6 artefacts instead of 18)."""
+    model, example, fused = fused_bert
+    layers, quantize = ort_int8.layers(fused), ort_int8.quantizer(fused)
+    assert 8 <= len(layers) < 20  # the bound is then 4
+    calibration = random_calibration(example, model, seed=3)
+    with torch.no_grad():
+        references = {samples: [flatten_outputs(model(**sample)) for sample in draws]
+                      for samples, draws in (("calibration", calibration.samples), ("held-out", calibration.held_out))}
+    with pytest.raises(GateFailed, match="even with 4 of") as failed:
+        run_gate(quantize, layers, calibration, references, Budget(cos=0.0, rel=1e-12))  # no graph gets this close
+    assert [(a["model"], a["fp32_layers"]) for a in failed.value.result.attempts] == [("artefact", n) for n in (0, 1, 2, 4)]
