@@ -257,23 +257,26 @@ def run_gate(quantize: Callable[[set[str]], onnx.ModelProto], layers: Mapping[st
     max_fallback = max(4, len(layers) // 4)
     board = switchboard() if switchboard is not None else None
     ranking = sensitivity_ranking(quantize, layers, calibration, references, budget, board)
-    passing: dict[int, tuple[onnx.ModelProto, list[OutputError]]] = {}  # artefacts found within budget, by layers kept
+    # the artefact within budget with the fewest layers kept so far (the search only lowers that count)
+    best: tuple[int, onnx.ModelProto, list[OutputError]] | None = None
 
     def within(count: int) -> bool:
+        nonlocal best
         kept = {name for name, _ in ranking[:count]}
         if board is not None:
             result.errors = board.measure(set(layers) - kept, calibration, references)
             return _judge(result, kept, "switchboard")
         model = quantize(kept)
         result.errors = measure(model, calibration, references)
-        if _judge(result, kept, "artefact"):
-            passing[count] = (model, result.errors)
-        return count in passing
+        if not _judge(result, kept, "artefact"):
+            return False
+        best = (count, model, result.errors)
+        return True
 
     fewest = _fewest(within, min(max_fallback, len(ranking)))
     result.fp32_layers = [_layer(layers[name], score) for name, score in ranking[:fewest]]
-    if fewest in passing:
-        quantized, result.errors = passing[fewest]
+    if best is not None and best[0] == fewest:
+        _, quantized, result.errors = best
         result.passed = True
         return quantized, result
     while board is not None:  # the switchboard's count on the artefact, then one layer more at a time
