@@ -58,8 +58,8 @@ BATCHES = (8, 64)
 ORT_FP16_FILES = ("ort-plain", "ort-opt", "onnxscript", "deployfuse")
 # Random-weight BERT-base (trained-like biases) in fp8 with per-tensor scales is at cosine 0.9974 and
 # relative error 7.5e-2 against fp32 with every GEMM quantized (batch 1, this repo's 2-core CPU):
-# over deployfuse's default budget (cos=0.999,rel=2e-2) even with 18 of 72 GEMMs back in fp16, after
-# 11 minutes of the gate's search. torchao's float8 rows are as far off (max |error| 0.33-0.46 on the H200,
+# over deployfuse's default budget (cos=0.999,rel=2e-2) even with 18 of 72 GEMMs back in fp16, where
+# the gate gives up after 254 s (bench/results/h200_quant.md). torchao's float8 rows are as far off (max |error| 0.33-0.46 on the H200,
 # 20-40x fp16's: bench/results/h200_quant_torchao.json, h200_quant_partial.json).
 FP8_BUDGET = "cos=0.995,rel=0.1"
 TORCHAO_GRANULARITIES = ("perrow", "pertensor")
