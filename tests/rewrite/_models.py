@@ -168,7 +168,10 @@ def varargs_bert() -> VarargsBert:
 
 
 def varargs_bert_with_inputs() -> tuple[VarargsBert, tuple[torch.Tensor, torch.Tensor]]:
-    """Factory form with positional example inputs (named input_0, input_1)."""
+    """Factory form with positional example inputs (named input_0, input_1); seeded, as the tests
+    check names: unseeded, 1 of 9 local runs and a fresh-clone CI run drew weights that put an fp32
+    output past rtol 1e-4."""
+    torch.manual_seed(0)
     ids = torch.randint(0, 512, (2, 8))
     return VarargsBert().eval(), (ids, torch.ones_like(ids))
 
