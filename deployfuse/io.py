@@ -5,13 +5,15 @@ model: an output may not be one of the run's inputs, another output, or an exist
 is not a regular file (a FIFO or a device node would be replaced by the atomic rename).
 Overwriting an existing regular file is allowed. Writes then go to a temporary beside the
 target that is renamed into place when complete, and removed on any exception, which
-includes KeyboardInterrupt and the CLI's SIGTERM (see `deployfuse.cli`).
+includes KeyboardInterrupt and the CLI's SIGTERM (see `deployfuse.cli`); the signals wait while a
+temporary is made or removed (`interrupts.held`), so none is left between the two.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import stat
 import tempfile
 from collections.abc import Collection, Iterator, Mapping
@@ -19,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from deployfuse.errors import UsageError, first_line
+from deployfuse.interrupts import held
 
 if TYPE_CHECKING:
     import onnx
@@ -136,9 +139,11 @@ def atomic_path(path: PathLike) -> Iterator[Path]:
     left untouched.
     """
     target = check_writable_target(path)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".part", dir=target.parent)
-    tmp = Path(tmp_name)
+    tmp: Path | None = None
     try:
+        with held():
+            fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".part", dir=target.parent)
+            tmp = Path(tmp_name)
         os.close(fd)
         umask = os.umask(0)
         os.umask(umask)
@@ -146,8 +151,24 @@ def atomic_path(path: PathLike) -> Iterator[Path]:
         yield tmp
         os.replace(tmp, target)
     finally:
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
+        if tmp is not None:
+            with held(), contextlib.suppress(FileNotFoundError):
+                tmp.unlink()
+
+
+@contextlib.contextmanager
+def temporary_folder(parent: PathLike, prefix: str, suffix: str = "") -> Iterator[Path]:
+    """A new hidden folder in `parent` (same file system as the target: renames out of it are
+    atomic), removed with whatever is left in it when the block ends, however it ends."""
+    folder: Path | None = None
+    try:
+        with held():
+            folder = Path(tempfile.mkdtemp(prefix=prefix, suffix=suffix, dir=parent))
+        yield folder
+    finally:
+        if folder is not None:
+            with held():
+                shutil.rmtree(folder, ignore_errors=True)
 
 
 def write_text_atomic(path: PathLike, text: str) -> None:

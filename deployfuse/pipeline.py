@@ -12,7 +12,6 @@ import dataclasses
 import json
 import os
 import secrets
-import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -29,7 +28,7 @@ from deployfuse.backends import ort as ort_backend
 from deployfuse.errors import AccuracyError, DeployfuseError, UsageError, first_line
 from deployfuse.export import EXPORTERS, clean, flatten_outputs, to_onnx
 from deployfuse.inputs import DynamicAxis, InputSpec, Inputs, checked_dynamic, make_inputs, resized, specs_of
-from deployfuse.io import check_outputs, check_writable_target, default_opset, write_text_atomic
+from deployfuse.io import check_outputs, check_writable_target, default_opset, temporary_folder, write_text_atomic
 from deployfuse.loading import LoadedModel, given_inputs, load_model
 from deployfuse.quantize.calibration import RANDOM_WARNING, Calibration, load_calibration, random_calibration
 from deployfuse.quantize.gate import GATE_SAMPLES, GateResult
@@ -670,11 +669,11 @@ def save_model(model: onnx.ModelProto, path: Path, external_data_threshold: int 
     weights = sum(len(t.raw_data) for t in model.graph.initializer)
     external = weights > external_data_threshold
     data_name = path.name + ".data"
-    with tempfile.TemporaryDirectory(prefix=f".{path.name}.", dir=path.parent) as tmp:
-        tmp_model = Path(tmp) / path.name
+    with temporary_folder(path.parent, prefix=f".{path.name}.") as tmp:
+        tmp_model = tmp / path.name
         if external:
             onnx.save_model(model, tmp_model, save_as_external_data=True, all_tensors_to_one_file=True, location=data_name, size_threshold=1024)
-            os.replace(Path(tmp) / data_name, path.parent / data_name)
+            os.replace(tmp / data_name, path.parent / data_name)
         else:
             onnx.save_model(model, tmp_model)
         size = tmp_model.stat().st_size + ((path.parent / data_name).stat().st_size if external else 0)

@@ -11,26 +11,25 @@ import tempfile
 import traceback
 from collections.abc import Iterator, Sequence
 
-from deployfuse.errors import INTERNAL_ERROR_EXIT_CODE, Interrupted, first_line
+from deployfuse.errors import INTERNAL_ERROR_EXIT_CODE, first_line
+from deployfuse.interrupts import raise_interrupted
 
 # SIGTERM (kill, timeouts, container stops) and SIGHUP (a closed terminal) would end the
-# process at once, leaving half-written temporaries; as exceptions, finally-blocks run.
-_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
-
-
-def _raise_interrupted(signum: int, frame: object) -> None:
-    raise Interrupted(signum)
+# process at once, leaving half-written temporaries; as exceptions, finally-blocks run. SIGINT
+# raises KeyboardInterrupt anyway; through the same handler `interrupts.held` can hold it too,
+# out of the making and removing of a temporary.
+_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
 
 
 @contextlib.contextmanager
 def signals_as_exceptions() -> Iterator[None]:
-    """Within the block, SIGTERM and SIGHUP raise `Interrupted` (a KeyboardInterrupt, as
-    SIGINT does); the previous handlers come back afterwards. Outside the main thread
-    (signal handlers cannot be set there) nothing changes."""
+    """Within the block, SIGTERM, SIGHUP and SIGINT raise `Interrupted` (a KeyboardInterrupt);
+    the previous handlers come back afterwards. Outside the main thread (signal handlers cannot
+    be set there) nothing changes."""
     previous = {}
     try:
         for signum in _SIGNALS:
-            previous[signum] = signal.signal(signum, _raise_interrupted)
+            previous[signum] = signal.signal(signum, raise_interrupted)
     except ValueError:  # not the main thread
         pass
     try:

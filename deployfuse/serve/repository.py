@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,7 +23,8 @@ from pathlib import Path
 import onnx
 
 from deployfuse.errors import UsageError
-from deployfuse.io import load_onnx
+from deployfuse.interrupts import held
+from deployfuse.io import load_onnx, temporary_folder
 from deployfuse.serve import triton_config
 from deployfuse.serve.readme import repository_readme
 from deployfuse.serve.signature import Signature, engine_signature, engine_signature_from_onnx, signature_of
@@ -205,9 +205,7 @@ def _trt_plugin_library(built_from: onnx.ModelProto | None) -> Path | None:
 
 def _write_atomically(target: Path, force: bool, name: str, config: str, files: list[tuple[Path, Path]], readme: str) -> None:
     parent = target.resolve().parent
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".part", dir=parent))
-    old: Path | None = None
-    try:
+    with temporary_folder(parent, f".{target.name}.", ".part") as staging, temporary_folder(parent, f".{target.name}.", ".old") as old:
         model_dir = staging / name
         (model_dir / "1").mkdir(parents=True)
         (model_dir / "config.pbtxt").write_text(config)
@@ -219,17 +217,14 @@ def _write_atomically(target: Path, force: bool, name: str, config: str, files: 
             shutil.copy2(src, dst)
         (staging / "README.md").write_text(readme)
         os.chmod(staging, 0o755)  # mkdtemp makes 0700; a repository is read by the server's user
-        if target.exists():
-            if not force and any(target.iterdir()):
-                raise UsageError(f"{target} appeared while packaging and is not empty")
-            old = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".old", dir=parent))
-            os.replace(target, old / "repo")
-        os.replace(staging, target)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        if old is not None and (old / "repo").exists() and not target.exists():
-            os.replace(old / "repo", target)  # put the previous repository back
-        raise
-    finally:
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
+        with held():  # the two renames, uninterrupted: a signal between them would lose the previous repository
+            if target.exists():
+                if not force and any(target.iterdir()):
+                    raise UsageError(f"{target} appeared while packaging and is not empty")
+                os.replace(target, old / "repo")
+            try:
+                os.replace(staging, target)
+            except OSError:
+                if (old / "repo").exists() and not target.exists():
+                    os.replace(old / "repo", target)  # put the previous repository back
+                raise
