@@ -8,8 +8,15 @@ transposed, [N, K], for cuBLASLt's "TN" layout; a Gemm with transB=1 has it so a
 GEMM comes as MatMul [+ Add] or as Gemm (GPT-2's Conv1D: on [B·S, K], possibly viewed back to
 [B, S, N] before the activation, which then moves ahead of the Reshape). ONNX Runtime's CUDA EP
 runs the Q/DQ form as a dequantization and an fp16 MatMul; the fused node quantizes x and runs one
-cuBLASLt fp8 GEMM with the bias (and ReLU / tanh-GELU) in its epilogue. Exact-erf GELU stays a
-node of its own after the bias epilogue (cuBLASLt's GELU is the tanh form). A GEMM without a bias
+cuBLASLt fp8 GEMM with the bias (and ReLU / GELU) in its epilogue. cuBLASLt's GELU is the tanh form,
+and exact-erf GELU (Gelu-20 approximate="none", com.microsoft Gelu) is computed in it too:
+
+    max |gelu_erf(y) - gelu_tanh(y)| = 4.7e-4 (at y = 2.70, 1.8e-4 of the value)
+
+which is below fp16's half step there (9.8e-4) and far below float8's (e4m3 keeps 3 mantissa bits:
+steps of 1/16 to 1/8 of the value), the rounding the next GEMM applies to its input; the accuracy gate
+judges the artefact with it. It takes a separate GELU kernel out of every layer: one fp16 read and
+write of [tokens, 4·D], 12 of them in BERT-base (~25 us each at batch 64 on an H200). A GEMM without a bias
 gets a zero one: every Q/DQ'd GEMM becomes an Fp8GemmAct. The scales (the graph's float type in
 an fp16 graph) become float32 initializers, as the op takes them.
 
@@ -35,7 +42,6 @@ import onnx_ir as ir
 import onnxscript.optimizer
 from onnxscript.rewriter import MatchResult, pattern
 
-from deployfuse.rewrite.rules._activations import gelu20_approximate
 from deployfuse.rewrite.rules._common import FusionRule, either, scalar
 from deployfuse.targets import MS, Target, get_target
 
@@ -47,7 +53,11 @@ _FP8 = ir.DataType.FLOAT8E4M3FN
 Builder = Callable[[Any, Any], Any]
 _ACTIVATIONS: dict[str, tuple[Builder, ...]] = {
     "relu": (lambda op, y: op.Relu(y),),
-    "gelu_tanh": (lambda op, y: op.Gelu(y, _allow_other_attributes=True, _outputs=["act_out"]), lambda op, y: op.FastGelu(y, _domain=MS)),
+    "gelu_tanh": (  # Gelu-20 either way (tanh or erf), FastGelu, and com.microsoft's erf Gelu: all computed in tanh form
+        lambda op, y: op.Gelu(y, _allow_other_attributes=True),  # approximate: "none" (erf) or "tanh"
+        lambda op, y: op.FastGelu(y, _domain=MS),
+        lambda op, y: op.Gelu(y, _domain=MS),
+    ),
 }
 
 
@@ -90,8 +100,7 @@ class Fp8Gemm(FusionRule):
                 y = either(op.Add, y, bias)
         return y if self.build is None else self.build(op, y)
 
-    def check(self, context, x, x_scale, x_zero, dq_scale, dq_zero, w_q, w_scale, w_zero, linear, x_q, bias=None, reshaped=None, act_out=None,
-              **_) -> MatchResult:
+    def check(self, context, x, x_scale, x_zero, dq_scale, dq_zero, w_q, w_scale, w_zero, linear, x_q, bias=None, reshaped=None, **_) -> MatchResult:
         fail = MatchResult().fail
         if x.dtype not in GRAPH_TYPES:
             return fail(f"x is {x.dtype}: the fp8 GEMM is emitted in fp16/bf16 graphs", x)
@@ -121,8 +130,6 @@ class Fp8Gemm(FusionRule):
                 return fail("the bias is not a constant vector of the weight's N in x's dtype", bias)
         if reshaped is not None and (reshaped.shape is None or len(reshaped.shape) == 0 or reshaped.shape[-1] != n):
             return fail("the Reshape after the Gemm changes the last axis", reshaped)
-        if act_out is not None and gelu20_approximate(act_out) != "tanh":
-            return fail("Gelu-20 without approximate='tanh': cuBLASLt's GELU is the tanh form", act_out)
         return self.choose(context, x, self.target.lowering(FAMILY))
 
     def _trans_b(self, linear: ir.Value) -> bool:
