@@ -8,6 +8,9 @@ outputs let Q and K feed the fused node without a re-merge); gemm_act (ort-cuda)
 attention and skip-norm families have taken their projections and biases, and before bias_gelu and
 bias_act, whose epilogues it leaves alone when cuBLASLt cannot compute them; bias_gelu runs before
 bias_act so ONNX Runtime gets its own BiasGelu kernel and bias_act keeps the remaining epilogues.
+split_qkv (Q, K, V as one GEMM and a Split) runs right after packed_qkv, so it only takes the
+self-attentions packed_qkv leaves: all of them where an export skips packed_qkv (fp8 on ort-cuda,
+whose Q/DQ must reach the QKV GEMM; int8 on ort-cpu skips both).
 
 `fp8_gemm` (float8 Q/DQ'd GEMMs -> deployfuse.Fp8GemmAct) is no family here: the guard's
 element-wise comparison cannot judge rewrites of a quantized graph, so the fp8 quantizer applies
@@ -29,6 +32,7 @@ FAMILY_MODULES: tuple[str, ...] = (
     "attention",
     "grouped_attention",
     "packed_qkv",
+    "split_qkv",
     "skip_layernorm",
     "gemm_act",
     "bias_gelu",

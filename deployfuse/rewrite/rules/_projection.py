@@ -7,8 +7,9 @@
 `projection` returns the `Linear` with alpha, beta and transB folded into W and b, or the reason
 it declines. The flattened form is exact only when the tokens come back in order: the inner
 Reshape keeps x's last axis (rows are x's tokens in order) and the outer one gives back x's B
-and S; `tokens` proves both. Used by `packed_qkv` (which packs the weights) and by `attention`
-(which reads S from x, so that the projection stays free to be packed).
+and S; `tokens` proves both. Used by `packed_qkv` and `split_qkv` (which pack the Q, K, V
+weights, `self_attention_qkv`) and by `attention` (which reads S from x, so that the projection
+stays free to be packed).
 """
 
 from __future__ import annotations
@@ -129,3 +130,34 @@ def projection(value: ir.Value, exclusive: bool = True) -> Linear | str:
         found = found._replace(weight=found.weight * np.asarray(factor, found.weight.dtype),
                                bias=None if found.bias is None else found.bias * np.asarray(factor, found.bias.dtype))
     return found
+
+
+class QKVWeights(NamedTuple):
+    """Q | K | V = x·weight + bias, column blocks [Din, 3D] and [3D]; `name` prefixes the packed initializers."""
+
+    x: ir.Value
+    weight: np.ndarray
+    bias: np.ndarray
+    name: str
+
+
+def self_attention_qkv(query: ir.Value, key: ir.Value, value: ir.Value) -> QKVWeights | str:
+    """x and the packed weight [Wq | Wk | Wv] and bias [bq | bk | bv] (a zero block for a
+    projection without bias) when Q, K, V are three `projection`s of one x [B, S, Din] with
+    weights [Din, D] of one dtype and biases [D]; or why not."""
+    parts = [projection(v) for v in (query, key, value)]
+    reasons = [p for p in parts if isinstance(p, str)]
+    if reasons:
+        return f"Q, K or V is not x·W [+ b] with constant W, b used once: {reasons[0]}"
+    found = [p for p in parts if not isinstance(p, str)]
+    x = found[0].x
+    if any(p.x is not x for p in found):
+        return "Q, K, V are projections of different inputs (cross-attention)"
+    weights = [p.weight for p in found]
+    if rank(x) != 3 or weights[0].ndim != 2 or any(w.shape != weights[0].shape or w.dtype != weights[0].dtype for w in weights):
+        return "x is not [B, S, Din] or the weights are not all [Din, D] of one dtype"
+    hidden = weights[0].shape[1]
+    biases = [np.zeros(hidden, weights[0].dtype) if p.bias is None else p.bias for p in found]
+    if any(b.shape != (hidden,) or b.dtype != weights[0].dtype for b in biases):
+        return "a bias is not a vector [D] of the weights' dtype"
+    return QKVWeights(x, np.concatenate(weights, axis=1), np.concatenate(biases), found[0].weight_value.name or "qkv")

@@ -33,33 +33,24 @@ from onnxscript.rewriter import MatchResult, pattern
 
 from deployfuse.rewrite.rules._attention_shapes import constant, rank
 from deployfuse.rewrite.rules._common import FusionRule, Lowering, is_op
-from deployfuse.rewrite.rules._projection import projection
+from deployfuse.rewrite.rules._projection import QKVWeights, projection, self_attention_qkv
 from deployfuse.targets import MS, Target, get_target
 
 FAMILY = "packed_qkv"
 
 _MHA_ATTRIBUTES = {"num_heads", "scale"}
 
-_Parts = tuple[ir.Value, np.ndarray, np.ndarray, str]  # x, packed W [Din, 3D], packed b [3D], a name
 
-
-def _from_projections(query: ir.Value, key: ir.Value, value: ir.Value) -> _Parts | str:
-    """x and the packed weight and bias when Q, K, V are three projections of one x; or why not."""
-    parts = [projection(v) for v in (query, key, value)]
-    reasons = [p for p in parts if isinstance(p, str)]
-    if reasons:
-        return f"Q, K or V is not x·W [+ b] with constant W, b used once: {reasons[0]}"
-    x = parts[0].x
-    if any(p.x is not x for p in parts):
-        return "Q, K, V are projections of different inputs (cross-attention)"
-    weights = [p.weight for p in parts]
-    if rank(x) != 3 or weights[0].ndim != 2 or any(w.shape != weights[0].shape or w.dtype != weights[0].dtype for w in weights):
-        return "x is not [B, S, Din] or the weights are not all [Din, D] of one dtype"
-    hidden = weights[0].shape[1]
-    biases = [np.zeros(hidden, weights[0].dtype) if p.bias is None else p.bias for p in parts]
-    if any(b.shape != (hidden,) or b.dtype != weights[0].dtype for b in biases):
-        return "a bias is not a vector [D] of the weights' dtype"
-    return x, np.concatenate(weights, axis=1), np.concatenate(biases), parts[0].weight_value.name or "qkv"
+def unpacked_inputs_refusal(attended: ir.Value) -> str | None:
+    """Why the MultiHeadAttention producing `attended` is not one on Q, K, V and an optional
+    attention bias alone, with num_heads and scale only (None when it is)."""
+    node = attended.producer()
+    assert node is not None
+    if len(node.inputs) > 6 or any(v is not None for v in node.inputs[3:5]) or len(node.outputs) != 1:
+        return "MultiHeadAttention has a packed bias, key padding mask, past or extra outputs"
+    if set(node.attributes) - _MHA_ATTRIBUTES:
+        return f"MultiHeadAttention has attributes besides {sorted(_MHA_ATTRIBUTES)}"
+    return None
 
 
 def _split_thirds(query: ir.Value, key: ir.Value, value: ir.Value) -> ir.Value | str | None:
@@ -85,7 +76,7 @@ def _split_thirds(query: ir.Value, key: ir.Value, value: ir.Value) -> ir.Value |
     return packed
 
 
-def _from_split(packed: ir.Value) -> _Parts | str:
+def _from_split(packed: ir.Value) -> QKVWeights | str:
     """x, W, b when `packed` = x·W [+ b] (Split in three equal parts: W's column blocks are Q | K | V); or why not."""
     found = projection(packed)
     if isinstance(found, str):
@@ -96,7 +87,7 @@ def _from_split(packed: ir.Value) -> _Parts | str:
     bias = np.zeros(3 * hidden, weight.dtype) if found.bias is None else found.bias
     if bias.shape != (3 * hidden,) or bias.dtype != weight.dtype:
         return "the packed bias is not a vector [3D] of the weight's dtype"
-    return found.x, weight, bias, found.weight_value.name or "qkv"
+    return QKVWeights(found.x, weight, bias, found.weight_value.name or "qkv")
 
 
 class PackedQKV(FusionRule):
@@ -105,20 +96,18 @@ class PackedQKV(FusionRule):
 
     def __init__(self, target: str | Target) -> None:
         super().__init__("packed_qkv", target)
-        self._parts: _Parts | None = None
+        self._parts: QKVWeights | None = None
 
     def pattern(self, op, query, key, value):
         return op.MultiHeadAttention(query, key, value, _allow_other_inputs=True, _allow_other_attributes=True, _domain=MS, _outputs=["attended"])
 
     def check(self, context, query, key, value, attended, **_) -> MatchResult:
         fail = MatchResult().fail
-        node = attended.producer()
-        if len(node.inputs) > 6 or any(v is not None for v in node.inputs[3:5]) or len(node.outputs) != 1:
-            return fail("MultiHeadAttention has a packed bias, key padding mask, past or extra outputs", attended)
-        if set(node.attributes) - _MHA_ATTRIBUTES:
-            return fail(f"MultiHeadAttention has attributes besides {sorted(_MHA_ATTRIBUTES)}", attended)
+        refusal = unpacked_inputs_refusal(attended)
+        if refusal is not None:
+            return fail(refusal, attended)
         packed = _split_thirds(query, key, value)
-        parts = _from_split(packed) if isinstance(packed, ir.Value) else packed if isinstance(packed, str) else _from_projections(query, key, value)
+        parts = _from_split(packed) if isinstance(packed, ir.Value) else packed if isinstance(packed, str) else self_attention_qkv(query, key, value)
         if isinstance(parts, str):
             return fail(parts, attended)
         self._parts = parts

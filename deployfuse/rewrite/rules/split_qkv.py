@@ -1,0 +1,72 @@
+"""Self-attention with separate Q, K, V projections -> one packed GEMM and a Split, for a
+MultiHeadAttention that `packed_qkv` did not take (it runs first; fp8 and int8 exports skip it).
+
+    MHA(x·Wq + bq, x·Wk + bk, x·Wv + bv, attention_bias=A)
+        = MHA(Split(x·[Wq | Wk | Wv] + [bq | bk | bv], [D, D, D], axis=-1), attention_bias=A)
+
+x·[Wq | Wk | Wv] is [x·Wq | x·Wk | x·Wv] column block by block, so the Split gives back each
+projection exactly. One GEMM reads and (in an fp8 export, as one deployfuse.Fp8GemmAct) quantizes
+x once instead of three times. The projections are read and refused as `packed_qkv` reads them
+(`_projection.self_attention_qkv`: one x, constant weights [Din, D] and biases [D], a zero block
+for a missing bias, Whisper's query scale folded); the MultiHeadAttention keeps its attributes and
+its attention bias. The Split takes its sizes as an input (opset 13 and later).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_ir as ir
+from onnxscript.rewriter import MatchResult, pattern
+
+from deployfuse.rewrite.rules._common import FusionRule, Lowering, default_opset
+from deployfuse.rewrite.rules._projection import QKVWeights, self_attention_qkv
+from deployfuse.rewrite.rules.packed_qkv import unpacked_inputs_refusal
+from deployfuse.targets import MS, Target, get_target
+
+FAMILY = "split_qkv"
+
+_SPLIT_SIZES_INPUT_OPSET = 13
+
+
+class SplitQKV(FusionRule):
+    """MultiHeadAttention(x·Wq [+ bq], x·Wk [+ bk], x·Wv [+ bv], ∅, ∅, A?) ->
+    MultiHeadAttention(Split(x·W + b, [D, D, D]), ∅, ∅, A?)."""
+
+    def __init__(self, target: str | Target) -> None:
+        super().__init__("split_qkv", target)
+        self._parts: QKVWeights | None = None
+
+    def pattern(self, op, query, key, value):
+        return op.MultiHeadAttention(query, key, value, _allow_other_inputs=True, _allow_other_attributes=True, _domain=MS, _outputs=["attended"])
+
+    def check(self, context, query, key, value, attended, **_) -> MatchResult:
+        fail = MatchResult().fail
+        if default_opset(context) < _SPLIT_SIZES_INPUT_OPSET:
+            return fail(f"opset {default_opset(context)} < {_SPLIT_SIZES_INPUT_OPSET}: Split takes no sizes input", attended)
+        refusal = unpacked_inputs_refusal(attended)
+        parts = refusal if refusal is not None else self_attention_qkv(query, key, value)
+        if isinstance(parts, str):
+            return fail(parts, attended)
+        self._parts = parts
+        return self.choose(context, parts.x, [Lowering(MS, "MultiHeadAttention")])
+
+    def rewrite(self, op, attended, **_):
+        assert self._parts is not None
+        x, weight, bias, name = self._parts
+        node = attended.producer()
+        hidden = weight.shape[1] // 3
+        packed_w = op.initializer(ir.tensor(weight), name=f"{name}_split_qkv_weight")
+        packed_b = op.initializer(ir.tensor(bias), name=f"{name}_split_qkv_bias")
+        sizes = op.initializer(ir.tensor(np.array([hidden] * 3, np.int64)), name=f"{name}_split_qkv_sizes")
+        query, key, value = op.Split(op.Add(op.MatMul(x, packed_w), packed_b), sizes, axis=-1, _outputs=3)
+        mask = node.inputs[5] if len(node.inputs) > 5 else None
+        inputs = [query, key, value] + ([None, None, mask] if mask is not None else [])
+        return self.emit(op, *inputs, **{k: a.value for k, a in node.attributes.items()})
+
+
+def rules(target: str | Target) -> list[pattern.RewriteRule]:
+    """The split-QKV rule where the attention family emits MultiHeadAttention (ONNX Runtime
+    targets); none for tensorrt (FusedMHA takes Q, K, V as they come)."""
+    if not get_target(target).emits(MS, "MultiHeadAttention", opset=0):
+        return []
+    return [SplitQKV.rule(target)]
