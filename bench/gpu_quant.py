@@ -25,7 +25,9 @@ Variants, each the alternative at its best settings:
 
 Each variant records `median_ms` (host wall clock per call after a device synchronise,
 bench/gpu_models.py's `median_ms`), `max_abs_err` of the first output against PyTorch fp32
-eager (TF32 off) on the same inputs, and with --gpu-time the CUPTI kernel-time sum `gpu_ms`.
+eager (TF32 off) on the same inputs, and with --gpu-time the CUPTI kernel-time sum `gpu_ms`, the
+kernels per call and the time by kernel class (`by_class_ms`, bench/kernel_profile.py: GEMMs, fp8
+quantize passes, attention, norms, copies, the rest).
 A failing variant records `error`. Rows merge into WORKDIR/h200_quant.json after every variant
 (a re-run skips finished rows) and are copied to --out.
 
@@ -199,7 +201,8 @@ def bench_row(model_name: str, batch: int, device: Device, workdir: Path, result
                 if device.cuda and args.gpu_time:
                     import kernel_profile
 
-                    row["gpu_ms"] = kernel_profile.profile(fn, iters=args.profile_iters)["gpu_ms"]
+                    profiled = kernel_profile.profile(fn, iters=args.profile_iters)
+                    row.update({k: profiled[k] for k in ("gpu_ms", "kernels_per_call", "by_class_ms")})
         except Exception as exc:  # a failing variant gets its error, not a time
             row["error"] = short_error(exc)
         row["setup_s"] = round(time.time() - start, 1)
@@ -283,7 +286,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--compile-modes", default="default,reduce-overhead", help="torch.compile modes for PyTorch fp16 and torchao")
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--runs", type=int, default=50)
-    parser.add_argument("--gpu-time", action="store_true", help="also record the CUPTI kernel-time sum (bench/kernel_profile.py)")
+    parser.add_argument("--gpu-time", action="store_true", help="also record the CUPTI kernel-time sum, kernel count and time by class (bench/kernel_profile.py)")
     parser.add_argument("--profile-iters", type=int, default=10)
     parser.add_argument("--workdir", default="/tmp/deployfuse_bench_quant", help="ONNX files and the merged results")
     parser.add_argument("--out", default=None, help=f"folder to copy {RESULTS} to after every variant")

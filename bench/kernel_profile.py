@@ -16,6 +16,7 @@ import torch
 
 # First match wins; names are matched case-insensitively against the demangled kernel name.
 CLASSES = (
+    ("fp8 quantize", r"quantize_e4m3"),  # Fp8GemmAct's pass that writes X in float8 (plugins/fp8_gemm_act)
     ("attention", r"flash|fmha|attention|attn|mha|softmax"),
     ("copy/layout", r"nchwtonhwc|nhwctonchw"),
     ("conv", r"conv|cudnn|implicit_?gemm|winograd|fprop|dgrad|wgrad"),
