@@ -1,6 +1,8 @@
 """`deployfuse export --precision fp8 --target ort-cuda` on this CPU: an fp16 graph whose GEMMs are
-deployfuse.Fp8GemmAct nodes (no Q/DQ left), gated against PyTorch fp32 as it is saved (the
-function bodies on ONNX Runtime's CPU EP), the layers the gate leaves out kept in fp16."""
+deployfuse.Fp8GemmAct nodes (no Q/DQ left), Q, K and V of each self-attention one of them
+(`split_qkv`), gated against PyTorch fp32 as it is saved (the function bodies on ONNX Runtime's
+CPU EP) and within the budget on the custom-op library's kernels, the layers the gate leaves out
+kept in fp16."""
 
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from deployfuse.backends.ort import run, session
 from deployfuse.examples.tiny_bert import build
 from deployfuse.export import flatten_outputs
 from deployfuse.inputs import make_inputs, specs_of
+from deployfuse.ops import ort_custom_ops_library
 from deployfuse.quantize.calibration import Calibration, load_calibration
 from deployfuse.quantize.gate import measure
 from deployfuse.quantize.lowering import float_precision
@@ -77,7 +80,13 @@ def test_the_gate_judged_the_saved_artefact(fp8_bert):
     assert len(errors) == len(recorded) == 4
     for e in errors:
         assert e.cos == pytest.approx(recorded[(e.name, e.samples)]["cos"], abs=1e-12) and e.rel == pytest.approx(recorded[(e.name, e.samples)]["rel"], abs=1e-12)
-    fresh = session(artefact)
+    _within_budget(model, example, onnx.load(artefact))
+
+
+def _within_budget(model: torch.nn.Module, example: dict[str, torch.Tensor], artefact: onnx.ModelProto, library=None) -> None:
+    """The artefact on ONNX Runtime's CPU EP (deployfuse nodes on `library`'s kernels, or their
+    function bodies) against PyTorch fp32 on fresh inputs, padded and not: within the gate's default budget."""
+    fresh = session(artefact, custom_ops_library=library)
     for seed in (21, 22):
         inputs = make_inputs(specs_of(example), model, seed, pad_masks=seed == 22)
         with torch.inference_mode():
@@ -85,6 +94,25 @@ def test_the_gate_judged_the_saved_artefact(fp8_bert):
         got = run(fresh, {k: v.numpy() for k, v in inputs.items()})["last_hidden_state"].astype(np.float64).ravel()
         cos = float(want @ got / np.linalg.norm(want) / np.linalg.norm(got))
         assert cos >= 0.999 and np.abs(got - want).max() <= 2e-2 * np.abs(want).max(), (seed, cos)
+
+
+def test_q_k_v_are_one_fp8_gemm_per_layer(fp8_bert):
+    """Each MultiHeadAttention reads Q, K, V from one Split of one Fp8GemmAct (x quantized once), so
+    a layer has 4 GEMMs (QKV, attention output, up, down) and the model one more (the pooler); the
+    artefact, its Fp8GemmAct nodes run by the library alone, stays within the budget."""
+    _, _, artefact, report = fp8_bert
+    model, example = build()
+    graph = onnx.load(artefact)
+    producers = {o: n for n in graph.graph.node for o in n.output}
+    splits = [{producers[i].name: producers[i] for i in n.input[:3]} for n in graph.graph.node if n.op_type == "MultiHeadAttention"]
+    assert all(len(s) == 1 and next(iter(s.values())).op_type == "Split" for s in splits), splits
+    qkv = [producers[next(iter(s.values())).input[0]].op_type for s in splits]
+    layers = model.config.num_hidden_layers
+    assert qkv == ["Fp8GemmAct"] * layers and report["quantization"]["gate"]["quantized_layers"] == 4 * layers + 1, (qkv, report["quantization"]["gate"])
+    functions = [f for f in graph.functions if f.name != "Fp8GemmAct"]
+    del graph.functions[:]
+    graph.functions.extend(functions)  # only the library's kernel can run an Fp8GemmAct now
+    _within_budget(model, example, graph, ort_custom_ops_library())
 
 
 def test_which_float_type_surrounds_the_quantized_gemms():
