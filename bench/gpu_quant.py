@@ -29,7 +29,7 @@ eager (TF32 off) on the same inputs, and with --gpu-time the CUPTI kernel-time s
 kernels per call and the time by kernel class (`by_class_ms`, bench/kernel_profile.py: GEMMs, fp8
 quantize passes, attention, norms, copies, the rest).
 A failing variant records `error`. Rows merge into WORKDIR/h200_quant.json after every variant
-(a re-run skips finished rows) and are copied to --out.
+(a re-run skips the variants it has) and are copied to --out.
 
     pip install torchao                          # the fp8 alternative (not a deployfuse dependency)
     deployfuse plugins build --cuda on           # the Fp8GemmAct CUDA kernel (or pass --ort-library)
@@ -65,6 +65,8 @@ ORT_FP16_FILES = ("ort-plain", "ort-opt", "onnxscript", "deployfuse")
 # 20-40x fp16's: bench/results/h200_quant_torchao.json, h200_quant_partial.json).
 FP8_BUDGET = "cos=0.995,rel=0.1"
 TORCHAO_GRANULARITIES = ("perrow", "pertensor")
+SKIPPABLE = ("torch", "torchao", "fp16-onnx", "fp8")
+"""--skip's groups: PyTorch eager and torch.compile, torchao float8, the fp16 ONNX files on ORT, deployfuse fp8."""
 RESULTS = "h200_quant.json"
 
 
@@ -96,8 +98,8 @@ class Results:
     def _key(row: dict) -> tuple:
         return (row["model"], row["dtype"], row["batch"], row["variant"])
 
-    def has(self, model: str, batch: int) -> bool:
-        return any(k[0] == model and k[2] == batch for k in self.rows)
+    def has(self, row: dict) -> bool:
+        return self._key(row) in self.rows
 
     def add(self, row: dict) -> None:
         self.rows[self._key(row)] = row
@@ -183,7 +185,7 @@ def fp8_artefact(build: Callable, model_name: str, batch: int, folder: Path, dyn
 
 def bench_row(model_name: str, batch: int, device: Device, workdir: Path, results: Results) -> None:
     import torch
-    from anchors import build as build_full, variants
+    from anchors import build as build_full
 
     build = build_tiny if not device.cuda else build_full
     folder = workdir / key(model_name, "fp8", batch)
@@ -192,6 +194,9 @@ def bench_row(model_name: str, batch: int, device: Device, workdir: Path, result
 
     def record(variant: str, dtype: str, settings: str, make: Callable[[], Callable[[], object]], fields: dict[str, object] | None = None) -> None:
         row: dict[str, object] = {"model": model_name, "dtype": dtype, "batch": batch, "variant": variant, "settings": settings, **(fields or {})}
+        if results.has(row) and device.cuda:
+            print(f"{model_name} batch {batch} {variant}: already measured", flush=True)
+            return
         start = time.time()
         try:
             fn = make()
@@ -236,10 +241,25 @@ def bench_row(model_name: str, batch: int, device: Device, workdir: Path, result
                    f"torchao Float8DynamicActivationFloat8WeightConfig({granularity}) on bf16, " + (f"torch.compile mode={mode}" if mode else "eager"), make)
     torch._dynamo.reset()
     gc.collect()
+    library = args.ort_library or native_library()
+    if "fp16-onnx" not in args.skip:
+        _ort_fp16_rows(model_name, low, inputs, folder, device, library, record)
+    del low
+    gc.collect()
+    if "fp8" not in args.skip:
+        _fp8_rows(model_name, batch, build, inputs32, workdir, folder, device, library, record)
+    if device.cuda:
+        torch.cuda.empty_cache()
+
+
+def _ort_fp16_rows(model_name: str, low, inputs: dict, folder: Path, device: Device, library, record: Callable) -> None:
+    """The fp16 ONNX files of bench/anchors.py on ONNX Runtime's CUDA EP (ORT_FP16_FILES)."""
+    import torch
+    from anchors import variants
+
     with torch.inference_mode():
         files = variants(model_name, low, inputs, folder, "ort-cuda", device.low)
     graph = "+cudagraph" if device.cuda else ""
-    library = args.ort_library or native_library()
     for name in ORT_FP16_FILES:
         made = files.get(name, "not made")
 
@@ -250,8 +270,11 @@ def bench_row(model_name: str, batch: int, device: Device, workdir: Path, result
             return device.ort(str(made), inputs, cuda_graph=device.cuda, library=own)
 
         record(f"{name}-{device.low}{graph}", device.low, "ONNX Runtime CUDA EP, IO binding" + (", CUDA graph" if device.cuda else " (CPU EP: dry run)"), make_ort)
-    del low
-    gc.collect()
+
+
+def _fp8_rows(model_name: str, batch: int, build: Callable, inputs32: dict, workdir: Path, folder: Path, device: Device, library, record: Callable) -> None:
+    """deployfuse's fp8 ort-cuda artefact, plain and in ONNX Runtime's CUDA graph."""
+    args = device.args
     fields: dict[str, object] = {}
     try:
         if args.fp8_export_batch:  # one dynamic-batch artefact per model, calibrated and gated at that batch
@@ -275,8 +298,6 @@ def bench_row(model_name: str, batch: int, device: Device, workdir: Path, result
 
         record("deployfuse-fp8" + ("+cudagraph" if cuda_graph else ""), "fp8",
                f"deployfuse export --target ort-cuda --precision fp8: {holds}; {runs_on}" + (", CUDA graph" if cuda_graph else ""), make_fp8, fields)
-    if device.cuda:
-        torch.cuda.empty_cache()
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -293,7 +314,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--fp8-export-batch", type=int, default=8,
                         help="export the fp8 artefact once per model at this batch, with a dynamic batch axis (calibration and gate at that batch: "
                         "BERT-base's gate at batch 64 runs many minutes on the host CPU); 0: a static export per row, at its batch")
-    parser.add_argument("--skip", default="", help="comma-separated groups of variants not to run: torch (eager, torch.compile), torchao")
+    parser.add_argument("--skip", default="", help=f"comma-separated groups of variants not to run: {', '.join(SKIPPABLE)}")
     parser.add_argument("--fp8-budget", default=FP8_BUDGET, help=f"the fp8 export's --accuracy-budget (default {FP8_BUDGET}; see above)")
     parser.add_argument("--ort-library", default=None, help="libdeployfuse_ort.so for the deployfuse artefacts' nodes (fp16 GemmAct, fp8 Fp8GemmAct; default: the built one)")
     parser.add_argument("--dry-run", action="store_true", help="tiny models on the CPU in fp32, 3 runs, no torch.compile: checks the script, times nothing real")
@@ -304,8 +325,8 @@ def main(argv: list[str] | None = None) -> None:
         parser.exit(2, f"gpu_quant.py: unknown model {', '.join(bad)} (models: {', '.join(MODELS)})\n")
     args.compile_modes = [] if args.dry_run else [m for m in args.compile_modes.split(",") if m]
     args.skip = {g for g in args.skip.split(",") if g}
-    if args.skip - {"torch", "torchao"}:
-        parser.exit(2, f"gpu_quant.py: --skip takes torch and torchao, not {', '.join(sorted(args.skip - {'torch', 'torchao'}))}\n")
+    if args.skip - set(SKIPPABLE):
+        parser.exit(2, f"gpu_quant.py: --skip takes {', '.join(SKIPPABLE)}, not {', '.join(sorted(args.skip - set(SKIPPABLE)))}\n")
     if args.dry_run:
         args.runs, batches, args.fp8_export_batch = 3, [2], min(args.fp8_export_batch, 2)
     workdir = Path(args.workdir)
@@ -313,9 +334,6 @@ def main(argv: list[str] | None = None) -> None:
     device = Device(args.dry_run, args)
     for model in models:
         for batch in batches:
-            if results.has(model, batch) and not args.dry_run:
-                print(f"{model} batch {batch}: already measured", flush=True)
-                continue
             start = time.time()
             try:
                 bench_row(model, batch, device, workdir, results)
