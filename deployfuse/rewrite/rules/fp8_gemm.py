@@ -27,8 +27,9 @@ family, this one included, 2.2-2.4x over the guard's fp16 tolerance on its Q/DQ 
 fusions run first, on the float graph (less the families that would take the GEMMs out of reach,
 `quantize.lowering.FP8_SKIPPED_FAMILIES`), the Q/DQ go on the fused graph, and `lower` applies these
 rules as the fp8 quantizer's last step, whose result the accuracy gate judges against PyTorch
-fp32. The forms met there: MatMul + Add (Q/K/V for MultiHeadAttention; an up-projection before
-its GELU), a bare MatMul whose bias SkipLayerNormalization took, Gemm + Reshape [+ FastGelu] (GPT-2).
+fp32. The forms met there: MatMul + Add (Q|K|V packed by `split_qkv`, split for MultiHeadAttention;
+an up-projection before its GELU), a bare MatMul whose bias SkipLayerNormalization took, Gemm +
+Reshape [+ FastGelu] (GPT-2).
 """
 
 from __future__ import annotations
