@@ -228,7 +228,7 @@ def bench_row(model_name: str, batch: int, device: Device, workdir: Path, result
         compiled = torch.compile(low, mode=mode)
         record("compile" + ("" if mode == "default" else f"-{mode}"), device.low, f"torch.compile mode={mode}", lambda c=compiled: lambda: c(**inputs))
         del compiled
-    for granularity in TORCHAO_GRANULARITIES if "torchao" not in args.skip else ():
+    for granularity in args.torchao_granularities if "torchao" not in args.skip else ():
         for mode in args.compile_modes or [None]:  # None (--dry-run): torchao without torch.compile
             def make(granularity=granularity, mode=mode):
                 torch._dynamo.reset()
@@ -307,6 +307,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--compile-modes", default="default,reduce-overhead", help="torch.compile modes for PyTorch fp16 and torchao")
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--runs", type=int, default=50)
+    parser.add_argument("--torchao-granularities", default=",".join(TORCHAO_GRANULARITIES),
+                        help="torchao float8 scale granularities to time (each a torch.compile of about a minute)")
     parser.add_argument("--gpu-time", action="store_true", help="also record the CUPTI kernel-time sum, kernel count and time by class (bench/kernel_profile.py)")
     parser.add_argument("--profile-iters", type=int, default=10)
     parser.add_argument("--workdir", default="/tmp/deployfuse_bench_quant", help="ONNX files and the merged results")
@@ -325,6 +327,9 @@ def main(argv: list[str] | None = None) -> None:
         parser.exit(2, f"gpu_quant.py: unknown model {', '.join(bad)} (models: {', '.join(MODELS)})\n")
     args.compile_modes = [] if args.dry_run else [m for m in args.compile_modes.split(",") if m]
     args.skip = {g for g in args.skip.split(",") if g}
+    args.torchao_granularities = [g for g in args.torchao_granularities.split(",") if g]
+    if set(args.torchao_granularities) - set(TORCHAO_GRANULARITIES):
+        parser.exit(2, f"gpu_quant.py: --torchao-granularities takes {', '.join(TORCHAO_GRANULARITIES)}\n")
     if args.skip - set(SKIPPABLE):
         parser.exit(2, f"gpu_quant.py: --skip takes {', '.join(SKIPPABLE)}, not {', '.join(sorted(args.skip - set(SKIPPABLE)))}\n")
     if args.dry_run:
