@@ -94,8 +94,8 @@ class PackedQKV(FusionRule):
     """MultiHeadAttention(x·Wq [+ bq], x·Wk [+ bk], x·Wv [+ bv], ∅, ∅, A?) or
     MultiHeadAttention(Split(x·W [+ b], 3), ∅, ∅, A?) → Attention(x, W, b, ∅, ∅, A?)."""
 
-    def __init__(self, target: str | Target) -> None:
-        super().__init__("packed_qkv", target)
+    def __init__(self, target: str | Target, name: str = FAMILY) -> None:
+        super().__init__(name, target)
         self._parts: QKVWeights | None = None
 
     def pattern(self, op, query, key, value):

@@ -18,9 +18,9 @@ import numpy as np
 import onnx_ir as ir
 from onnxscript.rewriter import MatchResult, pattern
 
-from deployfuse.rewrite.rules._common import FusionRule, Lowering, default_opset
-from deployfuse.rewrite.rules._projection import QKVWeights, self_attention_qkv
-from deployfuse.rewrite.rules.packed_qkv import unpacked_inputs_refusal
+from deployfuse.rewrite.rules._common import Lowering, default_opset
+from deployfuse.rewrite.rules._projection import self_attention_qkv
+from deployfuse.rewrite.rules.packed_qkv import PackedQKV, unpacked_inputs_refusal
 from deployfuse.targets import MS, Target, get_target
 
 FAMILY = "split_qkv"
@@ -28,16 +28,12 @@ FAMILY = "split_qkv"
 _SPLIT_SIZES_INPUT_OPSET = 13
 
 
-class SplitQKV(FusionRule):
+class SplitQKV(PackedQKV):
     """MultiHeadAttention(x·Wq [+ bq], x·Wk [+ bk], x·Wv [+ bv], ∅, ∅, A?) ->
-    MultiHeadAttention(Split(x·W + b, [D, D, D]), ∅, ∅, A?)."""
+    MultiHeadAttention(Split(x·W + b, [D, D, D]), ∅, ∅, A?): packed_qkv's match, another rewrite."""
 
     def __init__(self, target: str | Target) -> None:
-        super().__init__("split_qkv", target)
-        self._parts: QKVWeights | None = None
-
-    def pattern(self, op, query, key, value):
-        return op.MultiHeadAttention(query, key, value, _allow_other_inputs=True, _allow_other_attributes=True, _domain=MS, _outputs=["attended"])
+        super().__init__(target, FAMILY)
 
     def check(self, context, query, key, value, attended, **_) -> MatchResult:
         fail = MatchResult().fail
