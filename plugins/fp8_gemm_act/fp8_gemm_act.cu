@@ -190,8 +190,9 @@ class Fp8GemmActRunner {
           (p.d_fp8 && !cublaslt::set(plan.desc, CUBLASLT_MATMUL_DESC_D_SCALE_POINTER, d_scale)))
         return cudaErrorInvalidValue;
       void* d = at.d ? d_copy : y;  // never a copy for a float8 D (n a multiple of 16)
-      DF_RETURN_IF_ERROR(
-          plan.matmul(plans_.handle(), p.algo, at.wq ? wq : w, p.x_fp8 ? x : xq, 0.f, d, d, workspace_bytes ? workspace : nullptr, stream));
+      // C (beta = 0: never read) is D, but no pointer for a float8 D, whose C layout is not D's (no in-place aliasing)
+      DF_RETURN_IF_ERROR(plan.matmul(plans_.handle(), p.algo, at.wq ? wq : w, p.x_fp8 ? x : xq, 0.f, p.d_fp8 ? nullptr : d, d,
+                                     workspace_bytes ? workspace : nullptr, stream));
       if (d == y) return cudaSuccess;
       return cudaMemcpy2DAsync(y, row, d, padded_row, row, static_cast<size_t>(p.m), cudaMemcpyDeviceToDevice, stream);
     });
