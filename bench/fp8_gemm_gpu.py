@@ -381,6 +381,19 @@ def check_quantize_entry(api: CApi) -> bool:
     return ok
 
 
+def replay_equals_eager(launch: Any, y: torch.Tensor) -> bool:
+    """A CUDA graph captured from launch() (its plan made before), replayed into a NaN-poisoned y, writes what an eager launch does."""
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):  # captured, not run
+        launch()
+    launch()
+    eager = y.clone()
+    y.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    return bool(torch.equal(y, eager))
+
+
 def check_gpu(api: CApi, small: bool) -> bool:
     ok = check(api.run, "cuda", small, (torch.float16, torch.bfloat16))
     ok &= check_quantize_entry(api)
@@ -393,15 +406,7 @@ def check_gpu(api: CApi, small: bool) -> bool:
         ok &= good
         worst = max((e for _, e, _ in errs), default=float("nan"))
         print(f"{'ok  ' if good else 'FAIL'} {str(dtype)[6:]:8} every candidate of {p.m}x{k}x{n} gelu_tanh: {count} candidates, max rel_l2={worst:.2e}")
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):  # captured, not run: the plan exists already (the candidates above)
-            api.run(p)
-        api.run(p)
-        eager = p.y.clone()
-        p.y.fill_(float("nan"))
-        graph.replay()
-        torch.cuda.synchronize()
-        same = bool(torch.equal(p.y, eager))
+        same = replay_equals_eager(lambda p=p: api.run(p), p.y)  # the plan exists already (the candidates above)
         ok &= same
         print(f"{'ok  ' if same else 'FAIL'} {str(dtype)[6:]:8} CUDA-graph capture (quantize + GEMM) and replay = eager launch")
     ok &= check_mlp_gpu(api, small)
@@ -428,40 +433,38 @@ def check_mlp_gpu(api: CApi, small: bool) -> bool:
         p = MlpProblem((2, 64) if small else (8, 128), 256 if small else 768, 512 if small else 3072, 256 if small else 768, "gelu_tanh", dtype, "cuda", 1)
         api.run_mlp(p)  # the plans and the scratch exist before the capture
         torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            api.run_mlp(p)
-        api.run_mlp(p)
-        eager = p.y.clone()
-        p.y.fill_(float("nan"))
-        graph.replay()
-        torch.cuda.synchronize()
-        same = bool(torch.equal(p.y, eager))
+        same = replay_equals_eager(lambda p=p: api.run_mlp(p), p.y)
         ok &= same
         print(f"{'ok  ' if same else 'FAIL'} Fp8Mlp {str(dtype)[6:]:8} CUDA-graph capture (quantize + FC1 to float8 + FC2) and replay = eager launch")
     return ok
 
 
-def check_ort(library: str) -> bool:
-    """Through ONNX Runtime's CUDA EP with the library (fp16; a bf16 X has no numpy type to bind), plain and with ORT's
-    CUDA graph (which ORT refuses unless every node is on the CUDA EP): the output against the reference."""
+def ort_cuda_output(library: str, model: onnx.ModelProto, x: torch.Tensor, n: int, graph: str) -> torch.Tensor:
+    """Y [m, n] of a one-node fp16 model run on ONNX Runtime's CUDA EP with the library, X bound on the device; graph "1": with
+    ORT's CUDA graph (which ORT refuses unless every node is on the CUDA EP), captured by the first runs, replayed by the last."""
     import onnxruntime as ort
 
+    y = torch.full((x.shape[0], n), float("nan"), device="cuda", dtype=torch.float16)
+    options = ort.SessionOptions()
+    options.register_custom_ops_library(library)
+    cuda = {"enable_cuda_graph": graph, "user_compute_stream": str(torch.cuda.current_stream().cuda_stream), "has_user_compute_stream": "1"}
+    sess = ort.InferenceSession(model.SerializeToString(), options, providers=[("CUDAExecutionProvider", cuda)])
+    binding = sess.io_binding()
+    binding.bind_input("X", "cuda", 0, np.float16, tuple(x.shape), x.data_ptr())
+    binding.bind_output("Y", "cuda", 0, np.float16, tuple(y.shape), y.data_ptr())
+    for _ in range(3):
+        sess.run_with_iobinding(binding)
+    torch.cuda.synchronize()
+    return y
+
+
+def check_ort(library: str) -> bool:
+    """Through ONNX Runtime's CUDA EP with the library (fp16; a bf16 X has no numpy type to bind), plain and with ORT's
+    CUDA graph: the output against the reference."""
     ok = True
     for (lead, k, n, act), graph in itertools.product((((8, 128), 768, 3072, "gelu_tanh"), ((37,), 64, 24, "relu")), ("0", "1")):
         p = Problem(lead, k, n, act, torch.float16, "cuda")
-        x = p.x.reshape(p.m, p.k)
-        y = torch.full((p.m, p.n), float("nan"), device="cuda", dtype=torch.float16)
-        options = ort.SessionOptions()
-        options.register_custom_ops_library(library)
-        cuda = {"enable_cuda_graph": graph, "user_compute_stream": str(torch.cuda.current_stream().cuda_stream), "has_user_compute_stream": "1"}
-        sess = ort.InferenceSession(one_node_model(p).SerializeToString(), options, providers=[("CUDAExecutionProvider", cuda)])
-        binding = sess.io_binding()
-        binding.bind_input("X", "cuda", 0, np.float16, (p.m, p.k), x.data_ptr())
-        binding.bind_output("Y", "cuda", 0, np.float16, (p.m, p.n), y.data_ptr())
-        for _ in range(3):  # with the graph: the first runs capture it, the last replays it
-            sess.run_with_iobinding(binding)
-        torch.cuda.synchronize()
+        y = ort_cuda_output(library, one_node_model(p), p.x.reshape(p.m, p.k), p.n, graph)
         ref = p.reference().reshape(p.m, p.n)
         err = float(torch.linalg.vector_norm(y.double() - ref) / torch.linalg.vector_norm(ref))
         good = not torch.isnan(y).any() and err <= TOL[torch.float16]
@@ -472,23 +475,10 @@ def check_ort(library: str) -> bool:
 
 def check_ort_mlp(library: str) -> bool:
     """Fp8Mlp through ONNX Runtime's CUDA EP with the library (fp16), plain and with ORT's CUDA graph, against the reference."""
-    import onnxruntime as ort
-
     ok = True
     for (lead, k, n1, n2, act), graph in itertools.product((((8, 128), 768, 3072, 768, "gelu_tanh"), ((37,), 64, 48, 24, "relu")), ("0", "1")):
         p = MlpProblem(lead, k, n1, n2, act, torch.float16, "cuda")
-        x = p.inputs[0].reshape(p.m, p.k)
-        y = torch.full((p.m, p.n2), float("nan"), device="cuda", dtype=torch.float16)
-        options = ort.SessionOptions()
-        options.register_custom_ops_library(library)
-        cuda = {"enable_cuda_graph": graph, "user_compute_stream": str(torch.cuda.current_stream().cuda_stream), "has_user_compute_stream": "1"}
-        sess = ort.InferenceSession(mlp_node_model(p, torch.float16).SerializeToString(), options, providers=[("CUDAExecutionProvider", cuda)])
-        binding = sess.io_binding()
-        binding.bind_input("X", "cuda", 0, np.float16, (p.m, p.k), x.data_ptr())
-        binding.bind_output("Y", "cuda", 0, np.float16, (p.m, p.n2), y.data_ptr())
-        for _ in range(3):  # with the graph: the first runs capture it, the last replays it
-            sess.run_with_iobinding(binding)
-        torch.cuda.synchronize()
+        y = ort_cuda_output(library, mlp_node_model(p, torch.float16), p.inputs[0].reshape(p.m, p.k), p.n2, graph)
         ref = p.reference().reshape(p.m, p.n2)
         err = float(torch.linalg.vector_norm(y.double() - ref) / torch.linalg.vector_norm(ref))
         good = not torch.isnan(y).any() and err <= TOL_MLP[torch.float16]
