@@ -4,12 +4,12 @@
 #pragma once
 
 #include "common/ort_adapter.h"
+#include "fp8_gemm_act/fp8_gemm_act_ort.h"  // Fp8GemmAct::takes_on_cuda, fp8_gemm_refusal, launch_cublaslt
 #include "fp8_mlp/fp8_mlp.h"
 #ifdef DEPLOYFUSE_WITH_CUDA
 #include <memory>
 
 #include "fp8_mlp/fp8_mlp.cuh"
-#include "gemm_act/gemm_act_ort.h"  // launch_cublaslt
 #endif
 
 namespace deployfuse {
@@ -17,8 +17,7 @@ namespace ort {
 
 struct Fp8Mlp : Fp8MlpAttrs {
   using Fp8MlpAttrs::Fp8MlpAttrs;
-  // As Fp8GemmAct: cuBLASLt's fp8 kernels write float32 only with a bfloat16 bias, so fp32 nodes run on the CPU EP.
-  static bool takes_on_cuda(ElemType type) { return type != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT; }
+  static bool takes_on_cuda(ElemType type) { return Fp8GemmAct::takes_on_cuda(type); }  // fp32 nodes run on the CPU EP
 
   void Run(Call& c, bool on_cuda) const {
     Sizes s;
@@ -35,14 +34,11 @@ struct Fp8Mlp : Fp8MlpAttrs {
       fail(Spec::kName, "N1 (W1's rows) must be a multiple of 16 on CUDA: the hidden activation is kept in float8 rows of 16 bytes");
     launch_cublaslt(Spec::kName, c, s.k, [&](auto* tag, GemmActScratch& scratch) {
       using T = std::remove_pointer_t<decltype(tag)>;
-      const cudaError_t err =
+      return fp8_gemm_refusal(
+          Spec::kName,
           launch_fp8_mlp<T>(*runner, static_cast<cudaStream_t>(c.stream), Fp8MlpProblem{s.m, s.k, s.n1, s.n2, act, fast_accum},
                             in[0].as<T>(), in[1].as<float>(), in[2].as<uint8_t>(), in[3].as<float>(), in[4].as<T>(), in[5].as<float>(),
-                            in[6].as<uint8_t>(), in[7].as<float>(), in[8].as<T>(), static_cast<T*>(y.GetTensorMutableRawData()), scratch);
-      if (err == cudaErrorNotSupported)
-        fail(Spec::kName,
-             "cuBLASLt has no fp8 GEMM for this problem (it needs an sm_89+ GPU, float16/bfloat16 X and 16-byte aligned weights)");
-      return err;
+                            in[6].as<uint8_t>(), in[7].as<float>(), in[8].as<T>(), static_cast<T*>(y.GetTensorMutableRawData()), scratch));
     });
 #endif
   }
