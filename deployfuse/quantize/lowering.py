@@ -122,6 +122,7 @@ def quantize(model: onnx.ModelProto, options: QuantizeOptions, calibration: Cali
     """
     switchboard: Callable[[], Switchboard | None] | None = None  # built only if the gate fails
     if options.mode == "dynamic":
+        model = ort_int8.gemms_as_matmuls(model)
         layers = ort_int8.layers(model)
         weights = rounded_weights(model, layers, calibration.feeds())
         quantizer = ort_int8.quantizer(model, weights)

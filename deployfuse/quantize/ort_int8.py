@@ -44,7 +44,8 @@ MODES = ("dynamic", "static")
 # in bench/results/cpu_int8.md (three quantized Q, K, V MatMuls per layer).
 SKIPPED_FAMILIES = ("fused_conv", "packed_qkv", "split_qkv")
 # What dynamic quantization quantizes (ONNX Runtime's IntegerOps registry): not Gemm, which its
-# quantizer rewrites into an fp32 MatMul of another name that `nodes_to_quantize` then misses.
+# quantizer rewrites into an fp32 MatMul of another name that `nodes_to_quantize` then misses;
+# `gemms_as_matmuls` hands it those as MatMuls of the Gemms' names first.
 OP_TYPES = ("MatMul", "Attention", "Conv")
 
 
@@ -58,6 +59,68 @@ def _quiet_root_logger() -> Iterator[None]:
         yield
     finally:
         root.setLevel(level)
+
+
+def gemms_as_matmuls(model: onnx.ModelProto) -> onnx.ModelProto:
+    """`model` (left as it is) with each Gemm that is a plain weight GEMM, Y = A B (+ C): B an
+    initializer, transA=0, alpha=beta=1, rewritten as a MatMul (B stored transposed where
+    transB=1) and an Add of C, an exact rewrite. Why: ONNX Runtime's dynamic quantizer does not
+    quantize a Gemm it is named (it renames it to an fp32 MatMul first), so GPT-2's Conv1D
+    projections and MLPs (torch addmm), or a classifier head, stayed fp32 in an int8 export. As
+    MatMuls they quantize, get GPTQ rounding and a switch on the gate's switchboard like any
+    other; the MatMul keeps the Gemm's name, so the gate's layer names still name that node.
+    Other Gemms (transA=1, a computed B, scaled terms) stay as they are, in fp32."""
+    inputs = {i.name for i in model.graph.input}  # an initializer also listed as an input can be fed: not a constant
+    initializers = {t.name: t for t in model.graph.initializer if t.name not in inputs}
+    result = onnx.ModelProto()
+    result.CopyFrom(model)
+    transposed: set[str] = set()
+    taken = {name for node in model.graph.node for name in (node.name, *node.input, *node.output)} | set(initializers)
+    nodes = []
+    for node in result.graph.node:
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        if (node.op_type != "Gemm" or node.domain not in ("", "ai.onnx") or node.input[1] not in initializers or attrs.get("transA", 0)
+                or attrs.get("alpha", 1.0) != 1.0 or attrs.get("beta", 1.0) != 1.0 or len(initializers[node.input[1]].dims) != 2):
+            nodes.append(node)
+            continue
+        weight = node.input[1]
+        if attrs.get("transB", 0):
+            transposed.add(weight)
+            weight = _fresh(f"{weight}_transposed", taken)
+            result.graph.initializer.append(numpy_helper.from_array(numpy_helper.to_array(initializers[node.input[1]]).T.copy(), weight))
+        has_bias = len(node.input) > 2 and node.input[2] != ""
+        product = _fresh(f"{node.output[0]}_matmul", taken) if has_bias else node.output[0]
+        nodes.append(helper.make_node("MatMul", [node.input[0], weight], [product], name=node.name or _fresh("Gemm_MatMul", taken)))
+        if has_bias:
+            nodes.append(helper.make_node("Add", [product, node.input[2]], [node.output[0]], name=_fresh(f"{node.name}_bias", taken)))
+    del result.graph.node[:]
+    result.graph.node.extend(nodes)
+    unused = transposed - _inputs_read(result.graph)  # weights only their Gemms read, now stored transposed
+    kept = [t for t in result.graph.initializer if t.name not in unused]
+    del result.graph.initializer[:]
+    result.graph.initializer.extend(kept)
+    return result
+
+
+def _inputs_read(graph: onnx.GraphProto) -> set[str]:
+    """Every tensor name a node of `graph` or of its subgraphs reads."""
+    names = set()
+    for node in graph.node:
+        names.update(node.input)
+        for attribute in node.attribute:
+            for subgraph in (attribute.g, *attribute.graphs) if attribute.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) else ():
+                names |= _inputs_read(subgraph)
+    return names
+
+
+def _fresh(name: str, taken: set[str]) -> str:
+    """`name`, or `name` with a number after it, not yet in `taken` (then added to it)."""
+    fresh, count = name, 0
+    while fresh in taken:
+        count += 1
+        fresh = f"{name}_{count}"
+    taken.add(fresh)
+    return fresh
 
 
 def layers(model: onnx.ModelProto) -> dict[str, onnx.NodeProto]:
@@ -146,4 +209,4 @@ def switchboard(model: onnx.ModelProto, weights: Mapping[str, tuple[np.ndarray, 
     return Switchboard(board, switches)
 
 
-__all__ = ["MODES", "OP_TYPES", "SKIPPED_FAMILIES", "layers", "quantizer", "switchboard"]
+__all__ = ["MODES", "OP_TYPES", "SKIPPED_FAMILIES", "gemms_as_matmuls", "layers", "quantizer", "switchboard"]
