@@ -37,7 +37,7 @@ import onnx
 import torch
 
 from deployfuse.errors import UsageError
-from deployfuse.quantize import ort_int8
+from deployfuse.quantize import fp8_switchboard, ort_int8
 from deployfuse.quantize.calibration import Calibration
 from deployfuse.quantize.gate import Budget, GateResult, Switchboard, budget_of, run_gate
 from deployfuse.quantize.qdq import MIN_OPSET, PRECISIONS as QUANTIZED, place_qdq, quantizable_nodes
@@ -131,6 +131,8 @@ def quantize(model: onnx.ModelProto, options: QuantizeOptions, calibration: Cali
         quantizer = _qdq_quantizer(model, options, calibration)
         names = set(quantizable_nodes(model, options.precision))
         layers = {n.name: n for n in model.graph.node if n.name in names}
+        if options.precision == "fp8":
+            switchboard = partial(fp8_switchboard.switchboard, model, calibration)
     if references is None:
         quantized = quantizer(set())
         result = None

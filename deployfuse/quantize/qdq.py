@@ -93,16 +93,13 @@ def place_qdq(model: onnx.ModelProto, precision: str, calibration: Calibration, 
     nodes = [n for n in quantizable_nodes(model, precision) if n not in exclude]
     if not nodes:
         return _copy(model)
+    if precision == "fp8":
+        return _fp8_qdq(model, set(nodes), fp8_activation_scales(model, calibration))
     samples = _samples(model, calibration.samples)
     with tempfile.TemporaryDirectory(prefix="deployfuse-qdq.") as tmp:
         source, target = Path(tmp) / "float.onnx", Path(tmp) / "qdq.onnx"
-        external = model.ByteSize() > _EXTERNAL_DATA_THRESHOLD
-        onnx.save_model(model, source, save_as_external_data=external, all_tensors_to_one_file=True, location="float.onnx.data")
+        external = _save(model, source)
         ranges = _CACHE.entry(source, samples, precision)
-        if precision == "fp8":
-            if ranges.amax is None:
-                ranges.amax = _activation_amax(source, model, samples, Path(tmp))
-            return _fp8_qdq(model, set(nodes), ranges.amax)
         _quantize(source, target, nodes, samples, external, ranges.path)
         quantized = onnx.load(os.fspath(target))
     if default_opset(quantized) != opset:  # the quantizer raises opsets it finds too old: never silently
@@ -110,6 +107,38 @@ def place_qdq(model: onnx.ModelProto, precision: str, calibration: Calibration, 
     _unquantized_elsewhere(quantized, set(nodes))
     _scales_in_graph_type(quantized, model, nodes)
     return quantized
+
+
+def fp8_activation_scales(model: onnx.ModelProto, calibration: Calibration) -> dict[str, float]:
+    """The float8 scale of each fp8-quantizable GEMM's activation input, by node name: amax / 448
+    as the GEMM's float type holds it (`_fp8_scale`), amax over `calibration.samples` by ONNX
+    Runtime's MinMax calibrator, once per model and samples in this process."""
+    samples = _samples(model, calibration.samples)
+    with tempfile.TemporaryDirectory(prefix="deployfuse-qdq.") as tmp:
+        source = Path(tmp) / "float.onnx"
+        _save(model, source)
+        ranges = _CACHE.entry(source, samples, "fp8")
+        if ranges.amax is None:
+            ranges.amax = _activation_amax(source, model, samples, Path(tmp))
+        amax = ranges.amax
+    weight_type = {t.name: helper.tensor_dtype_to_np_dtype(t.data_type) for t in model.graph.initializer}
+    gemms = set(quantizable_nodes(model, "fp8"))
+    return {n.name: _fp8_scale(amax[n.input[0]], weight_type[n.input[1]]) for n in model.graph.node if n.name in gemms}
+
+
+def fp8_weight(weight: onnx.TensorProto) -> tuple[np.ndarray, float]:
+    """`weight` in float8 e4m3 per tensor, and its scale max|W| / 448 as the weight's float type
+    holds it (`_fp8_scale`), as a float: the values and scale `place_qdq` stores."""
+    values = numpy_helper.to_array(weight).astype(np.float32)
+    scale = _fp8_scale(float(np.abs(values).max()), helper.tensor_dtype_to_np_dtype(weight.data_type))
+    return to_element_type(values / np.float32(scale), "float8e4m3fn"), scale
+
+
+def _save(model: onnx.ModelProto, path: Path) -> bool:
+    """Save `model` for ONNX Runtime's calibrator; whether its weights went to external data (above 2 GiB)."""
+    external = model.ByteSize() > _EXTERNAL_DATA_THRESHOLD
+    onnx.save_model(model, path, save_as_external_data=external, all_tensors_to_one_file=True, location=path.name + ".data")
+    return external
 
 
 @dataclass
@@ -230,9 +259,9 @@ def _activation_amax(source: Path, model: onnx.ModelProto, samples: list[dict[st
     return {name: max(abs(float(np.asarray(v).max())) for v in ranges[name].range_value) for name in activations}
 
 
-def _fp8_qdq(model: onnx.ModelProto, nodes: set[str], amax: Mapping[str, float]) -> onnx.ModelProto:
-    """`model` with each of `nodes` reading a float8 e4m3 Q -> DQ pair of its activation (scale
-    amax / 448 from `amax`) and its weight stored in float8 behind a DequantizeLinear (scale
+def _fp8_qdq(model: onnx.ModelProto, nodes: set[str], x_scales: Mapping[str, float]) -> onnx.ModelProto:
+    """`model` with each of `nodes` reading a float8 e4m3 Q -> DQ pair of its activation (its
+    scale from `x_scales`, by node) and its weight stored in float8 behind a DequantizeLinear (scale
     max|W| / 448), per tensor, zero points 0, scales in the weight's float type: the form TensorRT
     fuses into its fp8 GEMMs and the fp8_gemm rule into Fp8GemmAct. A weight only quantized nodes
     read is stored in float8 alone."""
@@ -248,13 +277,11 @@ def _fp8_qdq(model: onnx.ModelProto, nodes: set[str], amax: Mapping[str, float])
             x, w = node.input[0], node.input[1]
             dtype = helper.tensor_dtype_to_np_dtype(weights[w].data_type)
             if w not in stored:
-                values = numpy_helper.to_array(weights[w]).astype(np.float32)
-                scale = _fp8_scale(float(np.abs(values).max()), dtype)
+                values, scale = fp8_weight(weights[w])
                 stored[w] = (f"{w}_fp8", f"{w}_fp8_scale")
-                added += [numpy_helper.from_array(to_element_type(values / np.float32(scale), "float8e4m3fn"), stored[w][0]),
-                          numpy_helper.from_array(np.array(scale, dtype=dtype), stored[w][1])]
+                added += [numpy_helper.from_array(values, stored[w][0]), numpy_helper.from_array(np.array(scale, dtype=dtype), stored[w][1])]
             x_scale, x_q, x_dq, w_dq = (f"{node.name}_{part}" for part in ("x_scale", "x_q", "x_dq", "w_dq"))
-            added.append(numpy_helper.from_array(np.array(_fp8_scale(amax[x], dtype), dtype=dtype), x_scale))
+            added.append(numpy_helper.from_array(np.array(x_scales[node.name], dtype=dtype), x_scale))
             order += [helper.make_node("QuantizeLinear", [x, x_scale, zero], [x_q], name=f"{node.name}_x_QuantizeLinear"),
                       helper.make_node("DequantizeLinear", [x_q, x_scale, zero], [x_dq], name=f"{node.name}_x_DequantizeLinear"),
                       helper.make_node("DequantizeLinear", [*stored[w], zero], [w_dq], name=f"{node.name}_w_DequantizeLinear")]
@@ -324,4 +351,4 @@ def _unquantized_elsewhere(model: onnx.ModelProto, quantized: set[str]) -> None:
             node.input[:] = [restore.get(i, i) for i in node.input]
 
 
-__all__ = ["PRECISIONS", "place_qdq", "quantizable_nodes"]
+__all__ = ["PRECISIONS", "fp8_activation_scales", "fp8_weight", "place_qdq", "quantizable_nodes"]
