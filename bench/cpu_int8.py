@@ -1,7 +1,8 @@
 """Issue 19 on CPU: deployfuse's int8 ort-cpu artefact against the ORT transformers optimizer's fp32
 graph and against ORT's own quantize_dynamic of that optimized graph (the best-configured int8
 alternative: per-tensor, per-channel, per-channel with reduce_range), on BERT-base (random
-weights from its config with `anchors.trained_like` biases and norms), seq 128.
+weights from its config with `anchors.trained_like` biases and norms), seq 128; or on ViT-B/16 or
+GPT-2 (124M, seq 128, whose Conv1D GEMMs export as Gemm).
 
 deployfuse's variants: its default (dynamic int8, GPTQ-rounded weights, the accuracy gate at
 `--budget`), the same with ONNX Runtime's nearest rounding (the default before GPTQ: its gate
@@ -12,10 +13,11 @@ Every variant is exported once with a dynamic batch axis; every variant runs in 
 runs are interleaved (one of each per round, the order rotating) and the figure is the median.
 Each int8 variant's accuracy is measured the way deployfuse's gate does (worst cosine and
 max|error| / max|reference| per output against PyTorch fp32) on fresh inputs: one draw with
-all-ones attention masks and one padded.
+all-ones attention masks and one padded (BERT), or the timed input and another draw (ViT, GPT-2).
 
     python bench/cpu_int8.py --batches 8,1 --rounds 30      # bench/results/cpu_int8.md
     python bench/cpu_int8.py --model vit --batches 1,8 --rounds 15 --default-only
+    python bench/cpu_int8.py --model gpt2 --batches 1,8 --rounds 15 --default-only
 """
 
 from __future__ import annotations
@@ -49,9 +51,13 @@ def _ort_optimized(plain: Path, out: Path, model: str) -> Path:
 
 
 def _ort_int8(source: Path, out: Path, per_channel: bool, reduce_range: bool = False) -> Path:
+    from onnx import TensorProto
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    quantize_dynamic(str(source), str(out), per_channel=per_channel, reduce_range=reduce_range, weight_type=QuantType.QInt8)
+    # DefaultTensorType: the type of a tensor shape inference cannot type (the ORT optimizer's GPT-2
+    # graph has com.microsoft FullyConnect outputs); every tensor here is fp32
+    quantize_dynamic(str(source), str(out), per_channel=per_channel, reduce_range=reduce_range, weight_type=QuantType.QInt8,
+                     extra_options={"DefaultTensorType": TensorProto.FLOAT})
     return out
 
 
@@ -146,8 +152,8 @@ def bench(model: str, batches: list[int], rounds: int, threads: int, budget: str
         if "attention_mask" in feed:  # a padded mask
             lengths = generator.integers(16, feed["attention_mask"].shape[1] + 1, (batch, 1))
             second = dict(feed, attention_mask=(np.arange(feed["attention_mask"].shape[1]) < lengths).astype(np.int64))
-        else:  # another image
-            second = {k: generator.standard_normal(v.shape).astype(v.dtype) for k, v in feed.items()}
+        else:  # another image, or the token ids shuffled along the sequence
+            second = {k: generator.permuted(v, axis=-1) if v.dtype.kind == "i" else generator.standard_normal(v.shape).astype(v.dtype) for k, v in feed.items()}
         times: dict[str, list[float]] = {name: [] for name in sessions}
         for sess in sessions.values():
             run(sess, feed)
@@ -173,7 +179,7 @@ def bench(model: str, batches: list[int], rounds: int, threads: int, budget: str
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", choices=("bert", "vit"), default="bert", help="BERT-base (seq 128) or ViT-B/16 (224)")
+    parser.add_argument("--model", choices=("bert", "vit", "gpt2"), default="bert", help="BERT-base (seq 128), ViT-B/16 (224) or GPT-2 124M (seq 128)")
     parser.add_argument("--batches", default="1,8")
     parser.add_argument("--default-only", action="store_true", help="time ORT fp32, ORT int8 and deployfuse's default (GPTQ, gated) only")
     parser.add_argument("--rounds", type=int, default=20)
