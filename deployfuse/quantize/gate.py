@@ -10,10 +10,12 @@ on the quantized artefacts themselves, up to a quarter of the layers (at least 4
 A layer's sensitivity is the gate's own measure with that layer alone quantized, on the first
 calibration samples: how far over (or how close to) the budget the model outputs get, as the
 largest of (1 - cosine) / (1 - budget cos) and error / bound. It is measured once, the first time
-the gate fails. Where the quantizer offers a `Switchboard` (dynamic int8 on ort-cpu), the ranking
-and the search for how many of the most sensitive layers go back run on one session of it, and
-only the choice found is quantized for real; BERT-base (72 layers, 2 cores) ranked in ~70 s
-instead of ~685 s. A cheaper proxy, the error each layer adds to its own output tensor (one fp32
+the gate fails. Where the quantizer offers a `Switchboard` (dynamic int8 on ort-cpu,
+`ort_int8.switchboard`; fp8 Q/DQ, `fp8_switchboard`), the ranking and the search for how many of
+the most sensitive layers go back run on one session of it, and only the choice found is quantized
+for real; BERT-base (72 layers, 2 cores) ranked in ~70 s instead of ~685 s in int8, and its fp8
+ort-cuda export (48 GEMMs, default budget) gave up after 86 s instead of 214 s (ranking ~27 s
+instead of ~143 s; its 12 most sensitive GEMMs 9 of the artefacts' 12). A cheaper proxy, the error each layer adds to its own output tensor (one fp32
 pass), ranks badly: on a tiny BERT it put the query and key projections first, whose error softmax
 all but removes; on BERT-base every layer's own error is 1.0-1.4 %, and falling back by that order
 was still over budget at the bound of 18 layers where this ranking needs 10 (nearest rounding, bench/results/cpu_int8.md).
@@ -227,7 +229,7 @@ class Switchboard:
 
     def measure(self, quantized: Iterable[str], calibration: Calibration, references: Mapping[str, Sequence[dict[str, torch.Tensor]]],
                 limit: int = GATE_SAMPLES, held_out: bool = True) -> list[OutputError]:
-        """`measure` of the model with the `quantized` layers in int8, on its session."""
+        """`measure` of the model with the `quantized` layers quantized (the others in float), on its session."""
         return _errors(self.session, calibration, references, limit, held_out, self.feed(quantized))
 
 

@@ -153,9 +153,9 @@ def test_an_artefact_over_what_the_switchboard_found_gets_one_layer_more_at_a_ti
 
 
 def test_without_a_switchboard_the_count_is_searched_on_the_artefacts(fused_bert):
-    """No switchboard (fp8 on ort-cuda has none): the gate still doubles the count of layers back,
+    """No switchboard (static int8 has none): the gate still doubles the count of layers back,
     on the quantized artefacts themselves, so learning that the bound is not enough takes
-    1, 2, 4 layers back, not 1, 2, 3, 4 (BERT-base fp8: 6 artefacts instead of 18)."""
+    1, 2, 4 layers back, not 1, 2, 3, 4 (BERT-base fp8 before its switchboard: 6 artefacts instead of 18)."""
     model, example, fused = fused_bert
     layers, quantize = ort_int8.layers(fused), ort_int8.quantizer(fused)
     assert 8 <= len(layers) < 20  # the bound is then 4
