@@ -26,7 +26,8 @@ what its output lacks for TensorRT; fp8 is placed here (`_fp8_qdq`, see below). 
 - in an fp16/bf16 graph the scales take the graph's type (ONNX Runtime writes float32 ones).
 
 Calibration runs once per model and sample set in a process (`_CalibrationCache`): the gate
-quantizes the same model again with more layers excluded.
+quantizes the same model again with more layers excluded, and its fp8 switchboard
+(`fp8_switchboard`) takes the same scales and float8 weights (`fp8_activation_scales`, `fp8_weight`).
 
 Why not nvidia-modelopt's ONNX PTQ: it runs on a CPU, but pins onnx 1.21, onnxruntime-gpu 1.24
 and cupy for CUDA 12 (this project is on onnx 1.23, onnxruntime 1.32, CUDA 13), and it puts
