@@ -159,3 +159,13 @@ def test_the_fp8_export_gate_passes_on_the_artefact_the_switchboard_chose():
     ops = [n.op_type for n in artefact.graph.node]
     assert ops.count("Fp8GemmAct") == len(layers) - 1 and "If" not in ops
     assert worst_rel(measure(artefact, calibration, references)) <= budget.rel
+
+
+def test_no_switchboard_past_what_a_session_loads_from_memory(monkeypatch):
+    """A switchboard past protobuf's 2 GiB (the float weights and their float8 copies) could not be
+    loaded: there is none, and the gate measures artefacts as before."""
+    model, calibration, _, _, _ = _float_model("bert", "tensorrt")
+    board = fp8_switchboard.switchboard(model, calibration)
+    assert board is not None
+    monkeypatch.setattr(fp8_switchboard, "PROTOBUF_LIMIT", board.model.ByteSize() - 1)
+    assert fp8_switchboard.switchboard(model, calibration) is None
