@@ -2,7 +2,7 @@
 
 Without it the gate ranked the layers by quantizing each alone on a fresh artefact (`place_qdq`,
 `fp8_gemm.lower`, an ONNX Runtime session per layer): BERT-base's fp8 ort-cuda export spent ~143 s
-of its 214 s on that on a 2-core CPU (27 s on the switchboard, 86 s in all). On the switchboard a
+of its ~214 s on that on a 2-core CPU (~27 s on the switchboard, ~90 s in all). On the switchboard a
 bool input `<layer>.fp8` picks, per layer and per run, between the original node (false) and the
 layer's GEMM as Fp8GemmAct's function body computes it (true), with the scales `place_qdq`
 calibrates (`fp8_activation_scales`) and the float8 weight it stores (`fp8_weight`):
