@@ -15,8 +15,8 @@ the gate fails. Where the quantizer offers a `Switchboard` (dynamic int8 on ort-
 the most sensitive layers go back run on one session of it, and only the choice found is quantized
 for real; BERT-base (72 layers, 2 cores) ranked in ~70 s instead of ~685 s in int8, and its fp8
 ort-cuda export (48 GEMMs, default budget) gave up after ~90 s instead of ~214 s (ranking ~27 s
-instead of ~143 s; its 12 most sensitive GEMMs 9 of the artefacts' 12). A cheaper proxy, the error each layer adds to its own output tensor (one fp32
-pass), ranks badly: on a tiny BERT it put the query and key projections first, whose error softmax
+instead of ~143 s; its 12 most sensitive GEMMs 9 of the artefacts' 12). A cheaper proxy, the
+error each layer adds to its own output tensor (one fp32 pass), ranks badly: on a tiny BERT it put the query and key projections first, whose error softmax
 all but removes; on BERT-base every layer's own error is 1.0-1.4 %, and falling back by that order
 was still over budget at the bound of 18 layers where this ranking needs 10 (nearest rounding, bench/results/cpu_int8.md).
 """
