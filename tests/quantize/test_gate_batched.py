@@ -1,0 +1,62 @@
+"""The gate also runs its samples as one batch: a quantized model whose error depends on the batch
+(dynamic int8: one activation scale over the whole batch) is judged as it will run, each sample's
+rows against its own reference; where the samples cannot form one batch, nothing is added."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import torch
+from onnx import TensorProto, helper, numpy_helper
+
+from deployfuse.quantize import ort_int8
+from deployfuse.quantize.calibration import Calibration
+from deployfuse.quantize.gate import Budget, measure
+
+
+def _linear(batch: int | str) -> tuple[onnx.ModelProto, np.ndarray]:
+    """y = x · W, x [batch, 64], W a random [64, 32], as an fp32 ONNX model."""
+    weight = np.random.default_rng(0).standard_normal((64, 32)).astype(np.float32) / 8
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"], name="proj")], "linear",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, 64])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, 32])], [numpy_helper.from_array(weight, "w")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9), weight
+
+
+def _calibration(weight: np.ndarray, seed: int) -> tuple[Calibration, dict[str, list[dict[str, torch.Tensor]]]]:
+    """Two calibration and two held-out rows of fresh random values, one of each 1000x larger
+    than the other, and their fp32 outputs."""
+    rng = np.random.default_rng(seed)
+    rows = [rng.standard_normal((1, 64)).astype(np.float32) * scale for scale in (1e-3, 1.0, 1e-3, 1.0)]
+    samples = [{"x": torch.from_numpy(r)} for r in rows]
+    refs = [{"y": torch.from_numpy(r @ weight)} for r in rows]
+    return Calibration(samples[:2], samples[2:], "test rows"), {"calibration": refs[:2], "held-out": refs[2:]}
+
+
+def test_dynamic_int8_is_judged_in_one_batch_as_it_runs():
+    """Alone, each row gets its own activation scale and is close; in one batch the small rows
+    are quantized on the large rows' scale and lose most of their digits."""
+    model, weight = _linear("batch")
+    quantized = ort_int8.quantizer(model)(set())
+    assert any(n.op_type.startswith("DynamicQuantize") or n.op_type == "MatMulInteger" for n in quantized.graph.node)
+    calibration, references = _calibration(weight, seed=1)
+    errors = {e.samples: e for e in measure(quantized, calibration, references)}
+    assert set(errors) == {"calibration", "held-out", "batched"}
+    budget = Budget.parse("cos=0.999,rel=2e-2")
+    assert not budget.exceeded(errors["calibration"]) and not budget.exceeded(errors["held-out"])
+    assert budget.exceeded(errors["batched"]), errors["batched"]
+    assert errors["batched"].rel > 10 * max(errors["calibration"].rel, errors["held-out"].rel)
+
+
+def test_the_float_model_in_one_batch_is_the_float_model():
+    """The batched rows are each sample's own outputs: an unquantized model measures ~0 there."""
+    model, weight = _linear("batch")
+    calibration, references = _calibration(weight, seed=2)
+    batched = next(e for e in measure(model, calibration, references) if e.samples == "batched")
+    assert batched.rel < 1e-5 and batched.cos > 1 - 1e-6
+
+
+def test_no_batch_where_the_model_fixes_its_batch_axis():
+    model, weight = _linear(1)
+    calibration, references = _calibration(weight, seed=3)
+    assert {e.samples for e in measure(model, calibration, references)} == {"calibration", "held-out"}
