@@ -451,7 +451,7 @@ def _gate_fused(model: onnx.ModelProto, gate: GateResult, calibration: Calibrati
     from deployfuse.quantize.gate import GateFailed, measure
 
     assert references is not None and report.quantization is not None
-    gate.errors = measure(model, calibration, references)
+    gate.errors = measure(model, calibration, references, batch=gate.budget.batch)
     broken = [f"{e.name} ({e.samples}) {', '.join(b)}" for e in gate.errors if (b := gate.budget.exceeded(e))]
     gate.passed = not broken
     report.quantization["gate"] = gate.to_dict()

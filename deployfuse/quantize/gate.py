@@ -44,19 +44,22 @@ PROBE_SAMPLES = 2  # calibration samples the per-layer sensitivity is measured o
 GATE_SAMPLES = 16  # at most this many calibration samples (and held-out samples) are judged
 BUDGET_HELP = ("accuracy budget of a quantized export, checked per output against PyTorch fp32 on calibration and held-out inputs: "
                "comma-separated KEY=VALUE with cos (minimum cosine similarity), rel (maximum max|error| / max|reference|), "
-               "abs (maximum |error|), p99 (maximum 99th-percentile |error|); default cos=0.999,rel=2e-2")
-_KEYS = ("cos", "rel", "abs", "p99")
+               "abs (maximum |error|), p99 (maximum 99th-percentile |error|), batch (also judge the samples run together in batches of N, "
+               "as a dynamic-batch model will run: dynamic int8's activation scales span the batch); default cos=0.999,rel=2e-2")
+_KEYS = ("cos", "rel", "abs", "p99", "batch")
 
 
 @dataclass(frozen=True)
 class Budget:
     """The worst each output may be: cosine at least `cos`, relative error at most `rel`, and,
-    when set, max |error| at most `abs` and p99 |error| at most `p99`."""
+    when set, max |error| at most `abs` and p99 |error| at most `p99`; with `batch` >= 2, on each
+    sample run alone and also run among `batch` samples as one batch (`_one_batch`)."""
 
     cos: float = 0.999
     rel: float = 2e-2
     abs: float | None = None
     p99: float | None = None
+    batch: int = 0
 
     @classmethod
     def parse(cls, text: str) -> Budget:
@@ -69,23 +72,24 @@ class Budget:
                 value = float(number)
             except ValueError:
                 value = math.nan
-            if key not in _KEYS or not math.isfinite(value) or value < 0 or (key == "cos" and value > 1):
+            if key not in _KEYS or not math.isfinite(value) or value < 0 or (key == "cos" and value > 1) or (key == "batch" and value != int(value)):
                 raise UsageError(f"--accuracy-budget {text!r}: expected KEY=VALUE pairs with KEY in {', '.join(_KEYS)} "
-                                 "(cos between 0 and 1, the others >= 0), e.g. cos=0.999,rel=2e-2")
+                                 "(cos between 0 and 1, batch a whole number, the others >= 0), e.g. cos=0.999,rel=2e-2")
             values[key] = value
-        if not values:
+        if not set(values) - {"batch"}:
             raise UsageError(f"--accuracy-budget {text!r}: name at least one bound, e.g. cos=0.999,rel=2e-2")
-        return cls(**values)
+        return cls.from_dict(values)
 
     def text(self) -> str:
-        return ",".join(f"{k}={v:.10g}" for k, v in asdict(self).items() if v is not None)
+        return ",".join(f"{k}={v:.10g}" for k, v in self.to_dict().items())
 
     def to_dict(self) -> dict[str, float]:
-        return {k: v for k, v in asdict(self).items() if v is not None}
+        return {k: v for k, v in asdict(self).items() if v is not None and not (k == "batch" and v < 2)}
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any]) -> Budget:
-        return cls(**{k: float(v) for k, v in values.items() if k in _KEYS})
+        bounds = {k: float(v) for k, v in values.items() if k in _KEYS and k != "batch"}
+        return cls(**bounds, batch=int(values.get("batch", 0)))
 
     def score(self, errors: Sequence[OutputError]) -> float:
         """How much of the budget the worst output uses: 1 is at the bound, above 1 over it."""
@@ -185,29 +189,38 @@ class GateFailed(AccuracyError):
 
 
 def measure(model: onnx.ModelProto, calibration: Calibration, references: Mapping[str, Sequence[dict[str, torch.Tensor]]],
-            limit: int = GATE_SAMPLES, held_out: bool = True) -> list[OutputError]:
+            limit: int = GATE_SAMPLES, held_out: bool = True, batch: int = 0) -> list[OutputError]:
     """The worst error of each output of `model` on (at most `limit` of) the calibration and
     held-out samples, against `references` (PyTorch fp32 outputs, keyed "calibration" and
-    "held-out", in sample order)."""
-    return _errors(ort_backend.session(model), calibration, references, limit, held_out)
+    "held-out", in sample order); with `batch` >= 2 (and `held_out`) also on those samples run
+    together, `batch` at a time ("batched")."""
+    return _errors(ort_backend.session(model), calibration, references, limit, held_out, batch=batch)
 
 
 def _errors(session: Any, calibration: Calibration, references: Mapping[str, Sequence[dict[str, torch.Tensor]]], limit: int = GATE_SAMPLES,
-            held_out: bool = True, switches: Mapping[str, np.ndarray] | None = None) -> list[OutputError]:
+            held_out: bool = True, switches: Mapping[str, np.ndarray] | None = None, batch: int = 0) -> list[OutputError]:
     """`measure` on an ONNX Runtime session, whose inputs beyond the model's take `switches`. With
-    `held_out`, the judged samples also run together as one batch ("batched", `_one_batch`), each
-    sample's rows of the batch's outputs judged against its own reference."""
+    `held_out` and `batch` >= 2, the judged samples also run `batch` at a time as one batch
+    ("batched", `_one_batch`), each sample's rows of a batch's outputs judged against its own reference."""
     feeds = {"calibration": calibration.feeds()[:limit]}
     if held_out:
         feeds["held-out"] = calibration.feeds(held_out=True)[:limit]
     run = functools.partial(ort_backend.run, session)
     sets = [(samples, references[samples][: len(group)], [run({**feed, **(switches or {})}) for feed in group]) for samples, group in feeds.items()]
-    joined = _one_batch(session, [feed for group in feeds.values() for feed in group], [ref for _, refs, _ in sets for ref in refs]) if held_out else None
-    if joined is not None:
-        batch, rows = joined
-        outputs = run({**batch, **(switches or {})})
-        count = len(next(iter(batch.values()))) // rows
-        sets.append(("batched", [ref for _, refs, _ in sets for ref in refs], [{k: v[i * rows:(i + 1) * rows] for k, v in outputs.items()} for i in range(count)]))
+    if held_out and batch >= 2:
+        all_feeds, all_refs = [feed for group in feeds.values() for feed in group], [ref for _, refs, _ in sets for ref in refs]
+        outs: list[dict[str, np.ndarray]] = []
+        for start in range(0, len(all_feeds), batch):
+            joined = _one_batch(session, all_feeds[start:start + batch], all_refs[start:start + batch])
+            if joined is None:
+                log.warning("the accuracy budget's batch=%d: samples %d.. cannot run as one batch (fewer than two, shapes that differ, "
+                             "a fixed batch axis, or outputs not batched like the inputs); judged one at a time only", batch, start)
+                break
+            joined_feed, rows = joined
+            outputs = run({**joined_feed, **(switches or {})})
+            outs += [{k: v[i * rows:(i + 1) * rows] for k, v in outputs.items()} for i in range(len(all_feeds[start:start + batch]))]
+        if outs:
+            sets.append(("batched", all_refs[: len(outs)], outs))
     errors = []
     for samples, wanted, outs in sets:
         for name, first in wanted[0].items() if wanted else ():
@@ -268,9 +281,9 @@ class Switchboard:
         return {switch: np.array(layer in on) for layer, switch in self.switches.items()}
 
     def measure(self, quantized: Iterable[str], calibration: Calibration, references: Mapping[str, Sequence[dict[str, torch.Tensor]]],
-                limit: int = GATE_SAMPLES, held_out: bool = True) -> list[OutputError]:
+                limit: int = GATE_SAMPLES, held_out: bool = True, batch: int = 0) -> list[OutputError]:
         """`measure` of the model with the `quantized` layers quantized (the others in float), on its session."""
-        return _errors(self.session, calibration, references, limit, held_out, self.feed(quantized))
+        return _errors(self.session, calibration, references, limit, held_out, self.feed(quantized), batch)
 
 
 def run_gate(quantize: Callable[[set[str]], onnx.ModelProto], layers: Mapping[str, onnx.NodeProto], calibration: Calibration,
@@ -293,7 +306,7 @@ def run_gate(quantize: Callable[[set[str]], onnx.ModelProto], layers: Mapping[st
     """
     result = GateResult(budget, calibration.source, calibration.random, len(layers), kept_in=kept_in)
     quantized = quantize(set())
-    result.errors = measure(quantized, calibration, references)
+    result.errors = measure(quantized, calibration, references, batch=budget.batch)
     if _judge(result, set(), "artefact"):
         return quantized, result
     max_fallback = max(4, len(layers) // 4)
@@ -306,10 +319,10 @@ def run_gate(quantize: Callable[[set[str]], onnx.ModelProto], layers: Mapping[st
         nonlocal best
         kept = {name for name, _ in ranking[:count]}
         if board is not None:
-            result.errors = board.measure(set(layers) - kept, calibration, references)
+            result.errors = board.measure(set(layers) - kept, calibration, references, batch=budget.batch)
             return _judge(result, kept, "switchboard")
         model = quantize(kept)
-        result.errors = measure(model, calibration, references)
+        result.errors = measure(model, calibration, references, batch=budget.batch)
         if not _judge(result, kept, "artefact"):
             return False
         best = (count, model, result.errors)
@@ -324,7 +337,7 @@ def run_gate(quantize: Callable[[set[str]], onnx.ModelProto], layers: Mapping[st
     while board is not None:  # the switchboard's count on the artefact, then one layer more at a time
         kept = {layer.node for layer in result.fp32_layers}
         quantized = quantize(kept)
-        result.errors = measure(quantized, calibration, references)
+        result.errors = measure(quantized, calibration, references, batch=budget.batch)
         if _judge(result, kept, "artefact"):
             return quantized, result
         if not _fall_back(result, layers, ranking, max_fallback):

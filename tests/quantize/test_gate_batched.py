@@ -1,6 +1,7 @@
-"""The gate also runs its samples as one batch: a quantized model whose error depends on the batch
-(dynamic int8: one activation scale over the whole batch) is judged as it will run, each sample's
-rows against its own reference; where the samples cannot form one batch, nothing is added."""
+"""`--accuracy-budget ...,batch=N`: the gate also runs its samples N at a time as one batch, so a
+quantized model whose error depends on the batch (dynamic int8: one activation scale over the whole
+batch) is judged as it will run, each sample's rows against its own reference; where the samples
+cannot form one batch, or without batch=, nothing is added."""
 
 from __future__ import annotations
 
@@ -40,9 +41,10 @@ def test_dynamic_int8_is_judged_in_one_batch_as_it_runs():
     quantized = ort_int8.quantizer(model)(set())
     assert any(n.op_type.startswith("DynamicQuantize") or n.op_type == "MatMulInteger" for n in quantized.graph.node)
     calibration, references = _calibration(weight, seed=1)
-    errors = {e.samples: e for e in measure(quantized, calibration, references)}
+    budget = Budget.parse("cos=0.999,rel=2e-2,batch=4")
+    assert {e.samples for e in measure(quantized, calibration, references)} == {"calibration", "held-out"}  # no batch=: one at a time
+    errors = {e.samples: e for e in measure(quantized, calibration, references, batch=budget.batch)}
     assert set(errors) == {"calibration", "held-out", "batched"}
-    budget = Budget.parse("cos=0.999,rel=2e-2")
     assert not budget.exceeded(errors["calibration"]) and not budget.exceeded(errors["held-out"])
     assert budget.exceeded(errors["batched"]), errors["batched"]
     assert errors["batched"].rel > 10 * max(errors["calibration"].rel, errors["held-out"].rel)
@@ -52,11 +54,36 @@ def test_the_float_model_in_one_batch_is_the_float_model():
     """The batched rows are each sample's own outputs: an unquantized model measures ~0 there."""
     model, weight = _linear("batch")
     calibration, references = _calibration(weight, seed=2)
-    batched = next(e for e in measure(model, calibration, references) if e.samples == "batched")
+    batched = next(e for e in measure(model, calibration, references, batch=3) if e.samples == "batched")
     assert batched.rel < 1e-5 and batched.cos > 1 - 1e-6
 
 
 def test_no_batch_where_the_model_fixes_its_batch_axis():
     model, weight = _linear(1)
     calibration, references = _calibration(weight, seed=3)
-    assert {e.samples for e in measure(model, calibration, references)} == {"calibration", "held-out"}
+    assert {e.samples for e in measure(model, calibration, references, batch=4)} == {"calibration", "held-out"}
+
+
+def test_the_budget_carries_its_batch():
+    budget = Budget.parse("rel=2e-2, batch=8")
+    assert budget.batch == 8 and Budget.parse(budget.text()) == budget == Budget.from_dict(budget.to_dict())
+    assert "batch" not in Budget.parse("cos=0.999").text()
+
+
+def test_an_int8_export_judged_at_a_batch_records_it(tmp_path):
+    """Through `deployfuse.export`: the budget's batch reaches every measurement (the report's
+    errors have "batched" rows) and the artefact records it for `deployfuse compare`."""
+    import json
+
+    import deployfuse
+    from deployfuse import metadata
+    from deployfuse.examples.tiny_bert import build
+    from deployfuse.inputs import DynamicAxis
+
+    model, example = build()
+    deployfuse.export(model, tmp_path / "bert.onnx", example_inputs=example, dynamic=[DynamicAxis(name, 0, "batch") for name in example],
+                      precision="int8", accuracy_budget="cos=0.99,rel=0.1,batch=6", report_path=tmp_path / "report.json", seed=0)
+    gate = json.loads((tmp_path / "report.json").read_text())["quantization"]["gate"]
+    assert gate["budget"]["batch"] == 6 and gate["passed"]
+    assert {e["samples"] for e in gate["errors"]} == {"calibration", "held-out", "batched"}
+    assert metadata.read(onnx.load(tmp_path / "bert.onnx", load_external_data=False), metadata.ACCURACY_BUDGET)["batch"] == 6  # type: ignore[index]
