@@ -41,36 +41,27 @@ def switchboard(model: onnx.ModelProto, calibration: Calibration) -> Switchboard
         return None
     x_scales = fp8_activation_scales(model, calibration)
     weights = {t.name: t for t in model.graph.initializer}
-    board = onnx.ModelProto()
-    board.CopyFrom(model)
     stored: dict[str, tuple[str, str]] = {}  # float weight -> its float8 values and their float32 scale
-    switches: dict[str, str] = {}
-    nodes = []
-    for node in board.graph.node:
-        if node.name not in chosen:
-            nodes.append(node)
-            continue
+
+    def branches(node: onnx.NodeProto, board: onnx.ModelProto, switch: str) -> tuple[onnx.GraphProto, onnx.GraphProto]:
         weight = node.input[1]
         if weight not in stored:
             values, scale = fp8_weight(weights[weight])
             stored[weight] = (f"{weight}.fp8", f"{weight}.fp8_scale")
             board.graph.initializer.extend([numpy_helper.from_array(values, stored[weight][0]),
                                             numpy_helper.from_array(np.array(scale, np.float32), stored[weight][1])])
-        switch = switches[node.name] = f"{node.name}.fp8"
-        board.graph.input.append(helper.make_tensor_value_info(switch, TensorProto.BOOL, []))
         board.graph.initializer.append(numpy_helper.from_array(np.array(x_scales[node.name], np.float32), f"{switch}.x_scale"))
         graph_type = weights[weight].data_type
-        fp8 = _fp8_branch(node, stored[weight], f"{switch}.x_scale", graph_type)
         float_out = f"{node.output[0]}.float"
         original = helper.make_node(node.op_type, list(node.input), [float_out], name=f"{node.name}.float", domain=node.domain)
         original.attribute.extend(node.attribute)
         unchanged = helper.make_graph([original], f"{node.name}_float", [], [helper.make_tensor_value_info(float_out, graph_type, None)])
-        nodes.append(helper.make_node("If", [switch], list(node.output), name=node.name, then_branch=fp8, else_branch=unchanged))
-    del board.graph.node[:]
-    board.graph.node.extend(nodes)
-    if board.ByteSize() > PROTOBUF_LIMIT:  # no session could load it from memory: the gate measures artefacts
+        return _fp8_branch(node, stored[weight], f"{switch}.x_scale", graph_type), unchanged
+
+    board = Switchboard.of(model, chosen, "fp8", branches)
+    if board.model.ByteSize() > PROTOBUF_LIMIT:  # no session could load it from memory: the gate measures artefacts
         return None
-    return Switchboard(board, switches)
+    return board
 
 
 def _fp8_branch(node: onnx.NodeProto, weight: tuple[str, str], x_scale: str, graph_type: int) -> onnx.GraphProto:

@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 import onnx
 import torch
+from onnx import TensorProto, helper
 
 from deployfuse.backends import ort as ort_backend
 from deployfuse.errors import AccuracyError, UsageError
@@ -272,6 +273,29 @@ class Switchboard:
 
     model: onnx.ModelProto
     switches: Mapping[str, str]
+
+    @classmethod
+    def of(cls, model: onnx.ModelProto, chosen: Iterable[str], suffix: str,
+           branches: Callable[[onnx.NodeProto, onnx.ModelProto, str], tuple[onnx.GraphProto, onnx.GraphProto]]) -> Switchboard:
+        """A copy of `model` with each node named in `chosen` replaced by an If on a bool input
+        `<node>.<suffix>` (its switch): `branches(node, board, switch)` gives the If's (quantized,
+        float) subgraphs, adding to `board` the initializers they need."""
+        board = onnx.ModelProto()
+        board.CopyFrom(model)
+        names = set(chosen)
+        switches: dict[str, str] = {}
+        nodes = []
+        for node in board.graph.node:
+            if node.name not in names:
+                nodes.append(node)
+                continue
+            switch = switches[node.name] = f"{node.name}.{suffix}"
+            board.graph.input.append(helper.make_tensor_value_info(switch, TensorProto.BOOL, []))
+            quantized, float_branch = branches(node, board, switch)
+            nodes.append(helper.make_node("If", [switch], list(node.output), name=node.name, then_branch=quantized, else_branch=float_branch))
+        del board.graph.node[:]
+        board.graph.node.extend(nodes)
+        return cls(board, switches)
 
     @cached_property
     def session(self) -> Any:

@@ -183,30 +183,20 @@ def switchboard(model: onnx.ModelProto, weights: Mapping[str, tuple[np.ndarray, 
     chosen = weighted_matmuls(model, layers(model))
     if not chosen:
         return None
-    board = onnx.ModelProto()
-    board.CopyFrom(model)
-    switches: dict[str, str] = {}
-    nodes = []
-    for node in board.graph.node:
-        if node.name not in chosen:
-            nodes.append(node)
-            continue
-        switch = f"{node.name}.int8"
-        switches[node.name] = switch
-        board.graph.input.append(helper.make_tensor_value_info(switch, TensorProto.BOOL, []))
+
+    def branches(node: onnx.NodeProto, board: onnx.ModelProto, switch: str) -> tuple[onnx.GraphProto, onnx.GraphProto]:
         int8_weight, scale = (weights or {}).get(node.input[1]) or int8_per_column(numpy_helper.to_array(initializers[node.input[1]]))
         names = [f"{switch}.weight", f"{switch}.scale", f"{switch}.zero_point"]
         board.graph.initializer.extend([numpy_helper.from_array(int8_weight, names[0]), numpy_helper.from_array(scale, names[1]),
                                         numpy_helper.from_array(np.zeros(scale.shape, np.int8), names[2])])
-        branches = {}
+        made = []
         for branch, op, inputs, domain in (("int8", "DynamicQuantizeMatMul", [node.input[0], *names], "com.microsoft"), ("fp32", "MatMul", list(node.input), "")):
             out = f"{node.output[0]}.{branch}"
-            branches[branch] = helper.make_graph([helper.make_node(op, inputs, [out], name=f"{node.name}.{branch}", domain=domain)], f"{node.name}_{branch}", [],
-                                                 [helper.make_tensor_value_info(out, TensorProto.FLOAT, None)])
-        nodes.append(helper.make_node("If", [switch], list(node.output), name=node.name, then_branch=branches["int8"], else_branch=branches["fp32"]))
-    del board.graph.node[:]
-    board.graph.node.extend(nodes)
-    return Switchboard(board, switches)
+            made.append(helper.make_graph([helper.make_node(op, inputs, [out], name=f"{node.name}.{branch}", domain=domain)], f"{node.name}_{branch}", [],
+                                          [helper.make_tensor_value_info(out, TensorProto.FLOAT, None)]))
+        return made[0], made[1]
+
+    return Switchboard.of(model, chosen, "int8", branches)
 
 
 __all__ = ["MODES", "OP_TYPES", "SKIPPED_FAMILIES", "gemms_as_matmuls", "layers", "quantizer", "switchboard"]
