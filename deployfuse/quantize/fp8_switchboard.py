@@ -10,7 +10,7 @@ calibrates (`fp8_activation_scales`) and the float8 weight it stores (`fp8_weigh
     Cast(Cast(float32(x) / XScale -> float8 e4m3, saturating) -> float32) * XScale  @  float32(Wq) * WScale
 
 in float32 (a Gemm's C added there too), cast back to the graph's type; Wq stays float8 (the
-switchboard holds 1.5x the float weights). A MatMul's bias Add and the activation stay outside the
+switchboard holds 1.5x fp16 weights, 1.25x fp32 ones). A MatMul's bias Add and the activation stay outside the
 If, in the graph's type, as in the Q/DQ graph: `fp8_gemm.lower` takes them into the float32
 epilogue, a rounding apart, and the gate measures the choice it finds on the real artefact anyway.
 In an fp16 graph even a layer switched off is a rounding apart (ONNX Runtime's CPU runs an fp16
