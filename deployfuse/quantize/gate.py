@@ -25,7 +25,6 @@ was still over budget at the bound of 18 layers where this ranking needs 10 (nea
 
 from __future__ import annotations
 
-import functools
 import logging
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -66,7 +65,7 @@ class Budget:
 
     @classmethod
     def parse(cls, text: str) -> Budget:
-        """`cos=0.999,rel=2e-2` (any of cos, rel, abs, p99; unnamed keys keep their defaults)."""
+        """`cos=0.999,rel=2e-2` (any of cos, rel, abs, p99, and batch beside at least one of them; unnamed keys keep their defaults)."""
         values: dict[str, float] = {}
         for part in filter(None, (p.strip() for p in text.split(","))):
             key, _, number = part.partition("=")
@@ -127,7 +126,7 @@ class OutputError:
     """One output's worst error over a set of samples, against fp32."""
 
     name: str
-    samples: str  # "calibration" or "held-out"
+    samples: str  # "calibration", "held-out", or "batched" (the two sets run `Budget.batch` samples at a time)
     max_abs: float
     p99_abs: float
     rel: float
@@ -208,19 +207,22 @@ def _errors(session: Any, calibration: Calibration, references: Mapping[str, Seq
     feeds = {"calibration": calibration.feeds()[:limit]}
     if held_out:
         feeds["held-out"] = calibration.feeds(held_out=True)[:limit]
-    run = functools.partial(ort_backend.run, session)
-    sets = [(samples, references[samples][: len(group)], [run({**feed, **(switches or {})}) for feed in group]) for samples, group in feeds.items()]
+
+    def run(feed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return ort_backend.run(session, {**feed, **(switches or {})})
+
+    sets = [(samples, references[samples][: len(group)], [run(feed) for feed in group]) for samples, group in feeds.items()]
     if held_out and batch >= 2:
         all_feeds, all_refs = [feed for group in feeds.values() for feed in group], [ref for _, refs, _ in sets for ref in refs]
         outs: list[dict[str, np.ndarray]] = []
-        for start in range(0, len(all_feeds), batch):
+        for start in range(0, len(all_feeds) - 1, batch):  # a last sample alone: its own run above is its batch
             joined = _one_batch(session, all_feeds[start:start + batch], all_refs[start:start + batch])
             if joined is None:
-                log.warning("the accuracy budget's batch=%d: samples %d.. cannot run as one batch (fewer than two, shapes that differ, "
-                             "a fixed batch axis, or outputs not batched like the inputs); judged one at a time only", batch, start)
+                log.warning("the accuracy budget's batch=%d: samples %d.. cannot run as one batch (shapes that differ, a fixed batch axis, "
+                            "or outputs not batched like the inputs); they are judged one at a time only", batch, start)
                 break
             joined_feed, rows = joined
-            outputs = run({**joined_feed, **(switches or {})})
+            outputs = run(joined_feed)
             outs += [{k: v[i * rows:(i + 1) * rows] for k, v in outputs.items()} for i in range(len(all_feeds[start:start + batch]))]
         if outs:
             sets.append(("batched", all_refs[: len(outs)], outs))

@@ -58,10 +58,22 @@ def test_the_float_model_in_one_batch_is_the_float_model():
     assert batched.rel < 1e-5 and batched.cos > 1 - 1e-6
 
 
-def test_no_batch_where_the_model_fixes_its_batch_axis():
+def test_a_last_sample_left_alone_is_no_failed_batch(caplog):
+    """Four samples at batch=3: the first three run as one batch; the fourth, alone, is its own
+    one-at-a-time run, not a batch that failed to form (no warning)."""
+    model, weight = _linear("batch")
+    calibration, references = _calibration(weight, seed=4)
+    with caplog.at_level("WARNING", logger="deployfuse.quantize.gate"):
+        samples = {e.samples for e in measure(model, calibration, references, batch=3)}
+    assert samples == {"calibration", "held-out", "batched"} and not caplog.records, caplog.records
+
+
+def test_no_batch_where_the_model_fixes_its_batch_axis(caplog):
     model, weight = _linear(1)
     calibration, references = _calibration(weight, seed=3)
-    assert {e.samples for e in measure(model, calibration, references, batch=4)} == {"calibration", "held-out"}
+    with caplog.at_level("WARNING", logger="deployfuse.quantize.gate"):
+        assert {e.samples for e in measure(model, calibration, references, batch=4)} == {"calibration", "held-out"}
+    assert "cannot run as one batch" in caplog.text  # the user asked for batch=4: say why it is not judged
 
 
 def test_the_budget_carries_its_batch():
