@@ -141,10 +141,10 @@ def atomic_path(path: PathLike) -> Iterator[Path]:
     target = check_writable_target(path)
     tmp: Path | None = None
     try:
-        with held():
+        with held():  # the descriptor is closed before a signal noted in here is raised
             fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".part", dir=target.parent)
             tmp = Path(tmp_name)
-        os.close(fd)
+            os.close(fd)
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; a written artefact gets the usual mode

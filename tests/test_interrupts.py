@@ -39,12 +39,14 @@ def test_a_signal_right_after_mkdtemp_still_removes_the_folder(tmp_path, monkeyp
     assert list(tmp_path.iterdir()) == []
 
 
-def test_a_signal_right_after_mkstemp_still_removes_the_file(tmp_path, monkeypatch):
+def test_a_signal_right_after_mkstemp_still_removes_the_file_and_closes_it(tmp_path, monkeypatch):
     monkeypatch.setattr(tempfile, "mkstemp", _signalling(tempfile.mkstemp))
+    open_fds = set(os.listdir("/proc/self/fd"))
     with signals_as_exceptions(), pytest.raises(Interrupted):
         with atomic_path(tmp_path / "out.txt") as tmp:
             tmp.write_text("never")
     assert list(tmp_path.iterdir()) == []
+    assert set(os.listdir("/proc/self/fd")) <= open_fds, "mkstemp's descriptor was left open"
 
 
 def test_a_signal_during_removal_waits_until_the_folder_is_gone(tmp_path, monkeypatch):
