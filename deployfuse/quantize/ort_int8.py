@@ -32,6 +32,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from deployfuse.quantize.gate import Switchboard
+from deployfuse.quantize.qdq import fresh_name
 from deployfuse.quantize.rounding import int8_per_column, weighted_matmuls
 
 MODES = ("dynamic", "static")
@@ -86,13 +87,13 @@ def gemms_as_matmuls(model: onnx.ModelProto) -> onnx.ModelProto:
         weight = node.input[1]
         if attrs.get("transB", 0):
             transposed.add(weight)
-            weight = _fresh(f"{weight}_transposed", taken)
+            weight = fresh_name(f"{weight}_transposed", taken)
             result.graph.initializer.append(numpy_helper.from_array(numpy_helper.to_array(initializers[node.input[1]]).T.copy(), weight))
         has_bias = len(node.input) > 2 and node.input[2] != ""
-        product = _fresh(f"{node.output[0]}_matmul", taken) if has_bias else node.output[0]
-        nodes.append(helper.make_node("MatMul", [node.input[0], weight], [product], name=node.name or _fresh("Gemm_MatMul", taken)))
+        product = fresh_name(f"{node.output[0]}_matmul", taken) if has_bias else node.output[0]
+        nodes.append(helper.make_node("MatMul", [node.input[0], weight], [product], name=node.name or fresh_name("Gemm_MatMul", taken)))
         if has_bias:
-            nodes.append(helper.make_node("Add", [product, node.input[2]], [node.output[0]], name=_fresh(f"{node.name}_bias", taken)))
+            nodes.append(helper.make_node("Add", [product, node.input[2]], [node.output[0]], name=fresh_name(f"{node.name}_bias", taken)))
     del result.graph.node[:]
     result.graph.node.extend(nodes)
     unused = transposed - _inputs_read(result.graph)  # weights only their Gemms read, now stored transposed
@@ -111,16 +112,6 @@ def _inputs_read(graph: onnx.GraphProto) -> set[str]:
             for subgraph in (attribute.g, *attribute.graphs) if attribute.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) else ():
                 names |= _inputs_read(subgraph)
     return names
-
-
-def _fresh(name: str, taken: set[str]) -> str:
-    """`name`, or `name` with a number after it, not yet in `taken` (then added to it)."""
-    fresh, count = name, 0
-    while fresh in taken:
-        count += 1
-        fresh = f"{name}_{count}"
-    taken.add(fresh)
-    return fresh
 
 
 def layers(model: onnx.ModelProto) -> dict[str, onnx.NodeProto]:

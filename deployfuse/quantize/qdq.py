@@ -269,7 +269,7 @@ def _fp8_qdq(model: onnx.ModelProto, nodes: set[str], x_scales: Mapping[str, flo
     out = _copy(model)
     graph = out.graph
     weights = {t.name: t for t in graph.initializer}
-    zero = _unique("fp8_zero_point", {t.name for t in graph.initializer} | {o for n in graph.node for o in n.output})
+    zero = fresh_name("fp8_zero_point", {t.name for t in graph.initializer} | {o for n in graph.node for o in n.output})
     added = [numpy_helper.from_array(to_element_type(0.0, "float8e4m3fn"), zero)]
     stored: dict[str, tuple[str, str]] = {}  # float weight -> (float8 weight, its scale)
     order: list[onnx.NodeProto] = []
@@ -305,10 +305,14 @@ def _fp8_scale(amax: float, dtype: Any) -> float:
     return float(np.array(max(amax / E4M3_MAX, tiny) if amax > 0 else 1.0, dtype=dtype).astype(np.float32))
 
 
-def _unique(name: str, taken: set[str]) -> str:
-    while name in taken:
-        name += "_"
-    return name
+def fresh_name(name: str, taken: set[str]) -> str:
+    """`name`, or `name` with a number after it, not yet in `taken` (then added to it)."""
+    fresh, count = name, 0
+    while fresh in taken:
+        count += 1
+        fresh = f"{name}_{count}"
+    taken.add(fresh)
+    return fresh
 
 
 def _scales_in_graph_type(model: onnx.ModelProto, float_model: onnx.ModelProto, quantized: list[str]) -> None:
@@ -352,4 +356,4 @@ def _unquantized_elsewhere(model: onnx.ModelProto, quantized: set[str]) -> None:
             node.input[:] = [restore.get(i, i) for i in node.input]
 
 
-__all__ = ["PRECISIONS", "fp8_activation_scales", "fp8_weight", "place_qdq", "quantizable_nodes"]
+__all__ = ["PRECISIONS", "fp8_activation_scales", "fp8_weight", "fresh_name", "place_qdq", "quantizable_nodes"]
