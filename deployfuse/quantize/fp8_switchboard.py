@@ -27,9 +27,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from deployfuse.quantize.calibration import Calibration
 from deployfuse.quantize.gate import Switchboard
-from deployfuse.quantize.qdq import fp8_activation_scales, fp8_weight, quantizable_nodes
-
-PROTOBUF_LIMIT = 2 * 1024**3  # the largest model ONNX Runtime takes serialized in memory
+from deployfuse.quantize.qdq import PROTOBUF_LIMIT, fp8_activation_scales, fp8_weight, quantizable_nodes
 
 
 def switchboard(model: onnx.ModelProto, calibration: Calibration) -> Switchboard | None:

@@ -57,7 +57,7 @@ if TYPE_CHECKING:
 PRECISIONS = ("int8", "fp8")
 GEMM_OPS = {"int8": ("MatMul", "Gemm", "Conv"), "fp8": ("MatMul", "Gemm")}
 MIN_OPSET = {"int8": 13, "fp8": 19}  # per-axis DequantizeLinear (13), float8 types (19)
-_EXTERNAL_DATA_THRESHOLD = 2 * 1024**3  # protobuf cannot serialise a model above 2 GiB
+PROTOBUF_LIMIT = 2 * 1024**3  # protobuf cannot serialise a model above 2 GiB (saved with external data, no session from memory)
 
 
 def quantizable_nodes(model: onnx.ModelProto, precision: str = "int8") -> list[str]:
@@ -137,7 +137,7 @@ def fp8_weight(weight: onnx.TensorProto) -> tuple[np.ndarray, float]:
 
 def _save(model: onnx.ModelProto, path: Path) -> bool:
     """Save `model` for ONNX Runtime's calibrator; whether its weights went to external data (above 2 GiB)."""
-    external = model.ByteSize() > _EXTERNAL_DATA_THRESHOLD
+    external = model.ByteSize() > PROTOBUF_LIMIT
     onnx.save_model(model, path, save_as_external_data=external, all_tensors_to_one_file=True, location=path.name + ".data")
     return external
 
@@ -356,4 +356,4 @@ def _unquantized_elsewhere(model: onnx.ModelProto, quantized: set[str]) -> None:
             node.input[:] = [restore.get(i, i) for i in node.input]
 
 
-__all__ = ["PRECISIONS", "fp8_activation_scales", "fp8_weight", "fresh_name", "place_qdq", "quantizable_nodes"]
+__all__ = ["PRECISIONS", "PROTOBUF_LIMIT", "fp8_activation_scales", "fp8_weight", "fresh_name", "place_qdq", "quantizable_nodes"]
