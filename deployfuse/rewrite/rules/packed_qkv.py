@@ -111,16 +111,25 @@ class PackedQKV(FusionRule):
         if isinstance(parts, str):
             return fail(parts, attended)
         self._parts = parts
-        return self.choose(context, parts[0], [Lowering(MS, "Attention")])
+        return self.choose(context, parts.x, [Lowering(MS, "Attention")])
 
     def rewrite(self, op, attended, **_):
+        x, packed_w, packed_b = self._packed(op)
+        return self._emit_as(op, attended, x, packed_w, packed_b)
+
+    def _packed(self, op) -> tuple[ir.Value, ir.Value, ir.Value]:
+        """x and the matched [Wq | Wk | Wv] and [bq | bk | bv] as initializers named after the rule."""
         assert self._parts is not None
         x, weight, bias, name = self._parts
+        return x, op.initializer(ir.tensor(weight), name=f"{name}_{self.name}_weight"), op.initializer(ir.tensor(bias), name=f"{name}_{self.name}_bias")
+
+    def _emit_as(self, op, attended: ir.Value, *first: ir.Value) -> ir.Value:
+        """The chosen lowering on `first` (its first three inputs), with the attention bias and the
+        attributes of the MultiHeadAttention producing `attended`."""
         node = attended.producer()
+        assert node is not None
         mask = node.inputs[5] if len(node.inputs) > 5 else None
-        packed_w = op.initializer(ir.tensor(weight), name=f"{name}_packed_qkv_weight")
-        packed_b = op.initializer(ir.tensor(bias), name=f"{name}_packed_qkv_bias")
-        inputs = [x, packed_w, packed_b] + ([None, None, mask] if mask is not None else [])
+        inputs = [*first] + ([None, None, mask] if mask is not None else [])
         return self.emit(op, *inputs, **{k: a.value for k, a in node.attributes.items()})
 
 

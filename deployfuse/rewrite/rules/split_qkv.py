@@ -48,16 +48,11 @@ class SplitQKV(PackedQKV):
 
     def rewrite(self, op, attended, **_):
         assert self._parts is not None
-        x, weight, bias, name = self._parts
-        node = attended.producer()
-        hidden = weight.shape[1] // 3
-        packed_w = op.initializer(ir.tensor(weight), name=f"{name}_split_qkv_weight")
-        packed_b = op.initializer(ir.tensor(bias), name=f"{name}_split_qkv_bias")
-        sizes = op.initializer(ir.tensor(np.array([hidden] * 3, np.int64)), name=f"{name}_split_qkv_sizes")
+        x, packed_w, packed_b = self._packed(op)
+        hidden = self._parts.weight.shape[1] // 3
+        sizes = op.initializer(ir.tensor(np.array([hidden] * 3, np.int64)), name=f"{self._parts.name}_{self.name}_sizes")
         query, key, value = op.Split(op.Add(op.MatMul(x, packed_w), packed_b), sizes, axis=-1, _outputs=3)
-        mask = node.inputs[5] if len(node.inputs) > 5 else None
-        inputs = [query, key, value] + ([None, None, mask] if mask is not None else [])
-        return self.emit(op, *inputs, **{k: a.value for k, a in node.attributes.items()})
+        return self._emit_as(op, attended, query, key, value)
 
 
 def rules(target: str | Target) -> list[pattern.RewriteRule]:
