@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import io
 import warnings
+import zlib
 from collections import Counter
 
 import numpy as np
@@ -95,7 +96,7 @@ def test_every_layer_fuses_to_multihead_attention(name: str, exporter: str) -> N
     assert histogram["Softmax"] == 0
     if name == "llama":  # rotary on Q and K of every layer
         assert histogram["com.microsoft::RotaryEmbedding"] == 2 * ZOO[name].layers
-    assert_same_outputs(model, out, seed=hash((name, exporter)) % 1000)
+    assert_same_outputs(model, out, seed=zlib.crc32(repr((name, exporter)).encode()) % 1000)
 
 
 @pytest.mark.parametrize(("name", "exporter"), [("bert", "torchscript"), ("gpt2", "dynamo"), ("llama", "dynamo")])
