@@ -335,6 +335,8 @@ def run_gate(quantize: Callable[[set[str]], onnx.ModelProto], layers: Mapping[st
     result = GateResult(budget, calibration.source, calibration.random, len(layers), kept_in=kept_in)
     quantized = quantize(set())
     result.errors = measure(quantized, calibration, references, batch=budget.batch)
+    # samples that cannot form a batch (warned about just now) are not tried, nor warned about, again
+    batch = budget.batch if any(e.samples == "batched" for e in result.errors) else 0
     if _judge(result, set(), "artefact"):
         return quantized, result
     max_fallback = max(4, len(layers) // 4)
@@ -347,10 +349,10 @@ def run_gate(quantize: Callable[[set[str]], onnx.ModelProto], layers: Mapping[st
         nonlocal best
         kept = {name for name, _ in ranking[:count]}
         if board is not None:
-            result.errors = board.measure(set(layers) - kept, calibration, references, batch=budget.batch)
+            result.errors = board.measure(set(layers) - kept, calibration, references, batch=batch)
             return _judge(result, kept, "switchboard")
         model = quantize(kept)
-        result.errors = measure(model, calibration, references, batch=budget.batch)
+        result.errors = measure(model, calibration, references, batch=batch)
         if not _judge(result, kept, "artefact"):
             return False
         best = (count, model, result.errors)
@@ -365,7 +367,7 @@ def run_gate(quantize: Callable[[set[str]], onnx.ModelProto], layers: Mapping[st
     while board is not None:  # the switchboard's count on the artefact, then one layer more at a time
         kept = {layer.node for layer in result.fp32_layers}
         quantized = quantize(kept)
-        result.errors = measure(quantized, calibration, references, batch=budget.batch)
+        result.errors = measure(quantized, calibration, references, batch=batch)
         if _judge(result, kept, "artefact"):
             return quantized, result
         if not _fall_back(result, layers, ranking, max_fallback):

@@ -76,6 +76,19 @@ def test_no_batch_where_the_model_fixes_its_batch_axis(caplog):
     assert "cannot run as one batch" in caplog.text  # the user asked for batch=4: say why it is not judged
 
 
+def test_the_gate_says_once_that_its_samples_cannot_form_a_batch(caplog):
+    """A gate that measures several times (here: every layer int8 over a budget no int8 meets,
+    then the layer back in fp32) warns about an unbatchable batch= once, and stops trying."""
+    from deployfuse.quantize.gate import run_gate
+
+    model, weight = _linear(1)
+    calibration, references = _calibration(weight, seed=4)
+    with caplog.at_level("WARNING", logger="deployfuse.quantize.gate"):
+        _, result = run_gate(ort_int8.quantizer(model), ort_int8.layers(model), calibration, references, Budget.parse("rel=1e-6,batch=4"))
+    assert result.passed and [a["passed"] for a in result.attempts if a["model"] == "artefact"] == [False, True]
+    assert caplog.text.count("cannot run as one batch") == 1
+
+
 def test_the_budget_carries_its_batch():
     budget = Budget.parse("rel=2e-2, batch=8")
     assert budget.batch == 8 and Budget.parse(budget.text()) == budget == Budget.from_dict(budget.to_dict())
