@@ -21,6 +21,12 @@ choice and its fastest candidate, with full (fast_accum=0) and fast accumulation
 divide Fp8GemmAct at the heuristic's choice (algo=-1, what an exported artefact runs: nothing tunes Fp8GemmAct's
 algo) by torch fp16 addmm, itself at cuBLAS's heuristic; the fastest candidate is a what-if no alternative gets.
 
+Fp8Mlp (FC1's fp8 GEMM writing the hidden activation H in float8, FC2's reading it: df_fp8_mlp) is checked the same way
+against a float64 reference of its quantization (X and H rounded to e4m3 as the spec does; fp16 and bf16, each activation, odd M,
+K not a multiple of 16, N2 not of 8, BERT's FC1 -> FC2, full and fast accumulation; N1 not a multiple of 16 refused with
+cudaErrorNotSupported), a CUDA-graph replay = the eager launch, and through ONNX Runtime's CUDA EP, plain and with its CUDA
+graph; and timed against its two Fp8GemmAct calls (FC1 writing H in fp16, FC2 quantizing it again) at BERT's MLP shapes.
+
     python bench/fp8_gemm_gpu.py plugins/build/gpu/libdeployfuse_ops_cuda.so [--ort plugins/build/gpu/libdeployfuse_ort.so]
     python bench/fp8_gemm_gpu.py LIB --check-only --small    # the small checks (under compute-sanitizer)
     python bench/fp8_gemm_gpu.py --dry-run                   # no GPU: every check through the CPU kernel (ORT CPU EP)
@@ -46,6 +52,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 from gemm_gpu import gpu_ms  # noqa: E402 (GemmAct's check: median GPU ms per call from CUDA-graph replays)
 
+from deployfuse.ops.defs import fp8_mlp  # noqa: E402
 from deployfuse.ops.defs.fp8_gemm_act import quantize_e4m3  # noqa: E402
 from deployfuse.ops.schema import DOMAIN, E4M3_MAX, apply_activation, to_element_type  # noqa: E402
 from deployfuse.rewrite.gemm_tuning import ACT_CODES  # noqa: E402
@@ -79,6 +86,22 @@ CHECKS = [
     ((64, 197), 768, 2304, "none", False),
 ]
 SMALL = 1 << 22  # --small: the checks of at most this many multiply-adds
+
+# Fp8Mlp: (leading dims of X, K, N1, N2, FC1's activation). Odd M; K not a multiple of 16 (X's padded float8 rows, W1's padded
+# copy); N2 not a multiple of 8 (FC2's padded Y); BERT-base's MLP.
+MLP_CHECKS = [
+    ((7,), 64, 48, 24, "none"),
+    ((3, 5), 32, 32, 19, "relu"),
+    ((9,), 40, 64, 32, "gelu_tanh"),
+    ((33,), 128, 256, 64, "gelu_tanh"),
+    ((8, 128), 768, 3072, 768, "gelu_tanh"),
+]
+# Full accumulation: Y's own rounding (and a hidden value the float64 reference and the GPU's fp32 sum round to neighbouring e4m3
+# values, rare). Fast accumulation's coarser sums move such hidden values often enough to count: each one a float8 step (6-12 %
+# of the value), so its tolerance is wider; the largest is printed.
+TOL_MLP = {torch.float16: 3e-3, torch.bfloat16: TOL[torch.bfloat16]}
+TOL_MLP_FAST = {torch.float16: 3e-2, torch.bfloat16: 3e-2}
+MLP_BENCH = [(f"b{batch} bert mlp", 128 * batch, 768, 3072, 768) for batch in (8, 64)]  # (name, M, K, N1, N2)
 
 # (name, M, K, N): the GEMMs of BERT-base / GPT-2 (seq 128) and ViT-B/16 (197 tokens) at batch 8 and 64
 BENCH = [(f"{tokens} {gemm}", m, k, n) for tokens, m in (("b8 bert/gpt2", 1024), ("b8 vit", 1576), ("b64 bert/gpt2", 8192), ("b64 vit", 12608))
@@ -158,6 +181,36 @@ def exact_match(p: Problem, run: Any) -> tuple[bool, str]:
     return mismatches == 0 and nan_row, f"{mismatches} mismatches in the finite rows, NaN row {'all NaN' if nan_row else 'NOT all NaN'}"
 
 
+class MlpProblem:
+    """One Fp8Mlp call: inputs as the spec's example_inputs makes them (XScale and HScale at 0.8·amax / 448, so the largest
+    |X| and hidden values saturate), an output, and the float64 reference of the same quantization."""
+
+    def __init__(self, lead: tuple[int, ...], k: int, n1: int, n2: int, act: str, dtype: torch.dtype, device: str, fast_accum: int = 0) -> None:
+        self.lead, self.m, self.k, self.n1, self.n2, self.act, self.dtype, self.fast_accum = lead, math.prod(lead), k, n1, n2, act, dtype, fast_accum
+
+        def rand(*shape: int, scale: float = 1.0, shift: float = 0.0) -> Any:  # torch tensors for the spec's RandFn
+            return (torch.randn(*shape, device=device) * scale + shift).to(dtype)
+
+        self.inputs: list[torch.Tensor] = fp8_mlp.example_inputs((*lead, k, n1, n2), rand, {})  # X, XScale, W1, W1Scale, B1, HScale, W2, ...
+        self.y = torch.empty(*lead, n2, device=device, dtype=dtype)
+
+    def reference(self) -> torch.Tensor:
+        x, xs, w1, w1s, b1, hs, w2, w2s, b2 = self.inputs
+        x_dq = quantize_e4m3(x, xs).double() * xs.double()
+        hidden = apply_activation(x_dq @ (w1.double() * w1s.double()).T + b1.double(), self.act)
+        h_dq = quantize_e4m3(hidden, hs).double() * hs.double()  # from the float64 sum rounded to fp32, as the GEMM's fp32 result
+        return h_dq @ (w2.double() * w2s.double()).T + b2.double()
+
+    def error(self, run: Any) -> tuple[int, float, int]:
+        """(return code, relative L2 error, NaN count) of one launch into a NaN-poisoned output."""
+        self.y.fill_(float("nan"))
+        rc = run(self)
+        if rc != 0:
+            return rc, float("nan"), 0
+        ref, got = self.reference(), self.y.double()
+        return 0, float(torch.linalg.vector_norm(got - ref) / torch.linalg.vector_norm(ref).clamp_min(1e-30)), int(torch.isnan(got).sum())
+
+
 class CApi:
     """The library's Fp8GemmAct entries on torch tensors (the process's runner: plans shared across calls)."""
 
@@ -169,10 +222,16 @@ class CApi:
         self.lib.df_fp8_quantize_e4m3.argtypes = [INT, P, P, P, P, I64, I64]
         self.lib.df_fp8_gemm_act_scratch_bytes.argtypes = [INT, I64, I64, I64]
         self.lib.df_fp8_gemm_act_scratch_bytes.restype = ctypes.c_size_t
+        self.lib.df_fp8_mlp.argtypes = [INT, P, *[P] * 10, I64, I64, I64, I64, INT, INT, P, ctypes.c_size_t]
+        self.lib.df_fp8_mlp_scratch_bytes.argtypes = [INT, I64, I64, I64, I64]
+        self.lib.df_fp8_mlp_scratch_bytes.restype = ctypes.c_size_t
         self.scratch: dict[int, torch.Tensor] = {}  # by size
 
-    def _scratch(self, p: Problem) -> torch.Tensor:
-        bytes_ = self.lib.df_fp8_gemm_act_scratch_bytes(DT[p.dtype], p.m, p.n, p.k)
+    def _scratch(self, p: Problem | MlpProblem) -> torch.Tensor:
+        if isinstance(p, MlpProblem):
+            bytes_ = self.lib.df_fp8_mlp_scratch_bytes(DT[p.dtype], p.m, p.k, p.n1, p.n2)
+        else:
+            bytes_ = self.lib.df_fp8_gemm_act_scratch_bytes(DT[p.dtype], p.m, p.n, p.k)
         if bytes_ not in self.scratch:
             self.scratch[bytes_] = torch.empty(bytes_, dtype=torch.uint8, device="cuda")
         return self.scratch[bytes_]
@@ -182,6 +241,11 @@ class CApi:
         return self.lib.df_fp8_gemm_act(DT[p.dtype], torch.cuda.current_stream().cuda_stream, p.x.data_ptr(), p.x_scale.data_ptr(), p.w.data_ptr(),
                                         p.w_scale.data_ptr(), p.bias.data_ptr(), p.y.data_ptr(), p.m, p.n, p.k, ACT_CODES[p.act], algo,
                                         p.fast_accum, s.data_ptr(), s.numel())
+
+    def run_mlp(self, p: MlpProblem) -> int:
+        s = self._scratch(p)
+        return self.lib.df_fp8_mlp(DT[p.dtype], torch.cuda.current_stream().cuda_stream, *(t.data_ptr() for t in p.inputs), p.y.data_ptr(),
+                                   p.m, p.k, p.n1, p.n2, ACT_CODES[p.act], p.fast_accum, s.data_ptr(), s.numel())
 
     def candidates(self, p: Problem) -> int:
         return self.lib.df_fp8_gemm_act_candidates(DT[p.dtype], p.x_scale.data_ptr(), p.w.data_ptr(), p.w_scale.data_ptr(), p.bias.data_ptr(),
@@ -227,6 +291,56 @@ class OrtCpu:
         return 0
 
 
+def mlp_node_model(p: MlpProblem, dtype: torch.dtype) -> onnx.ModelProto:
+    """Fp8Mlp on input X [m, k] in `dtype`; the other inputs as initializers (B1, B2 in `dtype`); no function body."""
+    names = fp8_mlp.SPEC.inputs
+    inits = []
+    for name, t in zip(names[1:], p.inputs[1:]):
+        if t.dtype == torch.float8_e4m3fn:
+            inits.append(helper.make_tensor(name, onnx.TensorProto.FLOAT8E4M3FN, list(t.shape), t.view(torch.uint8).cpu().numpy().tobytes(), raw=True))
+        elif t.dtype == torch.float32 or dtype == torch.float32:  # the scales (and fp32 biases)
+            inits.append(numpy_helper.from_array(np.asarray(t.float().cpu().numpy(), np.float32), name))
+        else:  # B1, B2 in T (16-bit)
+            inits.append(helper.make_tensor(name, ONNX_TYPE[dtype], list(t.shape), t.to(dtype).cpu().view(torch.int16).numpy().tobytes(), raw=True))
+    node = helper.make_node("Fp8Mlp", list(names), ["Y"], domain=DOMAIN, activation=p.act, fast_accum=p.fast_accum)
+    graph = helper.make_graph([node], "fp8_mlp", [helper.make_tensor_value_info("X", ONNX_TYPE[dtype], [p.m, p.k])],
+                              [helper.make_tensor_value_info("Y", ONNX_TYPE[dtype], [p.m, p.n2])], initializer=inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20), helper.make_opsetid(DOMAIN, 1)], ir_version=10)
+
+
+def ort_cpu_mlp(library: str) -> Any:
+    """Fp8Mlp's CPU kernel through ONNX Runtime's CPU EP (the dry run), in float32 as OrtCpu."""
+
+    def run(p: MlpProblem) -> int:
+        import onnxruntime as ort
+
+        options = ort.SessionOptions()
+        options.register_custom_ops_library(library)
+        sess = ort.InferenceSession(mlp_node_model(p, torch.float32).SerializeToString(), options, providers=["CPUExecutionProvider"])
+        y = sess.run(None, {"X": p.inputs[0].float().reshape(p.m, p.k).numpy()})[0]
+        p.y.copy_(torch.from_numpy(y).view(p.y.shape).to(p.dtype))
+        return 0
+
+    return run
+
+
+def check_mlp(run: Any, device: str, small: bool, dtypes: tuple[torch.dtype, ...]) -> bool:
+    """Fp8Mlp against its float64 reference: every MLP_CHECKS shape in each dtype, full and fast accumulation."""
+    ok, worst_fast = True, dict[torch.dtype, float]()
+    shapes = [c for c in MLP_CHECKS if not small or math.prod(c[0]) * c[1] * c[2] <= SMALL]
+    for dtype, fast_accum, (lead, k, n1, n2, act) in itertools.product(dtypes, (0, 1), shapes):
+        rc, err, nan = MlpProblem(lead, k, n1, n2, act, dtype, device, fast_accum).error(run)
+        good = rc == 0 and nan == 0 and err <= (TOL_MLP_FAST if fast_accum else TOL_MLP)[dtype]
+        ok &= good
+        if fast_accum:
+            worst_fast[dtype] = max(worst_fast.get(dtype, 0.0), err)
+        print(f"{'ok  ' if good else 'FAIL'} Fp8Mlp {str(dtype)[6:]:8} X{list(lead) + [k]} N1={n1} N2={n2} {act:9} fast_accum={fast_accum} rc={rc} "
+              f"rel_l2={err:.2e} nan={nan}")
+    for dtype, worst in worst_fast.items():
+        print(f"     Fp8Mlp {str(dtype)[6:]:8} fast_accum=1: largest rel_l2 {worst:.2e} (tolerance {TOL_MLP_FAST[dtype]:.1e})")
+    return ok
+
+
 def check(run: Any, device: str, small: bool, dtypes: tuple[torch.dtype, ...]) -> bool:
     """The checks every backend passes: the CUDA launcher through the C ABI, the CPU kernel in the dry run (which
     ignores fast_accum: it accumulates in fp32 either way)."""
@@ -267,6 +381,19 @@ def check_quantize_entry(api: CApi) -> bool:
     return ok
 
 
+def replay_equals_eager(launch: Any, y: torch.Tensor) -> bool:
+    """A CUDA graph captured from launch() (its plan made before), replayed into a NaN-poisoned y, writes what an eager launch does."""
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):  # captured, not run
+        launch()
+    launch()
+    eager = y.clone()
+    y.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    return bool(torch.equal(y, eager))
+
+
 def check_gpu(api: CApi, small: bool) -> bool:
     ok = check(api.run, "cuda", small, (torch.float16, torch.bfloat16))
     ok &= check_quantize_entry(api)
@@ -279,17 +406,10 @@ def check_gpu(api: CApi, small: bool) -> bool:
         ok &= good
         worst = max((e for _, e, _ in errs), default=float("nan"))
         print(f"{'ok  ' if good else 'FAIL'} {str(dtype)[6:]:8} every candidate of {p.m}x{k}x{n} gelu_tanh: {count} candidates, max rel_l2={worst:.2e}")
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):  # captured, not run: the plan exists already (the candidates above)
-            api.run(p)
-        api.run(p)
-        eager = p.y.clone()
-        p.y.fill_(float("nan"))
-        graph.replay()
-        torch.cuda.synchronize()
-        same = bool(torch.equal(p.y, eager))
+        same = replay_equals_eager(lambda p=p: api.run(p), p.y)  # the plan exists already (the candidates above)
         ok &= same
         print(f"{'ok  ' if same else 'FAIL'} {str(dtype)[6:]:8} CUDA-graph capture (quantize + GEMM) and replay = eager launch")
+    ok &= check_mlp_gpu(api, small)
     p = Problem((64,), 256, 128, "relu", torch.float32, "cuda")
     rc, err, nan = p.error(api.run)
     if rc == 0:
@@ -302,31 +422,69 @@ def check_gpu(api: CApi, small: bool) -> bool:
     return ok
 
 
-def check_ort(library: str) -> bool:
-    """Through ONNX Runtime's CUDA EP with the library (fp16; a bf16 X has no numpy type to bind), plain and with ORT's
-    CUDA graph (which ORT refuses unless every node is on the CUDA EP): the output against the reference."""
+def check_mlp_gpu(api: CApi, small: bool) -> bool:
+    """Fp8Mlp through the C ABI: the reference checks, N1 not a multiple of 16 refused, a CUDA-graph replay = the eager launch."""
+    ok = check_mlp(api.run_mlp, "cuda", small, (torch.float16, torch.bfloat16))
+    rc = api.run_mlp(MlpProblem((5,), 32, 40, 16, "relu", torch.float16, "cuda"))
+    refused = rc == NOT_SUPPORTED
+    ok &= refused
+    print(f"{'ok  ' if refused else 'FAIL'} Fp8Mlp N1=40 (not a multiple of 16): rc={rc} (want cudaErrorNotSupported)")
+    for dtype in (torch.float16, torch.bfloat16):
+        p = MlpProblem((2, 64) if small else (8, 128), 256 if small else 768, 512 if small else 3072, 256 if small else 768, "gelu_tanh", dtype, "cuda", 1)
+        api.run_mlp(p)  # the plans and the scratch exist before the capture
+        torch.cuda.synchronize()
+        same = replay_equals_eager(lambda p=p: api.run_mlp(p), p.y)
+        ok &= same
+        print(f"{'ok  ' if same else 'FAIL'} Fp8Mlp {str(dtype)[6:]:8} CUDA-graph capture (quantize + FC1 to float8 + FC2) and replay = eager launch")
+    return ok
+
+
+def ort_cuda_output(library: str, model: onnx.ModelProto, x: torch.Tensor, n: int, graph: str) -> torch.Tensor:
+    """Y [m, n] of a one-node fp16 model run on ONNX Runtime's CUDA EP with the library, X bound on the device; graph "1": with
+    ORT's CUDA graph (which ORT refuses unless every node is on the CUDA EP), captured by the first runs, replayed by the last."""
     import onnxruntime as ort
 
+    y = torch.full((x.shape[0], n), float("nan"), device="cuda", dtype=torch.float16)
+    options = ort.SessionOptions()
+    options.register_custom_ops_library(library)
+    cuda = {"enable_cuda_graph": graph, "user_compute_stream": str(torch.cuda.current_stream().cuda_stream), "has_user_compute_stream": "1"}
+    sess = ort.InferenceSession(model.SerializeToString(), options, providers=[("CUDAExecutionProvider", cuda)])
+    binding = sess.io_binding()
+    binding.bind_input("X", "cuda", 0, np.float16, tuple(x.shape), x.data_ptr())
+    binding.bind_output("Y", "cuda", 0, np.float16, tuple(y.shape), y.data_ptr())
+    for _ in range(3):
+        sess.run_with_iobinding(binding)
+    torch.cuda.synchronize()
+    return y
+
+
+def check_ort(library: str) -> bool:
+    """Through ONNX Runtime's CUDA EP with the library (fp16; a bf16 X has no numpy type to bind), plain and with ORT's
+    CUDA graph: the output against the reference."""
     ok = True
     for (lead, k, n, act), graph in itertools.product((((8, 128), 768, 3072, "gelu_tanh"), ((37,), 64, 24, "relu")), ("0", "1")):
         p = Problem(lead, k, n, act, torch.float16, "cuda")
-        x = p.x.reshape(p.m, p.k)
-        y = torch.full((p.m, p.n), float("nan"), device="cuda", dtype=torch.float16)
-        options = ort.SessionOptions()
-        options.register_custom_ops_library(library)
-        cuda = {"enable_cuda_graph": graph, "user_compute_stream": str(torch.cuda.current_stream().cuda_stream), "has_user_compute_stream": "1"}
-        sess = ort.InferenceSession(one_node_model(p).SerializeToString(), options, providers=[("CUDAExecutionProvider", cuda)])
-        binding = sess.io_binding()
-        binding.bind_input("X", "cuda", 0, np.float16, (p.m, p.k), x.data_ptr())
-        binding.bind_output("Y", "cuda", 0, np.float16, (p.m, p.n), y.data_ptr())
-        for _ in range(3):  # with the graph: the first runs capture it, the last replays it
-            sess.run_with_iobinding(binding)
-        torch.cuda.synchronize()
+        y = ort_cuda_output(library, one_node_model(p), p.x.reshape(p.m, p.k), p.n, graph)
         ref = p.reference().reshape(p.m, p.n)
         err = float(torch.linalg.vector_norm(y.double() - ref) / torch.linalg.vector_norm(ref))
         good = not torch.isnan(y).any() and err <= TOL[torch.float16]
         ok &= good
         print(f"{'ok  ' if good else 'FAIL'} ORT CUDA EP{' + CUDA graph' if graph == '1' else ''}, fp16 X{list(lead) + [k]} N={n} {act}: rel_l2={err:.2e}")
+    return ok
+
+
+def check_ort_mlp(library: str) -> bool:
+    """Fp8Mlp through ONNX Runtime's CUDA EP with the library (fp16), plain and with ORT's CUDA graph, against the reference."""
+    ok = True
+    for (lead, k, n1, n2, act), graph in itertools.product((((8, 128), 768, 3072, 768, "gelu_tanh"), ((37,), 64, 48, 24, "relu")), ("0", "1")):
+        p = MlpProblem(lead, k, n1, n2, act, torch.float16, "cuda")
+        y = ort_cuda_output(library, mlp_node_model(p, torch.float16), p.inputs[0].reshape(p.m, p.k), p.n2, graph)
+        ref = p.reference().reshape(p.m, p.n2)
+        err = float(torch.linalg.vector_norm(y.double() - ref) / torch.linalg.vector_norm(ref))
+        good = not torch.isnan(y).any() and err <= TOL_MLP[torch.float16]
+        ok &= good
+        print(f"{'ok  ' if good else 'FAIL'} ORT CUDA EP{' + CUDA graph' if graph == '1' else ''}, Fp8Mlp fp16 X{list(lead) + [k]} N1={n1} N2={n2} {act}: "
+              f"rel_l2={err:.2e}")
     return ok
 
 
@@ -383,6 +541,27 @@ def bench(api: CApi) -> None:
             print(f"| {name} | {m}x{k}x{n} | FAILED: {str(exc).splitlines()[0][:200]} |")
 
 
+def bench_mlp(api: CApi) -> None:
+    """Fp8Mlp against its two Fp8GemmAct calls (FC1 with GELU writing H in fp16, FC2 quantizing it again), fp16, both at the
+    heuristic's choice and the op's default fast accumulation."""
+    print("\nFp8Mlp vs 2 x Fp8GemmAct (fp16, gelu_tanh FC1, fast_accum=1, GPU ms per call from CUDA-graph replays)")
+    print("| MLP | M x K x N1 x N2 | 2 x Fp8GemmAct | Fp8Mlp | Fp8Mlp / pair |\n|---|---|---|---|---|")
+    for name, m, k, n1, n2 in MLP_BENCH:
+        try:
+            p = MlpProblem((m,), k, n1, n2, "gelu_tanh", torch.float16, "cuda", 1)
+            x, xs, w1, w1s, b1, hs, w2, w2s, b2 = p.inputs
+            fc1, fc2 = Problem.__new__(Problem), Problem.__new__(Problem)
+            fc1.__dict__.update(lead=(m,), m=m, n=n1, k=k, act="gelu_tanh", dtype=torch.float16, fast_accum=1, x=x, x_scale=xs, w=w1, w_scale=w1s, bias=b1,
+                                y=torch.empty(m, n1, device="cuda", dtype=torch.float16))
+            fc2.__dict__.update(lead=(m,), m=m, n=n2, k=n1, act="none", dtype=torch.float16, fast_accum=1, x=fc1.y, x_scale=hs, w=w2, w_scale=w2s, bias=b2,
+                                y=p.y)
+            pair = gpu_ms(lambda fc1=fc1, fc2=fc2: (api.run(fc1), api.run(fc2)))
+            merged = gpu_ms(lambda p=p: api.run_mlp(p))
+            print(f"| {name} | {m}x{k}x{n1}x{n2} | {pair:.4f} | {merged:.4f} | {merged / pair:.2f} |")
+        except Exception as exc:  # noqa: BLE001 (one failed row does not cost the others)
+            print(f"| {name} | {m}x{k}x{n1}x{n2} | FAILED: {str(exc).splitlines()[0][:200]} |")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog="Exit status: 0 when every check passes, 1 otherwise, 2 for bad arguments.")
     ap.add_argument("lib", nargs="?", help="libdeployfuse_ops_cuda.so (plugins/build/gpu, built by bench/fp8_gemm_gpu.sh)")
@@ -399,12 +578,14 @@ def main() -> int:
 
         library = build_plugins(cuda=False) / "libdeployfuse_ort.so"  # this checkout's sources (an up-to-date build is a no-op)
         ok = check(OrtCpu(str(library)).run, "cpu", True, (torch.float16, torch.bfloat16))
+        ok &= check_mlp(ort_cpu_mlp(str(library)), "cpu", True, (torch.float16, torch.bfloat16))
         print("dry run (CPU kernel): " + ("all checks passed" if ok else "SOME CHECKS FAILED"))
         return 0 if ok else 1
     api = CApi(args.lib)
     print(torch.cuda.get_device_name(), "torch", torch.__version__)
     ok = True
-    for stage in (lambda: check_gpu(api, args.small), lambda: check_ort(args.ort) if args.ort else True):
+    for stage in (lambda: check_gpu(api, args.small), lambda: check_ort(args.ort) if args.ort else True,
+                  lambda: check_ort_mlp(args.ort) if args.ort else True):
         try:
             ok &= stage()
         except Exception:  # noqa: BLE001 (reported whole, and the later stages still run)
@@ -413,6 +594,7 @@ def main() -> int:
             traceback.print_exc(file=sys.stdout)
     if not args.check_only:
         bench(api)
+        bench_mlp(api)
     print("all checks passed" if ok else "SOME CHECKS FAILED")
     return 0 if ok else 1
 

@@ -13,9 +13,10 @@ Variants, each the alternative at its best settings:
   deployfuse's nodes (GemmAct) on its custom-op library, as a user runs them (`--ort-library`).
 - `deployfuse-fp8[+cudagraph]`: `deployfuse export --target ort-cuda --precision fp8`: an fp16
   graph whose GEMMs are deployfuse.Fp8GemmAct nodes (cuBLASLt fp8 GEMMs, quantizing their own
-  activations; scales calibrated on random inputs, accuracy-gated against fp32), run on
+  activations; each MLP's two one Fp8Mlp, its hidden activation kept in float8; scales calibrated
+  on random inputs, accuracy-gated against fp32), run on
   deployfuse's custom-op library (`--ort-library`, default: the built one). The row records
-  `export_s` (the export's own seconds, gate included), `fp8_gemms` (Fp8GemmAct nodes),
+  `export_s` (the export's own seconds, gate included), `fp8_gemms` (fp8 GEMMs: Fp8GemmAct + 2 x Fp8Mlp),
   `kept_fp16` (GEMMs the gate kept in fp16) and `qdq_left` (Q/DQ nodes the fp8_gemm rule found no
   Fp8GemmAct form for: 0 in every row of bench/results/h200_quant.json).
   Its accuracy budget is `--fp8-budget` (FP8_BUDGET below: deployfuse's default fails random-weight BERT-base).
@@ -175,10 +176,11 @@ def fp8_artefact(build: Callable, model_name: str, batch: int, folder: Path, dyn
     ops = [n.op_type for n in onnx.load(path, load_external_data=False).graph.node]
     report = json.loads(report_path.read_text())
     gate = (report.get("quantization") or {}).get("gate") or {}
-    fields: dict[str, object] = {"export_s": round(sum(s["seconds"] for s in report["steps"]), 1), "fp8_gemms": ops.count("Fp8GemmAct"),
+    fields: dict[str, object] = {"export_s": round(sum(s["seconds"] for s in report["steps"]), 1), "fp8_gemms": ops.count("Fp8GemmAct") + 2 * ops.count("Fp8Mlp"),
                                  "kept_fp16": len(gate.get("fp16_layers", [])), "qdq_left": ops.count("QuantizeLinear") + ops.count("DequantizeLinear")}
     steps = {s["name"]: s.get("detail", "") for s in report["steps"]}
-    holds = (f"Fp8GemmAct x{fields['fp8_gemms']}, GemmAct x{ops.count('GemmAct')}, {fields['kept_fp16']} of {gate.get('quantized_layers')} GEMMs kept in fp16, "
+    holds = (f"{fields['fp8_gemms']} fp8 GEMMs (Fp8GemmAct x{ops.count('Fp8GemmAct')}, Fp8Mlp x{ops.count('Fp8Mlp')}), GemmAct x{ops.count('GemmAct')}, "
+             f"{fields['kept_fp16']} of {gate.get('quantized_layers')} GEMMs kept in fp16, "
              f"Q/DQ left x{fields['qdq_left']}; export {fields['export_s']} s; {steps.get('quantize', '')}")
     return path, holds, fields
 

@@ -488,7 +488,7 @@ def _quantize_detail(options: QuantizeOptions, gate: GateResult | None, quantize
     head = f"{options.precision} {options.mode}"
     if options.fp8_gemms:  # what the fp8 GEMMs became, and what is left of the Q/DQ
         ops = Counter(n.op_type for n in quantized.graph.node)
-        head += f" ({ops['Fp8GemmAct']} Fp8GemmAct, {ops['QuantizeLinear'] + ops['DequantizeLinear']} Q/DQ left)"
+        head += f" ({ops['Fp8GemmAct']} Fp8GemmAct, {ops['Fp8Mlp']} Fp8Mlp, {ops['QuantizeLinear'] + ops['DequantizeLinear']} Q/DQ left)"
     if gate is None:
         return f"{head}; not gated (--no-verify)"
     worst_cos, worst_rel = gate.attempts[-1]["worst_cos"], gate.attempts[-1]["worst_rel"]

@@ -92,11 +92,11 @@ bool set(cublasLtMatmulDesc_t desc, cublasLtMatmulDescAttributes_t attr, const V
   return library().cublasLtMatmulDescSetAttribute(desc, attr, &value, sizeof(value)) == CUBLAS_STATUS_SUCCESS;
 }
 
-// Descriptors and heuristic candidates of one problem; C shares D's layout.
+// Descriptors and heuristic candidates of one problem; C shares D's layout unless it has its own (a float8 D: C in fp16/bf16).
 template <int kCandidates>
 struct Plan {
   cublasLtMatmulDesc_t desc = nullptr;
-  cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr, d = nullptr;
   cublasLtMatmulHeuristicResult_t candidates[kCandidates];
   int count = 0;
 
@@ -106,14 +106,15 @@ struct Plan {
     int64_t rows, cols, ld;
   };
 
-  // Creates the descriptor (fp32 scale type) and the layouts of A, B and D.
-  bool create(cublasComputeType_t compute, const Layout& a_layout, const Layout& b_layout, const Layout& d_layout) {
+  // Creates the descriptor (fp32 scale type) and the layouts of A, B and D, and of C where c_layout is given.
+  bool create(cublasComputeType_t compute, const Layout& a_layout, const Layout& b_layout, const Layout& d_layout,
+              const Layout* c_layout = nullptr) {
     const Library& l = library();
     const auto layout = [&](cublasLtMatrixLayout_t* out, const Layout& m) {
       return l.cublasLtMatrixLayoutCreate(out, m.type, m.rows, m.cols, m.ld) == CUBLAS_STATUS_SUCCESS;
     };
     return l.cublasLtMatmulDescCreate(&desc, compute, CUDA_R_32F) == CUBLAS_STATUS_SUCCESS && layout(&a, a_layout) &&
-           layout(&b, b_layout) && layout(&d, d_layout);
+           layout(&b, b_layout) && layout(&d, d_layout) && (c_layout == nullptr || layout(&c, *c_layout));
   }
 
   // Asks the heuristic for up to kCandidates algorithms using at most workspace_bytes, for operands
@@ -129,7 +130,8 @@ struct Plan {
                                                      sizeof(workspace_bytes)) == CUBLAS_STATUS_SUCCESS;
     for (int i = 0; ok && i < 4; ++i)
       ok = l.cublasLtMatmulPreferenceSetAttribute(pref, kAlignAttrs[i], &align_abcd[i], sizeof(uint32_t)) == CUBLAS_STATUS_SUCCESS;
-    if (!ok || l.cublasLtMatmulAlgoGetHeuristic(handle, desc, a, b, d, d, pref, kCandidates, candidates, &count) != CUBLAS_STATUS_SUCCESS)
+    if (!ok ||
+        l.cublasLtMatmulAlgoGetHeuristic(handle, desc, a, b, c ? c : d, d, pref, kCandidates, candidates, &count) != CUBLAS_STATUS_SUCCESS)
       count = 0;
     if (pref) l.cublasLtMatmulPreferenceDestroy(pref);
     return count > 0;
@@ -143,8 +145,8 @@ struct Plan {
                      void* d_data, void* workspace, cudaStream_t stream) const {
     const cublasLtMatmulHeuristicResult_t& chosen = candidate(algo);
     const float alpha = 1.f;
-    return library().cublasLtMatmul(handle, desc, &alpha, a_data, a, b_data, b, &beta, c_data, d, d_data, d, &chosen.algo, workspace,
-                                    chosen.workspaceSize, stream) == CUBLAS_STATUS_SUCCESS
+    return library().cublasLtMatmul(handle, desc, &alpha, a_data, a, b_data, b, &beta, c_data, c ? c : d, d_data, d, &chosen.algo,
+                                    workspace, chosen.workspaceSize, stream) == CUBLAS_STATUS_SUCCESS
                ? cudaSuccess
                : cudaErrorLaunchFailure;
   }
@@ -153,6 +155,7 @@ struct Plan {
     const Library& l = library();
     if (a) l.cublasLtMatrixLayoutDestroy(a);
     if (b) l.cublasLtMatrixLayoutDestroy(b);
+    if (c) l.cublasLtMatrixLayoutDestroy(c);
     if (d) l.cublasLtMatrixLayoutDestroy(d);
     if (desc) l.cublasLtMatmulDescDestroy(desc);
   }

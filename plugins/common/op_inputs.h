@@ -7,8 +7,8 @@
 
 namespace deployfuse {
 
-constexpr int kMaxRank = 8;  // = TensorRT's Dims::MAX_DIMS
-constexpr int kMaxInputs = 8;
+constexpr int kMaxRank = 8;    // = TensorRT's Dims::MAX_DIMS
+constexpr int kMaxInputs = 9;  // Fp8Mlp's
 
 // An input's element type (spec::<Op>::kInputTypes, from OpSpec.input_types): kT, the op's float
 // type (fp32/fp16/bf16, also its output's), or a type the spec fixes.

@@ -7,6 +7,9 @@
 // "the optimal requirements listed in Tensor Core Usage", (k · 1) % 16 for A and B, (rows of D · sizeof(T)) % 16 for C and D —
 // the rows themselves, not only the leading dimension): where K or N does not fit, padded copies in the scratch stand in
 // (ScratchLayout) and the GEMM computes np >= n output columns whose extra ones are dropped by the copy into Y.
+// Two problem options serve Fp8Mlp: X given in float8 (no quantize pass, no copy of X), and D in float8 (cuBLASLt's FP8 output:
+// D type CUDA_R_8F_E4M3 with C and the bias in fp16/bf16, the one combination its fp8 kernels take for an fp8 D, and
+// CUBLASLT_MATMUL_DESC_D_SCALE_POINTER, by which cuBLASLt multiplies the epilogue's result before rounding it to e4m3).
 #include <cuda_fp8.h>
 
 #include <tuple>
@@ -31,27 +34,29 @@ int64_t n_padded(int64_t n, size_t elem_bytes) {
   return (n + per16 - 1) / per16 * per16;
 }
 
-// The scratch of one launch, in this order: X in float8 as [m, kp]; W copied to [np, kp] where K is not a multiple of 16 or
-// N not of 16 bytes of T (zeros past K add nothing to the products; the rows past N make the dropped columns); the bias copied
-// to [np] and D as [m, np] where N is padded; the workspace.
+// The scratch of one launch, in this order: X in float8 as [m, kp] (none when given in float8); W copied to [np, kp] where K is not a
+// multiple of 16 or N not of 16 bytes of T (zeros past K add nothing to the products; the rows past N make the dropped columns); the bias
+// copied to [np] and D as [m, np] where N is padded; the workspace.
 struct ScratchLayout {
   int64_t kp, np;          // K rounded up to 16, N to 16 bytes of T
   size_t xq, wq, bias, d;  // bytes of each part, 0 for a part not needed (W, Bias and Y used as given)
-  ScratchLayout(int64_t m, int64_t n, int64_t k, size_t elem_bytes)
-      : kp(fp8_gemm_act_k_padded(k)),
-        np(n_padded(n, elem_bytes)),
-        xq(scratch_aligned(static_cast<size_t>(m * kp))),
-        wq(kp == k && np == n ? 0 : scratch_aligned(static_cast<size_t>(np * kp))),
-        bias(np == n ? 0 : scratch_aligned(static_cast<size_t>(np) * elem_bytes)),
-        d(np == n ? 0 : scratch_aligned(static_cast<size_t>(m * np) * elem_bytes)) {}
+  ScratchLayout(const Fp8GemmActProblem& p, size_t elem_bytes)
+      : kp(fp8_gemm_act_k_padded(p.k)),
+        np(n_padded(p.n, p.d_fp8 ? 1 : elem_bytes)),
+        xq(p.x_fp8 ? 0 : scratch_aligned(static_cast<size_t>(p.m * kp))),
+        wq(kp == p.k && np == p.n ? 0 : scratch_aligned(static_cast<size_t>(np * kp))),
+        bias(np == p.n ? 0 : scratch_aligned(static_cast<size_t>(np) * elem_bytes)),
+        d(np == p.n ? 0 : scratch_aligned(static_cast<size_t>(p.m * np) * elem_bytes)) {}
   size_t bytes(size_t workspace) const { return xq + wq + bias + d + workspace; }
 };
 
 // q[i] = e4m3(x[i] / scale) for i < groups * 16; x and q 16-byte aligned.
 template <typename T>
-__global__ void quantize_e4m3_vec(const T* __restrict__ x, const float* __restrict__ scale, uint8_t* __restrict__ q, int64_t groups) {
+__global__ void quantize_e4m3_vec(const T* __restrict__ x, const float* __restrict__ scale, uint8_t* __restrict__ q, int64_t groups,
+                                  const float* __restrict__ recip_of, float* __restrict__ recip) {
   const int64_t g = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (g >= groups) return;
+  if (recip != nullptr && g == 0) *recip = 1.f / *recip_of;
   const float inv = 1.f / __ldg(scale);
   constexpr int kLoads = kPerThread * sizeof(T) / 16;
   Vec<T> in[kLoads];
@@ -70,29 +75,34 @@ __global__ void quantize_e4m3_vec(const T* __restrict__ x, const float* __restri
 // The same one element a thread into rows of kp bytes, zeros past k: for X off 16-byte alignment or K not a multiple of 16.
 template <typename T>
 __global__ void quantize_e4m3_rows(const T* __restrict__ x, const float* __restrict__ scale, uint8_t* __restrict__ q, int64_t k, int64_t kp,
-                                   int64_t count) {
+                                   int64_t count, const float* __restrict__ recip_of, float* __restrict__ recip) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= count) return;
+  if (recip != nullptr && i == 0) *recip = 1.f / *recip_of;
   const int64_t row = i / kp, col = i - row * kp;
   q[i] = col < k ? __nv_cvt_float_to_fp8(to_float(x[row * k + col]) * (1.f / __ldg(scale)), __NV_SATFINITE, __NV_E4M3) : 0;
 }
 
 using Plan = cublaslt::Plan<kGemmActCandidates>;
-// dtype, m, n, k, epilogue, fast accumulation, alignments of W, Bias, D (the copies in the scratch are kScratchAlign-aligned)
-using PlanKey = std::tuple<int, int64_t, int64_t, int64_t, int, int, uint32_t, uint32_t, uint32_t>;
+// dtype, m, n, k, epilogue, fast accumulation, X given in float8, D in float8, alignments of W, X, Bias, D (the copies in the
+// scratch are kScratchAlign-aligned)
+using PlanKey = std::tuple<int, int64_t, int64_t, int64_t, int, int, bool, bool, uint32_t, uint32_t, uint32_t, uint32_t>;
 
 }  // namespace
 
 template <typename T>
-cudaError_t fp8_quantize_e4m3(cudaStream_t stream, const T* x, const float* scale, uint8_t* q, int64_t m, int64_t k) {
+cudaError_t fp8_quantize_e4m3(cudaStream_t stream, const T* x, const float* scale, uint8_t* q, int64_t m, int64_t k, const float* recip_of,
+                              float* recip) {
   const int64_t kp = fp8_gemm_act_k_padded(k);
   if (m == 0 || kp == 0) return cudaSuccess;
   if (kp == k && (m * k) % kPerThread == 0 && aligned16(x) && aligned16(q)) {
     const int64_t groups = m * k / kPerThread;
-    quantize_e4m3_vec<T><<<static_cast<unsigned>((groups + kThreads - 1) / kThreads), kThreads, 0, stream>>>(x, scale, q, groups);
+    quantize_e4m3_vec<T>
+        <<<static_cast<unsigned>((groups + kThreads - 1) / kThreads), kThreads, 0, stream>>>(x, scale, q, groups, recip_of, recip);
   } else {
     const int64_t count = m * kp;
-    quantize_e4m3_rows<T><<<static_cast<unsigned>((count + kThreads - 1) / kThreads), kThreads, 0, stream>>>(x, scale, q, k, kp, count);
+    quantize_e4m3_rows<T>
+        <<<static_cast<unsigned>((count + kThreads - 1) / kThreads), kThreads, 0, stream>>>(x, scale, q, k, kp, count, recip_of, recip);
   }
   return cudaGetLastError();
 }
@@ -101,32 +111,50 @@ class Fp8GemmActRunner {
  public:
   // The plan of the problem (made on first use); null with *err set when there is none.
   template <typename T>
-  const Plan* plan(const Fp8GemmActProblem& p, const float* x_scale, const uint8_t* w, const float* w_scale, const T* bias, const T* y,
-                   cudaError_t* err) {
+  const Plan* plan(const Fp8GemmActProblem& p, const void* x, const float* x_scale, const uint8_t* w, const float* w_scale, const T* bias,
+                   const void* y, const float* d_scale, cudaError_t* err) {
     cublasLtEpilogue_t epi;
-    if (p.k <= 0 || !cublaslt::bias_epilogue(p.act, &epi)) {
+    if (p.k <= 0 || !cublaslt::bias_epilogue(p.act, &epi) || (p.d_fp8 && d_scale == nullptr)) {
       *err = cudaErrorInvalidValue;
       return nullptr;
     }
-    const ScratchLayout at(p.m, p.n, p.k, sizeof(T));
+    if (p.d_fp8 && p.n % kFp8GemmActKMultiple != 0) {  // rows of a float8 D in 16 bytes: no padded copy for it
+      *err = cudaErrorNotSupported;
+      return nullptr;
+    }
+    const ScratchLayout at(p, sizeof(T));
     const uint32_t d_align = at.d ? kScratchAlign : cublaslt::alignment(y);
-    const uint32_t aligns[4] = {at.wq ? kScratchAlign : cublaslt::alignment(w), kScratchAlign, d_align, d_align};
+    const uint32_t aligns[4] = {at.wq ? kScratchAlign : cublaslt::alignment(w), p.x_fp8 ? cublaslt::alignment(x) : kScratchAlign, d_align,
+                                d_align};
     const uint32_t bias_align = at.bias ? kScratchAlign : cublaslt::alignment(bias);
     const cudaDataType_t type = cublaslt::data_type<T>();
     const int8_t fast_accum = p.fast_accum ? 1 : 0;
-    const PlanKey key{static_cast<int>(type), p.m, p.n, p.k, static_cast<int>(epi), fast_accum, aligns[0], bias_align, aligns[3]};
+    const PlanKey key{static_cast<int>(type),
+                      p.m,
+                      p.n,
+                      p.k,
+                      static_cast<int>(epi),
+                      fast_accum,
+                      p.x_fp8,
+                      p.d_fp8,
+                      aligns[0],
+                      aligns[1],
+                      bias_align,
+                      aligns[3]};
     return plans_.find(
         key,
         [&](Plan& plan, cublasLtHandle_t handle) {
           const int32_t bias_type = type;
+          const Plan::Layout c_layout{type, at.np, p.m, at.np};  // a float8 D's C: T, as the bias (beta = 0: never read)
           return plan.create(CUBLAS_COMPUTE_32F, {CUDA_R_8F_E4M3, at.kp, at.np, at.kp}, {CUDA_R_8F_E4M3, at.kp, p.m, at.kp},
-                             {type, at.np, p.m, at.np}) &&
+                             {p.d_fp8 ? CUDA_R_8F_E4M3 : type, at.np, p.m, at.np}, p.d_fp8 ? &c_layout : nullptr) &&
                  cublaslt::set(plan.desc, CUBLASLT_MATMUL_DESC_TRANSA, CUBLAS_OP_T) &&
                  cublaslt::set(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, epi) &&
                  cublaslt::set(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, bias_type) &&
                  cublaslt::set(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias) &&
                  cublaslt::set(plan.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, w_scale) &&
                  cublaslt::set(plan.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, x_scale) &&
+                 (!p.d_fp8 || cublaslt::set(plan.desc, CUBLASLT_MATMUL_DESC_D_SCALE_POINTER, d_scale)) &&
                  cublaslt::set(plan.desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, fast_accum) &&
                  plan.query(handle, kGemmActWorkspaceBytes, aligns);
         },
@@ -134,18 +162,18 @@ class Fp8GemmActRunner {
   }
 
   template <typename T>
-  cudaError_t launch(cudaStream_t stream, const Fp8GemmActProblem& p, const T* x, const float* x_scale, const uint8_t* w,
-                     const float* w_scale, const T* bias, T* y, GemmActScratch& scratch) {
+  cudaError_t launch(cudaStream_t stream, const Fp8GemmActProblem& p, const void* x, const float* x_scale, const uint8_t* w,
+                     const float* w_scale, const T* bias, void* y, const float* d_scale, GemmActScratch& scratch) {
     if (p.m == 0 || p.n == 0) return cudaSuccess;
-    const auto plan_of = [&](cudaError_t* err) { return plan(p, x_scale, w, w_scale, bias, y, err); };
+    const auto plan_of = [&](cudaError_t* err) { return plan(p, x, x_scale, w, w_scale, bias, y, d_scale, err); };
     return plans_.with_plan(plan_of, [&](const Plan& plan) {
-      const ScratchLayout at(p.m, p.n, p.k, sizeof(T));
-      const size_t workspace_bytes = plan.candidate(p.algo).workspaceSize;
-      auto* xq = static_cast<uint8_t*>(scratch.get(at.bytes(workspace_bytes)));
-      if (xq == nullptr) return cudaErrorMemoryAllocation;
-      if (cublaslt::alignment(xq) < kScratchAlign) return cudaErrorInvalidValue;  // the plan took every part as kScratchAlign-aligned
+      const ScratchLayout at(p, sizeof(T));
+      const size_t workspace_bytes = plan.candidate(p.algo).workspaceSize, bytes = at.bytes(workspace_bytes);
+      auto* xq = bytes ? static_cast<uint8_t*>(scratch.get(bytes)) : nullptr;  // X given in float8 and no workspace: none
+      if (bytes && xq == nullptr) return cudaErrorMemoryAllocation;
+      if (bytes && cublaslt::alignment(xq) < kScratchAlign) return cudaErrorInvalidValue;  // the plan took every part as aligned
       uint8_t *wq = xq + at.xq, *bias_copy = wq + at.wq, *d_copy = bias_copy + at.bias, *workspace = d_copy + at.d;
-      DF_RETURN_IF_ERROR(fp8_quantize_e4m3(stream, x, x_scale, xq, p.m, p.k));
+      if (!p.x_fp8) DF_RETURN_IF_ERROR(fp8_quantize_e4m3(stream, static_cast<const T*>(x), x_scale, xq, p.m, p.k));
       if (at.wq) {  // W [n, k] into [np, kp]: zeros past k and in the rows past n
         DF_RETURN_IF_ERROR(cudaMemcpy2DAsync(wq, at.kp, w, p.k, p.k, p.n, cudaMemcpyDeviceToDevice, stream));
         if (at.kp > p.k) DF_RETURN_IF_ERROR(cudaMemset2DAsync(wq + p.k, at.kp, 0, at.kp - p.k, p.n, stream));
@@ -158,11 +186,13 @@ class Fp8GemmActRunner {
       }
       if (!cublaslt::set(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, at.bias ? reinterpret_cast<const T*>(bias_copy) : bias) ||
           !cublaslt::set(plan.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, w_scale) ||  // this call's pointers
-          !cublaslt::set(plan.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, x_scale))
+          !cublaslt::set(plan.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, x_scale) ||
+          (p.d_fp8 && !cublaslt::set(plan.desc, CUBLASLT_MATMUL_DESC_D_SCALE_POINTER, d_scale)))
         return cudaErrorInvalidValue;
-      T* d = at.d ? reinterpret_cast<T*>(d_copy) : y;
-      DF_RETURN_IF_ERROR(
-          plan.matmul(plans_.handle(), p.algo, at.wq ? wq : w, xq, 0.f, d, d, workspace_bytes ? workspace : nullptr, stream));
+      void* d = at.d ? d_copy : y;  // never a copy for a float8 D (n a multiple of 16)
+      // C (beta = 0: never read) is D, but no pointer for a float8 D, whose C layout is not D's (no in-place aliasing)
+      DF_RETURN_IF_ERROR(plan.matmul(plans_.handle(), p.algo, at.wq ? wq : w, p.x_fp8 ? x : xq, 0.f, p.d_fp8 ? nullptr : d, d,
+                                     workspace_bytes ? workspace : nullptr, stream));
       if (d == y) return cudaSuccess;
       return cudaMemcpy2DAsync(y, row, d, padded_row, row, static_cast<size_t>(p.m), cudaMemcpyDeviceToDevice, stream);
     });
@@ -170,15 +200,19 @@ class Fp8GemmActRunner {
 
   template <typename T>
   int candidates(const Fp8GemmActProblem& p, const float* x_scale, const uint8_t* w, const float* w_scale, const T* bias, const T* y) {
-    return plans_.candidates([&](cudaError_t* err) { return plan(p, x_scale, w, w_scale, bias, y, err); });
+    return plans_.candidates([&](cudaError_t* err) { return plan(p, nullptr, x_scale, w, w_scale, bias, y, nullptr, err); });
   }
 
  private:
   cublaslt::Plans<PlanKey, Plan> plans_;
 };
 
+size_t fp8_gemm_scratch_bytes(const Fp8GemmActProblem& p, size_t elem_bytes) {
+  return ScratchLayout(p, elem_bytes).bytes(kGemmActWorkspaceBytes);
+}
+
 size_t fp8_gemm_act_scratch_bytes(int64_t m, int64_t n, int64_t k, size_t elem_bytes) {
-  return ScratchLayout(m, n, k, elem_bytes).bytes(kGemmActWorkspaceBytes);
+  return fp8_gemm_scratch_bytes(Fp8GemmActProblem{m, n, k, Act::kNone, -1}, elem_bytes);
 }
 
 std::shared_ptr<Fp8GemmActRunner> make_fp8_gemm_act_runner() { return std::make_shared<Fp8GemmActRunner>(); }
@@ -186,7 +220,13 @@ std::shared_ptr<Fp8GemmActRunner> make_fp8_gemm_act_runner() { return std::make_
 template <typename T>
 cudaError_t launch_fp8_gemm_act(Fp8GemmActRunner& runner, cudaStream_t stream, const Fp8GemmActProblem& p, const T* x, const float* x_scale,
                                 const uint8_t* w, const float* w_scale, const T* bias, T* y, GemmActScratch& scratch) {
-  return runner.launch(stream, p, x, x_scale, w, w_scale, bias, y, scratch);
+  return runner.launch<T>(stream, p, x, x_scale, w, w_scale, bias, y, nullptr, scratch);
+}
+
+template <typename T>
+cudaError_t launch_fp8_gemm(Fp8GemmActRunner& runner, cudaStream_t stream, const Fp8GemmActProblem& p, const void* x, const float* x_scale,
+                            const uint8_t* w, const float* w_scale, const T* bias, void* y, const float* d_scale, GemmActScratch& scratch) {
+  return runner.launch<T>(stream, p, x, x_scale, w, w_scale, bias, y, d_scale, scratch);
 }
 
 template <typename T>
@@ -195,11 +235,13 @@ int fp8_gemm_act_candidates(Fp8GemmActRunner& runner, const Fp8GemmActProblem& p
   return runner.candidates(p, x_scale, w, w_scale, bias, y);
 }
 
-#define DF_INSTANTIATE(T)                                                                                                          \
-  template cudaError_t fp8_quantize_e4m3<T>(cudaStream_t, const T*, const float*, uint8_t*, int64_t, int64_t);                     \
-  template cudaError_t launch_fp8_gemm_act<T>(Fp8GemmActRunner&, cudaStream_t, const Fp8GemmActProblem&, const T*, const float*,   \
-                                              const uint8_t*, const float*, const T*, T*, GemmActScratch&);                        \
-  template int fp8_gemm_act_candidates<T>(Fp8GemmActRunner&, const Fp8GemmActProblem&, const float*, const uint8_t*, const float*, \
+#define DF_INSTANTIATE(T)                                                                                                            \
+  template cudaError_t fp8_quantize_e4m3<T>(cudaStream_t, const T*, const float*, uint8_t*, int64_t, int64_t, const float*, float*); \
+  template cudaError_t launch_fp8_gemm<T>(Fp8GemmActRunner&, cudaStream_t, const Fp8GemmActProblem&, const void*, const float*,      \
+                                          const uint8_t*, const float*, const T*, void*, const float*, GemmActScratch&);             \
+  template cudaError_t launch_fp8_gemm_act<T>(Fp8GemmActRunner&, cudaStream_t, const Fp8GemmActProblem&, const T*, const float*,     \
+                                              const uint8_t*, const float*, const T*, T*, GemmActScratch&);                          \
+  template int fp8_gemm_act_candidates<T>(Fp8GemmActRunner&, const Fp8GemmActProblem&, const float*, const uint8_t*, const float*,   \
                                           const T*, const T*);
 DF_INSTANTIATE(float)
 DF_INSTANTIATE(__half)

@@ -29,16 +29,27 @@ struct Fp8GemmActProblem {
   // cuBLASLt's fast accumulation (CUBLASLT_MATMUL_DESC_FAST_ACCUM; torchao's float8 default): on Hopper the fp8 tensor-core
   // partial sums are not promoted to full fp32 as often, which rounds the accumulation more coarsely; false: full fp32.
   bool fast_accum = true;
+  // X already in float8e4m3fn as [m, fp8_gemm_act_k_padded(k)] (zeros past k, as fp8_quantize_e4m3 writes it): no quantize pass,
+  // x_scale is its scale. Fp8Mlp's GEMMs: FC1 on X quantized by its own pass, FC2 on FC1's float8 output.
+  bool x_fp8 = false;
+  // D in float8e4m3fn [m, n] = e4m3(result · *d_scale) (d_scale: a device float, the reciprocal of the output's scale; cuBLASLt
+  // rounds to nearest even and saturates), C and the bias in T; n a multiple of 16 (no padded copy of a float8 D).
+  bool d_fp8 = false;
 };
 
 // q [m, kp] = e4m3(x [m, k] / *scale) with kp = fp8_gemm_act_k_padded(k), zeros past k: the quantize pass of a launch
 // alone (one kernel; the 16-element vectorised one when kp = k and x and q are 16-byte aligned).
+// recip_of, recip: when given, one thread of the kernel also writes *recip = 1 / *recip_of (Fp8Mlp: FC1's D scale, with no
+// launch of its own).
 template <typename T>
-cudaError_t fp8_quantize_e4m3(cudaStream_t stream, const T* x, const float* scale, uint8_t* q, int64_t m, int64_t k);
+cudaError_t fp8_quantize_e4m3(cudaStream_t stream, const T* x, const float* scale, uint8_t* q, int64_t m, int64_t k,
+                              const float* recip_of = nullptr, float* recip = nullptr);
 
 // The scratch bytes one launch asks for at most (elem_bytes: sizeof(T)): X in float8, the padded copies of W, Bias and Y
 // where they need one (each rounded up to 256 bytes) and the algorithm's workspace (at most kGemmActWorkspaceBytes).
 size_t fp8_gemm_act_scratch_bytes(int64_t m, int64_t n, int64_t k, size_t elem_bytes);
+// The same for any problem (x_fp8: no float8 copy of X).
+size_t fp8_gemm_scratch_bytes(const Fp8GemmActProblem& p, size_t elem_bytes);
 
 // One per kernel instance: the cuBLASLt handle and the plans of the shapes it has run, as GemmAct's
 // runner; safe under CUDA graph capture once a shape has run.
@@ -53,6 +64,13 @@ std::shared_ptr<Fp8GemmActRunner> make_fp8_gemm_act_runner();
 template <typename T>
 cudaError_t launch_fp8_gemm_act(Fp8GemmActRunner& runner, cudaStream_t stream, const Fp8GemmActProblem& p, const T* x, const float* x_scale,
                                 const uint8_t* w, const float* w_scale, const T* bias, T* y, GemmActScratch& scratch);
+
+// The runner's general form, which launch_fp8_gemm_act is with X and Y in T: x is T [m, k], or float8e4m3fn [m, kp] when p.x_fp8;
+// y is T [m, n], or float8e4m3fn [m, n] scaled by *d_scale (a device float) when p.d_fp8. The errors of launch_fp8_gemm_act, and
+// cudaErrorInvalidValue for p.d_fp8 without d_scale, cudaErrorNotSupported for p.d_fp8 with n not a multiple of 16.
+template <typename T>
+cudaError_t launch_fp8_gemm(Fp8GemmActRunner& runner, cudaStream_t stream, const Fp8GemmActProblem& p, const void* x, const float* x_scale,
+                            const uint8_t* w, const float* w_scale, const T* bias, void* y, const float* d_scale, GemmActScratch& scratch);
 
 // How many heuristic candidates `algo` may index for the problem with these pointers (X's float8
 // copy is 256-byte aligned in the scratch); negative: a cudaError_t as for launch_fp8_gemm_act.

@@ -17,6 +17,15 @@
 namespace deployfuse {
 namespace ort {
 
+#ifdef DEPLOYFUSE_WITH_CUDA
+// A launcher's error, failing with what cuBLASLt's fp8 GEMMs need where they refuse the problem (Fp8GemmAct, Fp8Mlp).
+inline cudaError_t fp8_gemm_refusal(const char* op, cudaError_t err) {
+  if (err == cudaErrorNotSupported)
+    fail(op, "cuBLASLt has no fp8 GEMM for this problem (it needs an sm_89+ GPU, float16/bfloat16 X and 16-byte aligned weights)");
+  return err;
+}
+#endif
+
 struct Fp8GemmAct : Fp8GemmActAttrs {
   using Fp8GemmActAttrs::Fp8GemmActAttrs;
   // cuBLASLt's fp8 kernels write float32 only with a bfloat16 bias: fp32 nodes run on the CPU EP.
@@ -34,12 +43,10 @@ struct Fp8GemmAct : Fp8GemmActAttrs {
 #ifdef DEPLOYFUSE_WITH_CUDA
     launch_cublaslt(Spec::kName, c, s.k, [&](auto* tag, GemmActScratch& scratch) {
       using T = std::remove_pointer_t<decltype(tag)>;
-      const cudaError_t err = launch_fp8_gemm_act<T>(
-          *runner, static_cast<cudaStream_t>(c.stream), Fp8GemmActProblem{s.m, s.n, s.k, act, algo, fast_accum}, in[0].as<T>(),
-          in[1].as<float>(), in[2].as<uint8_t>(), in[3].as<float>(), in[4].as<T>(), static_cast<T*>(y.GetTensorMutableRawData()), scratch);
-      if (err == cudaErrorNotSupported)
-        fail(Spec::kName, "cuBLASLt has no fp8 GEMM for this problem (it needs an sm_89+ GPU, float16/bfloat16 X and a 16-byte aligned W)");
-      return err;
+      return fp8_gemm_refusal(Spec::kName, launch_fp8_gemm_act<T>(*runner, static_cast<cudaStream_t>(c.stream),
+                                                                  Fp8GemmActProblem{s.m, s.n, s.k, act, algo, fast_accum}, in[0].as<T>(),
+                                                                  in[1].as<float>(), in[2].as<uint8_t>(), in[3].as<float>(), in[4].as<T>(),
+                                                                  static_cast<T*>(y.GetTensorMutableRawData()), scratch));
     });
 #endif
   }

@@ -31,6 +31,9 @@ CASES: list[tuple[str, tuple[int, ...], dict[str, Any]]] = [
     *[("Fp8GemmAct", (3, 5, 37, 19), {"activation": a}) for a in ("none", "relu", "gelu_tanh")],
     ("Fp8GemmAct", (1, 45, 23), {"activation": "gelu_tanh", "algo": 1}), ("Fp8GemmAct", (7, 16, 1), {"activation": "relu"}),
     ("Fp8GemmAct", (2, 9, 48, 19), {"activation": "relu", "fast_accum": 0}),  # full fp32 accumulation: the same math
+    # Fp8Mlp (shape = X's dims + N1 + N2): every activation, odd K and N2, N1 a multiple of 16 (CUDA's need) and not, one row
+    *[("Fp8Mlp", (3, 5, 37, 48, 19), {"activation": a}) for a in ("none", "relu", "gelu_tanh")],
+    ("Fp8Mlp", (1, 24, 20, 7), {"activation": "gelu_tanh", "fast_accum": 0}),
 ]
 
 

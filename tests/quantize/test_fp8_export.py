@@ -56,11 +56,12 @@ def test_fp8_for_ort_cuda_is_an_fp16_graph_of_fp8_gemms(fp8_bert):
     ops = [n.op_type for n in graph.graph.node]
     gate = report["quantization"]["gate"]
     kept = [layer["node"] for layer in gate["fp16_layers"]]
-    assert gate["passed"] and ops.count("Fp8GemmAct") == gate["quantized_layers"] - len(kept) > 0
+    assert gate["passed"] and ops.count("Fp8GemmAct") + 2 * ops.count("Fp8Mlp") == gate["quantized_layers"] - len(kept) > 0  # an Fp8Mlp: 2 GEMMs
     assert not {"QuantizeLinear", "DequantizeLinear"} & set(ops) and {"MultiHeadAttention", "SkipLayerNormalization"} <= set(ops)
     assert {o.type.tensor_type.elem_type for o in graph.graph.output} == {TensorProto.FLOAT16}
     weights = {t.name: t.data_type for t in graph.graph.initializer}
-    assert {weights[n.input[2]] for n in graph.graph.node if n.op_type == "Fp8GemmAct"} == {TensorProto.FLOAT8E4M3FN}
+    fp8_weights = [n.input[i] for n in graph.graph.node for i in {"Fp8GemmAct": (2,), "Fp8Mlp": (2, 6)}.get(n.op_type, ())]
+    assert {weights[w] for w in fp8_weights} == {TensorProto.FLOAT8E4M3FN}
     recorded = metadata.read(graph, metadata.QUANTIZATION)
     assert isinstance(recorded, dict) and recorded["precision"] == "fp8" and recorded["fp16_layers"] == kept
 
@@ -109,9 +110,9 @@ def test_q_k_v_are_one_fp8_gemm_per_layer(fp8_bert):
     qkv = [producers[next(iter(s.values())).input[0]].op_type for s in splits]
     layers = model.config.num_hidden_layers
     assert qkv == ["Fp8GemmAct"] * layers and report["quantization"]["gate"]["quantized_layers"] == 4 * layers + 1, (qkv, report["quantization"]["gate"])
-    functions = [f for f in graph.functions if f.name != "Fp8GemmAct"]
+    functions = [f for f in graph.functions if f.name not in ("Fp8GemmAct", "Fp8Mlp")]
     del graph.functions[:]
-    graph.functions.extend(functions)  # only the library's kernel can run an Fp8GemmAct now
+    graph.functions.extend(functions)  # only the library's kernels can run an Fp8GemmAct or an Fp8Mlp now
     _within_budget(model, example, graph, ort_custom_ops_library())
 
 

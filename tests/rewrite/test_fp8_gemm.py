@@ -1,6 +1,6 @@
 """fp8_gemm.lower: every float8 Q/DQ'd GEMM of an fp16 graph becomes a deployfuse.Fp8GemmAct
-(ort-cuda only) that computes what the Q/DQ graph computes; on a graph fused as an fp8 export fuses
-it, attention and skip-norm stay fused around them.
+(ort-cuda only) that computes what the Q/DQ graph computes, each FC1 -> FC2 pair one Fp8Mlp; on a
+graph fused as an fp8 export fuses it, attention and skip-norm stay fused around them.
 
 Numbers are checked on fresh random inputs, ONNX Runtime's CPU EP running the Fp8GemmAct function
 bodies: one GEMM against the Q/DQ math done in numpy (float64 around the same float8 values), and
@@ -30,7 +30,7 @@ from deployfuse.quantize.calibration import Calibration, random_calibration
 from deployfuse.quantize.lowering import FP8_SKIPPED_FAMILIES
 from deployfuse.quantize.qdq import place_qdq, quantizable_nodes
 from deployfuse.rewrite import family_names, fuse
-from deployfuse.rewrite.rules import fp8_gemm
+from deployfuse.rewrite.rules import fp8_gemm, fp8_mlp
 
 _ROOT = tempfile.TemporaryDirectory(prefix="deployfuse-fp8-gemm-tests.")
 E4M3 = ml_dtypes.float8_e4m3fn
@@ -93,9 +93,14 @@ def _feeds(shape: list[int], count: int, seed: int) -> list[dict[str, np.ndarray
     return [{"x": rng.standard_normal(shape).astype(np.float16)} for _ in range(count)]
 
 
+def _fp8_gemms(model: onnx.ModelProto) -> int:
+    """The float8 GEMMs of a lowered graph: one an Fp8GemmAct, two an Fp8Mlp."""
+    return _ops(model).count("Fp8GemmAct") + 2 * _ops(model).count("Fp8Mlp")
+
+
 def _lower(model: onnx.ModelProto) -> onnx.ModelProto:
     lowered, count = fp8_gemm.lower(model, "ort-cuda")
-    assert count == _ops(lowered).count("Fp8GemmAct")
+    assert count == _fp8_gemms(lowered)
     return lowered
 
 
@@ -184,16 +189,18 @@ def _model_feeds(module: torch.nn.Module, example: dict[str, torch.Tensor], seed
 @pytest.mark.parametrize(("name", "dynamic"), [("bert", False), ("gpt2", False), ("vit", False), ("bert", True), ("gpt2", True)])
 def test_every_qdq_gemm_becomes_fp8_gemm_act_and_attention_still_fuses(name, dynamic):
     """BERT (MatMul + Add, erf GELU), GPT-2 (Conv1D's Gemm + Reshape, tanh GELU) and ViT: no Q/DQ
-    left, one Fp8GemmAct per quantized GEMM (each layer's GELU in its epilogue), MultiHeadAttention and SkipLayerNormalization in
+    left, one Fp8GemmAct per quantized GEMM but each layer's FC1 -> FC2, one Fp8Mlp (its GELU in FC1's epilogue), MultiHeadAttention and SkipLayerNormalization in
     every layer; the lowered model is the Q/DQ model up to fp16 roundings, with ONNX Runtime's
     graph optimisations off and on (its Q/DQ propagation must not see through the bodies)."""
     float_model, qdq, module, example = _qdq_model(name, dynamic)
     fused = _lower(qdq)
     ops = _ops(fused)
     layers = zoo.ZOO[name].layers
-    assert ops.count("Fp8GemmAct") == len(quantizable_nodes(float_model, "fp8")) and not {"QuantizeLinear", "DequantizeLinear"} & set(ops)
+    assert _fp8_gemms(fused) == len(quantizable_nodes(float_model, "fp8")) and not {"QuantizeLinear", "DequantizeLinear"} & set(ops)
+    assert ops.count("Fp8Mlp") == layers, "every layer's FC1 -> FC2 is one Fp8Mlp"
     assert ops.count("MultiHeadAttention") == layers and ops.count("SkipLayerNormalization") == 2 * layers
-    activations = [helper.get_attribute_value(a).decode() for n in fused.graph.node if n.op_type == "Fp8GemmAct" for a in n.attribute if a.name == "activation"]
+    activations = [helper.get_attribute_value(a).decode() for n in fused.graph.node if n.op_type in ("Fp8GemmAct", "Fp8Mlp") for a in n.attribute
+                   if a.name == "activation"]
     assert activations.count("gelu_tanh") == layers and "Gelu" not in ops  # BERT's and ViT's exact GELU too, in the epilogue's tanh form
     plain, qdq_session, optimised = session(float_model, optimize=False), session(qdq, optimize=False), session(fused)
     rewritten = session(fused, optimize=False)
@@ -206,3 +213,99 @@ def test_every_qdq_gemm_becomes_fp8_gemm_act_and_attention_still_fuses(name, dyn
                 diff = np.abs(out.astype(np.float64) - qdq_out)
                 assert diff.mean() < 0.5 * quantization, f"{output}: the rewrite moves it {diff.mean():.2e} on average, fp8 itself {quantization:.2e}"
                 assert diff.max() < 0.02 * np.abs(want).max()
+
+
+# --- Fp8Mlp: FC1 -> FC2 merged ------------------------------------------------------------------
+
+
+def _unmerged(model: onnx.ModelProto, monkeypatch: pytest.MonkeyPatch) -> onnx.ModelProto:
+    """`model` lowered with the Fp8Mlp merge left out: its Fp8GemmAct pairs as they were."""
+    with monkeypatch.context() as patch:
+        patch.setattr(fp8_mlp, "merge", lambda lowered: (lowered, 0))
+        return _lower(model)
+
+
+@pytest.mark.parametrize("name", ["bert", "gpt2"])
+def test_merged_mlp_equals_the_fp8_gemm_act_pair(name, monkeypatch):
+    """BERT (FC1 -> FC2 directly) and GPT-2 (through Conv1D's Reshapes, Y reshaped back): the merged graph against the unmerged
+    one on fresh random inputs (ORT CPU EP on the function bodies, optimisations off). They differ where the pair rounds FC1's
+    output to fp16 before FC2 quantizes it and Fp8Mlp quantizes the float32 value: a hidden value near a float8 rounding
+    midpoint moves one float8 step, far less on average than fp8 itself costs."""
+    float_model, qdq, module, example = _qdq_model(name, False)
+    merged, unmerged = _lower(qdq), _unmerged(qdq, monkeypatch)
+    assert _ops(merged).count("Fp8Mlp") == zoo.ZOO[name].layers and "Fp8Mlp" not in _ops(unmerged)
+    assert _fp8_gemms(merged) == _fp8_gemms(unmerged), "each Fp8Mlp replaced two Fp8GemmAct"
+    if name == "gpt2":  # per layer: FC1's two Reshapes ([B·S, N1] -> [B, S, N1] -> [B·S, N1]) out, Y's one in
+        assert _ops(merged).count("Reshape") == _ops(unmerged).count("Reshape") - zoo.ZOO[name].layers
+    plain, pair, mlp = (session(m, optimize=False) for m in (float_model, unmerged, merged))
+    for feed in _model_feeds(module, example, (21,)):
+        reference, want, got = run(plain, feed), run(pair, feed), run(mlp, feed)
+        for output, ref in reference.items():
+            ref, want_out, got_out = ref.astype(np.float64), want[output].astype(np.float64), got[output].astype(np.float64)
+            assert got_out.shape == want_out.shape
+            quantization = np.abs(want_out - ref).mean()
+            diff = np.abs(got_out - want_out)
+            assert diff.mean() < 0.25 * quantization, f"{output}: merging moves it {diff.mean():.2e} on average, fp8 itself {quantization:.2e}"
+            assert diff.max() < 0.02 * np.abs(ref).max()
+
+
+def _fc_pair_graph(reshape: bool, activation: str, n1: int, fast_accum: tuple[int, int] = (1, 1), seed: int = 0) -> onnx.ModelProto:
+    """fp32 X [2, 5, K] -> Fp8GemmAct (FC1, `activation`) [-> Reshape [-1, N1]] -> Fp8GemmAct (FC2) -> Y, the inputs as
+    Fp8Mlp's example_inputs makes them."""
+    from deployfuse.ops import DOMAIN, attach_functions
+    from deployfuse.ops.defs import fp8_mlp as op
+
+    k, n2 = 24, 20
+    rng = np.random.default_rng(seed)
+    arrays = op.example_inputs((2, 5, k, n1, n2), lambda *shape, scale=1.0, shift=0.0: (rng.standard_normal(shape) * scale + shift).astype(np.float32), {})
+    names = ["x_scale", "w1", "w1_scale", "b1", "h_scale", "w2", "w2_scale", "b2"]
+    inits = [numpy_helper.from_array(np.asarray(a), n) for a, n in zip(arrays[1:], names)] + [numpy_helper.from_array(np.array([-1, n1]), "shape")]
+    fc = functools.partial(helper.make_node, "Fp8GemmAct", domain=DOMAIN)
+    nodes = [fc(["x", "x_scale", "w1", "w1_scale", "b1"], ["h"], name="fc1", activation=activation, fast_accum=fast_accum[0])]
+    nodes += [helper.make_node("Reshape", ["h", "shape"], ["h2"], name="view")] if reshape else []
+    nodes.append(fc(["h2" if reshape else "h", "h_scale", "w2", "w2_scale", "b2"], ["y"], name="fc2", fast_accum=fast_accum[1]))
+    graph = helper.make_graph(nodes, "mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 5, k])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET), helper.make_opsetid(DOMAIN, 1)], ir_version=10)
+    attach_functions(model)
+    return model
+
+
+@pytest.mark.parametrize(("reshape", "activation"), [(False, "gelu_tanh"), (True, "relu"), (True, "none")])
+def test_merged_pair_runs_on_the_cpu_kernel_as_the_reference(reshape, activation):
+    """A hand-built fp32 pair merged: Fp8Mlp's output (the custom-op library's CPU kernel, and its function body) equals the pair's
+    and the spec's torch reference on fresh inputs: in fp32 the pair's FC1 output is float32, so the math is the same."""
+    from deployfuse.ops import SPECS, attach_functions, ort_custom_ops_library
+
+    model = _fc_pair_graph(reshape, activation, n1=32)
+    merged, count = fp8_mlp.merge(onnx.ModelProto.FromString(model.SerializeToString()))
+    attach_functions(merged)
+    assert count == 1 and [n.op_type for n in merged.graph.node] == ["Fp8Mlp"] + (["Reshape"] if reshape else [])
+    library = ort_custom_ops_library()
+    sessions = {"pair": session(model, optimize=False, custom_ops_library=library), "kernel": session(merged, optimize=False, custom_ops_library=library),
+                "body": session(merged, optimize=False)}
+    weights = {t.name: torch.from_numpy(numpy_helper.to_array(t).astype(np.float32)) for t in model.graph.initializer}
+    for seed in (3, 4):
+        x = np.random.default_rng(seed).standard_normal((2, 5, 24)).astype(np.float32)
+        ref = SPECS["Fp8Mlp"].reference(torch.from_numpy(x), *(weights[n] for n in ("x_scale", "w1", "w1_scale", "b1", "h_scale", "w2", "w2_scale", "b2")),
+                                        activation=activation).numpy().reshape(-1, 20)
+        scale = np.abs(ref).max()
+        for what, sess in sessions.items():
+            got = run(sess, {"x": x})["y"]
+            assert got.shape == ((10, 20) if reshape else (2, 5, 20)), what
+            assert np.abs(got.reshape(-1, 20) - ref).max() <= 1e-4 * scale, f"{what} is not Fp8Mlp's reference"
+
+
+@pytest.mark.parametrize(("why", "kwargs"), [("N1 not a multiple of 16", {"n1": 40}), ("FC2 has an activation", {"activation": "relu", "fc2_act": True}),
+                                              ("fast_accum differs", {"fast_accum": (1, 0)}), ("FC1's output read twice", {"second_reader": True})])
+def test_what_the_merge_leaves(why, kwargs):
+    """The pairs Fp8Mlp cannot take stay two Fp8GemmAct."""
+    fc2_act, second_reader = kwargs.pop("fc2_act", False), kwargs.pop("second_reader", False)
+    model = _fc_pair_graph(False, kwargs.pop("activation", "relu"), **{"n1": 32, **kwargs})
+    if fc2_act:
+        model.graph.node[1].attribute.append(helper.make_attribute("activation", "relu"))
+    if second_reader:
+        model.graph.node.append(helper.make_node("Identity", ["h"], ["h_out"]))
+        model.graph.output.append(helper.make_tensor_value_info("h_out", TensorProto.FLOAT, None))
+    merged, count = fp8_mlp.merge(model)
+    assert count == 0 and "Fp8Mlp" not in _ops(merged), why

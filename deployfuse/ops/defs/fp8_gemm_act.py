@@ -60,12 +60,18 @@ def body(b: Body, variant: dict[str, Any]) -> str:
     DequantizeLinear: ONNX Runtime's CPU optimizer turns an inlined DQ -> MatMul into its integer
     kernels (ORT 1.31: MatMulIntegerToFloat fed float8, an invalid graph; 1.32: a uint8
     QuantizeLinear inserted past a Reshape), and ONNX Runtime has no bfloat16 QuantizeLinear."""
+    y = gemm_float(b, b.to_float("X"), "XScale", "W", "WScale", "Bias", variant["activation"])
+    return b.op("CastLike", y, "X")
+
+
+def gemm_float(b: Body, x: str, x_scale: str, w: str, w_scale: str, bias: str, activation: str) -> str:
+    """act(dq(q(x, x_scale)) @ dq(w, w_scale)^T + bias) in float32, x already float32 (the body's
+    pieces, which Fp8Mlp chains: its hidden activation quantized from float32, never rounded to T)."""
     f8, f32 = onnx.TensorProto.FLOAT8E4M3FN, onnx.TensorProto.FLOAT
-    x_q = b.op("Cast", b.op("Div", b.to_float("X"), "XScale"), to=f8, saturate=1)
-    x = b.op("Mul", b.op("Cast", x_q, to=f32), "XScale")
-    w = b.op("Transpose", b.op("Mul", b.op("Cast", "W", to=f32), "WScale"), perm=[1, 0])
-    y = b.op("Add", b.op("MatMul", x, w), b.to_float("Bias"))
-    return b.op("CastLike", b.activation(y, variant["activation"]), "X")
+    x_q = b.op("Cast", b.op("Div", x, x_scale), to=f8, saturate=1)
+    x_dq = b.op("Mul", b.op("Cast", x_q, to=f32), x_scale)
+    w_dq = b.op("Transpose", b.op("Mul", b.op("Cast", w, to=f32), w_scale), perm=[1, 0])
+    return b.activation(b.op("Add", b.op("MatMul", x_dq, w_dq), b.to_float(bias)), activation)
 
 
 def example_inputs(shape: Sequence[int], rand: RandFn, attrs: dict[str, Any]) -> list[Any]:

@@ -1,0 +1,99 @@
+"""Fp8Mlp: a transformer MLP in float8 whose hidden activation never leaves float8 (cuBLASLt on CUDA).
+
+    H = q(act(dq(q(X, XScale)) @ dq(W1, W1Scale)^T + B1), HScale)      (float8e4m3fn, never in T)
+    Y = dq(H, HScale) @ dq(W2, W2Scale)^T + B2
+
+q and dq as Fp8GemmAct's (q(x, s) = saturate_e4m3(round_nearest_even(x / s)), dq(v, s) = float(v) * s),
+all math in float32, Y rounded to T once. It is two Fp8GemmAct nodes, FC1 (with the activation) then
+FC2 (none), with FC1's output quantized straight from float32 instead of rounded to T, written out
+and quantized again by FC2's own pass: on CUDA FC1's GEMM writes H in float8 (cuBLASLt's D scale
+1/HScale), so the [tokens, N1] hidden activation crosses memory once, in one byte an element.
+
+X [..., K], B1 [N1], B2 [N2] in T; XScale, W1Scale, HScale, W2Scale float32 scalars; W1 [N1, K] and
+W2 [N2, N1] float8e4m3fn (the weights transposed, as Fp8GemmAct's W); Y [..., N2] in T.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import onnxscript
+import torch
+from onnxscript.onnx_types import FLOAT, FLOAT8E4M3FN
+
+from deployfuse.ops.body import Body
+from deployfuse.ops.defs import fp8_gemm_act
+from deployfuse.ops.defs._onnxscript import DF, TFloat
+from deployfuse.ops.schema import E4M3_MAX, OpSpec, RandFn, to_element_type
+
+
+def reference(
+    x: torch.Tensor, x_scale: torch.Tensor, w1: torch.Tensor, w1_scale: torch.Tensor, b1: torch.Tensor, h_scale: torch.Tensor,
+    w2: torch.Tensor, w2_scale: torch.Tensor, b2: torch.Tensor, *, activation: str, fast_accum: int = 1
+) -> torch.Tensor:
+    """FC2(FC1(X)) with Fp8GemmAct's math: FC1's float32 result is FC2's X, which q(·, HScale) rounds to
+    float8 (never to T in between); `fast_accum` only picks the CUDA GEMM's rounding, never the math."""
+    h = fp8_gemm_act.reference(x, x_scale, w1, w1_scale, b1, activation=activation, algo=-1)
+    return fp8_gemm_act.reference(h, h_scale, w2, w2_scale, b2, activation="none", algo=-1)
+
+
+def body(b: Body, variant: dict[str, Any]) -> str:
+    """Fp8GemmAct's float32 pieces chained: the hidden activation stays float32 up to its Cast to float8."""
+    h = fp8_gemm_act.gemm_float(b, b.to_float("X"), "XScale", "W1", "W1Scale", "B1", variant["activation"])
+    return b.op("CastLike", fp8_gemm_act.gemm_float(b, h, "HScale", "W2", "W2Scale", "B2", "none"), "X")
+
+
+def example_inputs(shape: Sequence[int], rand: RandFn, attrs: dict[str, Any]) -> list[Any]:
+    """shape = (*X's shape, N1, N2): FC1's inputs as Fp8GemmAct's example makes them, HScale = 0.8·amax of
+    FC1's pre-activation result / 448 (so the largest hidden values saturate), FC2's weight and bias."""
+    *lead, k, n1, n2 = shape
+    x, x_scale, w1, w1_scale, b1 = fp8_gemm_act.example_inputs((*lead, k, n1), rand, attrs)
+    hidden = to_element_type(x, "float") @ (to_element_type(w1, "float") * w1_scale).T + to_element_type(b1, "float")
+    h_scale = to_element_type(abs(hidden).max() * (0.8 / E4M3_MAX), "float")
+    _, _, w2, w2_scale, b2 = fp8_gemm_act.example_inputs((n1, n2), rand, attrs)
+    return [x, x_scale, w1, w1_scale, b1, h_scale, w2, w2_scale, b2]
+
+
+SPEC = OpSpec(
+    name="Fp8Mlp",
+    inputs=("X", "XScale", "W1", "W1Scale", "B1", "HScale", "W2", "W2Scale", "B2"),
+    outputs=("Y",),
+    # FC1's activation and the GEMMs' accumulation, as Fp8GemmAct's; no algo: the heuristic's first choice
+    attrs={"activation": fp8_gemm_act.SPEC.attrs["activation"], "fast_accum": fp8_gemm_act.SPEC.attrs["fast_accum"]},
+    doc="H = q(act(dq(q(X, XScale)) @ dq(W1, W1Scale)^T + B1), HScale) (float8e4m3fn), Y = dq(H, HScale) @ dq(W2, W2Scale)^T + B2, "
+    "q and dq as Fp8GemmAct's; X [..., K], B1 [N1] and B2 [N2] in T, XScale, W1Scale, HScale and W2Scale float32 scalars, "
+    "W1 [N1, K] and W2 [N2, N1] float8e4m3fn; computed in float32 (H quantized from float32, never rounded to T), Y [..., N2] "
+    "in T. fast_accum as Fp8GemmAct's, for both GEMMs. On CUDA N1 must be a multiple of 16 (H's rows in float8). Needs opset 19.",
+    reference_fn=reference,
+    body_fn=body,
+    example_fn=example_inputs,
+    input_types={"XScale": "float", "W1": "float8e4m3fn", "W1Scale": "float", "HScale": "float", "W2": "float8e4m3fn", "W2Scale": "float"},
+    trt_plugin=False,  # as Fp8GemmAct: the tensorrt target keeps standard Q/DQ pairs
+    min_opset=19,
+)
+
+
+@torch.library.custom_op("deployfuse::fp8_mlp", mutates_args=())
+def torch_op(
+    x: torch.Tensor, x_scale: torch.Tensor, w1: torch.Tensor, w1_scale: torch.Tensor, b1: torch.Tensor, h_scale: torch.Tensor,
+    w2: torch.Tensor, w2_scale: torch.Tensor, b2: torch.Tensor, activation: str = "none", fast_accum: int = 1
+) -> torch.Tensor:
+    """FC2(FC1(x)) with w1 [N1, K], w2 [N2, N1] torch.float8_e4m3fn, the hidden activation quantized with h_scale."""
+    return SPEC.reference(x, x_scale, w1, w1_scale, b1, h_scale, w2, w2_scale, b2, activation=activation, fast_accum=fast_accum)
+
+
+@torch_op.register_fake
+def _(x, x_scale, w1, w1_scale, b1, h_scale, w2, w2_scale, b2, activation="none", fast_accum=1):
+    return x.new_empty(*x.shape[:-1], w2.shape[0])
+
+
+@onnxscript.script(opset=DF)
+def fp8_mlp_onnx(
+    x: TFloat, x_scale: FLOAT, w1: FLOAT8E4M3FN, w1_scale: FLOAT, b1: TFloat, h_scale: FLOAT, w2: FLOAT8E4M3FN, w2_scale: FLOAT, b2: TFloat,
+    activation: str = "none", fast_accum: int = 1
+) -> TFloat:
+    return DF.Fp8Mlp(x, x_scale, w1, w1_scale, b1, h_scale, w2, w2_scale, b2, activation=activation, fast_accum=fast_accum)
+
+
+to_onnx = fp8_mlp_onnx  # the exporter inlines it by name: one name per op

@@ -1,0 +1,35 @@
+// Fp8Mlp CUDA launcher on Fp8GemmAct's cuBLASLt runner: Y[m, n2] = dq(H) @ dq(W2)^T + b2 with H = q(act(dq(q(X)) @ dq(W1)^T + b1),
+// h_scale) float8e4m3fn [m, n1], which never leaves float8: (1) one kernel quantizes X into the scratch and writes 1/h_scale
+// there (one thread), (2) FC1's fp8 GEMM writes H in float8 into the scratch (bias + activation epilogue, D scale 1/h_scale),
+// (3) FC2's fp8 GEMM reads H as its float8 X (B scale h_scale) and writes Y with b2. n1 must be a multiple of 16 (H's rows of
+// 16 bytes); K and N2 take Fp8GemmAct's padded copies where they need them. fp16 / bf16 as Fp8GemmAct; no host sync, no
+// allocation: CUDA-graph capturable once a shape has run.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "common/activation.h"
+#include "fp8_gemm_act/fp8_gemm_act.cuh"
+
+namespace deployfuse {
+
+struct Fp8MlpProblem {
+  int64_t m, k, n1, n2;
+  Act act;  // FC1's
+  bool fast_accum = true;
+};
+
+// The scratch bytes one launch asks for: X in float8, 1/h_scale, H, and the larger of the two GEMMs' scratch (padded copies,
+// the workspace at most kGemmActWorkspaceBytes); each part rounded up to 256 bytes.
+size_t fp8_mlp_scratch_bytes(const Fp8MlpProblem& p, size_t elem_bytes);
+
+// Scales: device pointers to one float each; w1 float8e4m3fn [n1, k], w2 [n2, n1]. The runner is one kernel instance's (its
+// plans: FC1's and FC2's). cudaErrorNotSupported for n1 not a multiple of 16, else launch_fp8_gemm_act's errors.
+template <typename T>
+cudaError_t launch_fp8_mlp(Fp8GemmActRunner& runner, cudaStream_t stream, const Fp8MlpProblem& p, const T* x, const float* x_scale,
+                           const uint8_t* w1, const float* w1_scale, const T* b1, const float* h_scale, const uint8_t* w2,
+                           const float* w2_scale, const T* b2, T* y, GemmActScratch& scratch);
+
+}  // namespace deployfuse
