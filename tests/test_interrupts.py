@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import signal
 import tempfile
+import threading
 from pathlib import Path
 
 import pytest
@@ -78,3 +79,24 @@ def test_held_raises_the_first_signal_once_when_the_outermost_block_ends():
     assert inner_done and caught.value.exit_code == 128 + signal.SIGHUP
     with signals_as_exceptions(), held():
         pass  # nothing pending any more
+
+
+def test_held_in_another_thread_does_not_hold_the_main_threads_signals():
+    entered, release = threading.Event(), threading.Event()
+
+    def worker():
+        with held():
+            entered.set()
+            release.wait(10)
+
+    thread = threading.Thread(target=worker)
+    thread.start()
+    try:
+        assert entered.wait(10)
+        with signals_as_exceptions(), pytest.raises(Interrupted):
+            os.kill(os.getpid(), signal.SIGTERM)
+            for _ in range(1000):  # the handler runs between bytecodes of this (the main) thread
+                pass
+    finally:
+        release.set()
+        thread.join()
