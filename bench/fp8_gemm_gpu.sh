@@ -15,16 +15,8 @@ OUT=${OUT:-/tmp}
 if [ "${1:-}" = "--dry-run" ]; then
   exec python3 bench/fp8_gemm_gpu.py --dry-run
 fi
-for headers in plugins/build/ort-include/onnxruntime_cxx_api.h plugins/build/trt-include/NvInferRuntime.h; do
-  [ -f "$headers" ] || { echo "fp8_gemm_gpu.sh: $headers missing: run 'deployfuse plugins build --cuda on' where they can be fetched, and carry plugins/build/{ort,trt}-include" >&2; exit 2; }
-done
-BUILD=$PWD/plugins/build/gpu
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
-start=$(date +%s)
-cmake -S plugins -B "$BUILD" -G Ninja -DDEPLOYFUSE_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_BUILD_TYPE=Release \
-  -DONNXRUNTIME_INCLUDE_DIR="$PWD/plugins/build/ort-include" -DTENSORRT_INCLUDE_DIR="$PWD/plugins/build/trt-include" > "$OUT/cmake.log"
-ninja -C "$BUILD" deployfuse_ops_cuda deployfuse_ort > "$OUT/ninja.log"
-echo "built in $(( $(date +%s) - start )) s"
+source bench/gpu_build.sh
+gpu_build deployfuse_ops_cuda deployfuse_ort
 SITE=${ORT_SITE:-/tmp/site}
 [ -d "$SITE" ] && export PYTHONPATH=$SITE:$PYTHONPATH
 ORT=()

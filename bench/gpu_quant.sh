@@ -2,8 +2,8 @@
 # FP8 end to end on the H200 (issue 19), from the repo root of a CUDA machine with plugins/build/{ort,trt}-include
 # carried and onnxruntime-gpu (+ torchao) staged in /tmp/site (../shared/tools/gpu-stage onnxruntime-gpu polygraphy torchao):
 #   bash bench/gpu_quant.sh MODELS [bench/gpu_quant.py options]      e.g. bash bench/gpu_quant.sh bert --skip torchao
-# Builds plugins/build/gpu for sm_90 when it has no libdeployfuse_ort.so yet, checks Fp8GemmAct against its float64
-# reference through its C ABI and ONNX Runtime's CUDA EP (bench/fp8_gemm_gpu.py --check-only, until it passes on that build), then runs
+# Builds plugins/build/gpu for sm_90 (bench/gpu_build.sh), checks Fp8GemmAct and Fp8Mlp against their float64
+# references through its C ABI and ONNX Runtime's CUDA EP (bench/fp8_gemm_gpu.py --check-only, until it passes on that build), then runs
 # bench/gpu_quant.py at batches 8 and 64, torch.compile in reduce-overhead mode (the faster of the two modes for fp16
 # and torchao in bench/results/h200_quant*.json), CUPTI kernel classes per row (--gpu-time). Results: $OUT (default /tmp).
 set -euo pipefail
@@ -11,14 +11,8 @@ export PYTHONUNBUFFERED=1 PYTHONPATH="/tmp/site:$PWD:${PYTHONPATH:-}"
 OUT=${OUT:-/tmp}
 models=${1:?usage: bash bench/gpu_quant.sh MODELS [gpu_quant.py options]}
 shift
-BUILD=$PWD/plugins/build/gpu
-if [ ! -f "$BUILD/libdeployfuse_ort.so" ]; then
-  start=$(date +%s)
-  cmake -S plugins -B "$BUILD" -G Ninja -DDEPLOYFUSE_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_BUILD_TYPE=Release \
-    -DONNXRUNTIME_INCLUDE_DIR="$PWD/plugins/build/ort-include" -DTENSORRT_INCLUDE_DIR="$PWD/plugins/build/trt-include" > "$OUT/cmake.log"
-  ninja -C "$BUILD" deployfuse_ops_cuda deployfuse_ort > "$OUT/ninja.log"
-  echo "built in $(( $(date +%s) - start )) s"
-fi
+source bench/gpu_build.sh
+gpu_build deployfuse_ops_cuda deployfuse_ort  # incremental: ninja does nothing when nothing changed
 if [ ! "$BUILD/fp8_checked" -nt "$BUILD/libdeployfuse_ort.so" ]; then  # a failed check is run again next time, not skipped
   python3 bench/fp8_gemm_gpu.py "$BUILD/libdeployfuse_ops_cuda.so" --ort "$BUILD/libdeployfuse_ort.so" --check-only 2>&1 | tee "$OUT/fp8_gemm_checks.log"
   touch "$BUILD/fp8_checked"
