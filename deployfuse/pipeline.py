@@ -328,6 +328,9 @@ def _run(request: _Request, out_path: Path, report: ExportReport, steps: _Steps,
 
     gate = None
     quantize_first = before_fusion(request.target, request.quantize)
+    tune_gemms = request.autotune and request.target == ORT_CUDA
+    # Quantized after fusion (fp8 on ort-cuda: its Fp8GemmAct nodes), the GEMMs are tuned in the final artefact, after the gate.
+    tunes_quantized = tune_gemms and request.quantize is not None and not quantize_first
     if quantize_first:  # the fusions then run on the Q/DQ graph
         onnx_model, gate = _quantize_step(onnx_model, request, calibration, gate_references, report, steps)
 
@@ -343,7 +346,7 @@ def _run(request: _Request, out_path: Path, report: ExportReport, steps: _Steps,
             step.detail = f"{len(onnx_model.graph.node)} nodes"
             if quantize_first and gate is not None:
                 _gate_fused(onnx_model, gate, calibration, gate_references, report)
-            if request.autotune and request.target == ORT_CUDA:  # GemmAct's cuBLASLt algorithm per shape, timed on this GPU
+            if tune_gemms and not tunes_quantized:  # GemmAct's cuBLASLt algorithm per shape, timed on this GPU
                 from deployfuse.rewrite.gemm_tuning import tune
 
                 step.detail += "; " + tune(onnx_model, {k: to_numpy(v) for k, v in example.items()})
@@ -365,7 +368,8 @@ def _run(request: _Request, out_path: Path, report: ExportReport, steps: _Steps,
 
     if request.quantize is not None:
         if not quantize_first:
-            onnx_model, gate = _quantize_step(onnx_model, request, calibration, gate_references, report, steps)
+            onnx_model, gate = _quantize_step(onnx_model, request, calibration, gate_references, report, steps,
+                                              {k: to_numpy(v) for k, v in example.items()} if tunes_quantized else None)
             report.op_histogram = _op_histogram(onnx_model)
         steps.skip("verify", "the accuracy gate (quantize step) judged the quantized model against PyTorch fp32" if gate else "--no-verify")
     elif request.verify:
@@ -436,11 +440,17 @@ def _calibration(loaded: LoadedModel, example: Inputs, request: _Request, checki
 
 
 def _quantize_step(model: onnx.ModelProto, request: _Request, calibration: Calibration, references: dict[str, list[dict[str, torch.Tensor]]] | None,
-                   report: ExportReport, steps: _Steps) -> tuple[onnx.ModelProto, GateResult | None]:
+                   report: ExportReport, steps: _Steps, tune_feed: Mapping[str, Any] | None = None) -> tuple[onnx.ModelProto, GateResult | None]:
+    """The quantize step; with `tune_feed` (the export's example), the quantized GEMMs' cuBLASLt algorithms are then tuned
+    on this GPU (`gemm_tuning.tune`: `algo` picks a kernel, never the math, and the gate has judged the model already)."""
     assert request.quantize is not None
     with steps.step("quantize") as step:
         quantized, gate = _quantized(model, request, calibration, references, report)
         step.detail = _quantize_detail(request.quantize, gate, quantized)
+        if tune_feed is not None:
+            from deployfuse.rewrite.gemm_tuning import tune
+
+            step.detail += "; " + tune(quantized, tune_feed)
     return quantized, gate
 
 

@@ -1,13 +1,15 @@
-"""GemmAct's cuBLASLt algorithm chosen by measurement on the target GPU (`--autotune`, ort-cuda).
+"""The cuBLASLt algorithm of GemmAct and Fp8GemmAct nodes chosen by measurement on the target GPU (`--autotune`, ort-cuda).
 
 cuBLASLt's heuristic ranks its candidate kernels (tile shapes, split-K, ...) per problem, and its
 first choice is not the fastest for every shape: on the H200 the fastest candidate ran GPT-2's
-64x128-token projections up to 1.3x faster (bench/results/gemm_act_h200.md). So for each GemmAct
-node the problem at the export shapes (M tokens, K, N, dtype, activation, residual) is timed on
+64x128-token projections up to 1.3x faster (bench/results/gemm_act_h200.md), and BERT-sized fp8
+GEMMs with fast accumulation up to ~15 % faster (bench/results/h200_quant.md). So each node's
+problem at the export shapes (one problem type per op: `GemmProblem`, `Fp8GemmProblem`) is timed on
 this machine's GPU, every candidate in interleaved rounds of CUDA-graph replays, through the
-deployfuse CUDA library's C ABI on torch tensors; the fastest index is stored in the node's
-`algo` attribute when it beats the heuristic's own choice by more than `MARGIN` (else the node
-keeps -1, the heuristic's choice, which also follows a different GPU).
+deployfuse CUDA library's C ABI on torch tensors; the fastest index is stored in the node's `algo`
+attribute when it beats the heuristic's own choice by more than `MARGIN` (else the node is left as
+it is: -1, the heuristic's choice, which also follows a different GPU). `algo` picks a kernel, never
+the math (the ops' docstrings). Fp8Mlp has no `algo`: its two GEMMs keep the heuristic's choice.
 """
 
 from __future__ import annotations
@@ -15,9 +17,11 @@ from __future__ import annotations
 import ctypes
 import math
 import statistics
-from collections.abc import Mapping
+from collections import Counter
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, ClassVar
 
 import numpy as np
 import onnx
@@ -33,6 +37,23 @@ _DTYPES: dict[int, int] = {onnx.TensorProto.FLOAT: 0, onnx.TensorProto.FLOAT16: 
 WORKSPACE_BYTES = 32 << 20
 """The most workspace a GemmAct algorithm may ask for (plugins/gemm_act/gemm_act.cuh `kGemmActWorkspaceBytes`)."""
 
+Launch = Callable[[int], None]
+"""One launch of a problem on the current CUDA stream with candidate `algo` (-1: the heuristic's choice)."""
+
+
+def _attr(node: onnx.NodeProto, name: str, default: Any) -> Any:
+    for a in node.attribute:
+        if a.name == name:
+            value = helper.get_attribute_value(a)
+            return value.decode() if isinstance(value, bytes) else value
+    return default
+
+
+def _torch_dtype(elem: int) -> Any:
+    import torch
+
+    return {0: torch.float32, 1: torch.float16, 2: torch.bfloat16}[_DTYPES[elem]]
+
 
 @dataclass(frozen=True)
 class GemmProblem:
@@ -45,6 +66,100 @@ class GemmProblem:
     activation: str
     residual: bool
 
+    op_type: ClassVar[str] = "GemmAct"
+    weight_input: ClassVar[int] = 1
+
+    @classmethod
+    def of(cls, node: onnx.NodeProto, x_dims: list[int], x_elem: int, weight: tuple[list[int], int]) -> GemmProblem | None:
+        """`node`'s problem with X of `x_dims` and its initializer weight (dims [K, N], element type); None where it has none."""
+        (k, n), elem = weight
+        if not x_dims or x_dims[-1] != k or elem not in _DTYPES:
+            return None
+        return cls(math.prod(x_dims[:-1]), n, k, elem, _attr(node, "activation", "none"), len(node.input) > 3 and bool(node.input[3]))
+
+    def launcher(self, lib: ctypes.CDLL) -> tuple[int, Launch]:
+        """The candidate count and the launch (df_gemm_act) on inputs made on the current CUDA device."""
+        import torch
+
+        dtype, code, act = _torch_dtype(self.dtype), _DTYPES[self.dtype], ACT_CODES[self.activation]
+        x = torch.randn(self.m, self.k, device="cuda").to(dtype)
+        w = (torch.randn(self.k, self.n, device="cuda") / self.k**0.5).to(dtype)
+        bias = torch.randn(self.n, device="cuda").to(dtype)
+        y = torch.empty(self.m, self.n, device="cuda", dtype=dtype)
+        residual = torch.randn_like(y) if self.residual else None
+        workspace = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device="cuda")
+
+        def ptrs() -> list[int | None]:  # the closure keeps the tensors alive as long as the launch
+            return [t.data_ptr() if t is not None else None for t in (x, w, bias, residual, y)]
+
+        def launch(algo: int) -> None:
+            err = lib.df_gemm_act(code, torch.cuda.current_stream().cuda_stream, *ptrs(), self.m, self.n, self.k, act, algo, workspace.data_ptr(),
+                                  WORKSPACE_BYTES)
+            if err:
+                raise RuntimeError(f"df_gemm_act: CUDA error {err} for {self}, algo {algo}")
+
+        return lib.df_gemm_act_candidates(code, *ptrs(), self.m, self.n, self.k, act), launch
+
+
+@dataclass(frozen=True)
+class Fp8GemmProblem:
+    """One Fp8GemmAct launch as the ORT adapter runs it: X[m, k] in `dtype` quantized to float8 by
+    the op's own pass, then Y[m, n] = act(dq(X) dq(W)^T + b) by cuBLASLt's fp8 GEMM with
+    `fast_accum`. Float32 nodes have none: ONNX Runtime's CUDA EP leaves them to the CPU kernel."""
+
+    m: int
+    n: int
+    k: int
+    dtype: int
+    activation: str
+    fast_accum: int
+
+    op_type: ClassVar[str] = "Fp8GemmAct"
+    weight_input: ClassVar[int] = 2
+
+    @classmethod
+    def of(cls, node: onnx.NodeProto, x_dims: list[int], x_elem: int, weight: tuple[list[int], int]) -> Fp8GemmProblem | None:
+        """`node`'s problem with X of `x_dims` in `x_elem` and its float8 initializer weight (dims [N, K]); None where it has none."""
+        (n, k), elem = weight
+        if not x_dims or x_dims[-1] != k or elem != onnx.TensorProto.FLOAT8E4M3FN or x_elem not in (onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16):
+            return None
+        return cls(math.prod(x_dims[:-1]), n, k, x_elem, _attr(node, "activation", "none"), int(_attr(node, "fast_accum", 1)))
+
+    def launcher(self, lib: ctypes.CDLL) -> tuple[int, Launch]:
+        """The candidate count and the launch (df_fp8_gemm_act: quantize pass + fp8 GEMM) on inputs made on the current CUDA
+        device as the op's example_inputs makes them: float8 W and float32 scales, the largest |X| saturating."""
+        import torch
+
+        from deployfuse.ops.defs.fp8_gemm_act import SPEC
+
+        dtype, code, act = _torch_dtype(self.dtype), _DTYPES[self.dtype], ACT_CODES[self.activation]
+
+        def rand(*shape: int, scale: float = 1.0, shift: float = 0.0) -> Any:  # the spec's RandFn, in torch on the GPU
+            return torch.randn(*shape, device="cuda") * scale + shift
+
+        example: list[Any] = SPEC.example_fn((self.m, self.k, self.n), rand, {})  # torch tensors from `rand`
+        x, x_scale, w, w_scale, bias = example
+        x, bias = x.to(dtype), bias.to(dtype)
+        y = torch.empty(self.m, self.n, device="cuda", dtype=dtype)
+        scratch_bytes = lib.df_fp8_gemm_act_scratch_bytes(code, self.m, self.n, self.k)
+        scratch = torch.empty(scratch_bytes, dtype=torch.uint8, device="cuda")
+        fast = self.fast_accum
+
+        def launch(algo: int) -> None:
+            err = lib.df_fp8_gemm_act(code, torch.cuda.current_stream().cuda_stream, x.data_ptr(), x_scale.data_ptr(), w.data_ptr(), w_scale.data_ptr(),
+                                      bias.data_ptr(), y.data_ptr(), self.m, self.n, self.k, act, algo, fast, scratch.data_ptr(), scratch_bytes)
+            if err:
+                raise RuntimeError(f"df_fp8_gemm_act: CUDA error {err} for {self}, algo {algo}")
+
+        count = lib.df_fp8_gemm_act_candidates(code, x_scale.data_ptr(), w.data_ptr(), w_scale.data_ptr(), bias.data_ptr(), y.data_ptr(),
+                                               self.m, self.n, self.k, act, fast)
+        return count, launch
+
+
+Problem = GemmProblem | Fp8GemmProblem
+PROBLEM_TYPES: dict[str, type[GemmProblem] | type[Fp8GemmProblem]] = {t.op_type: t for t in (GemmProblem, Fp8GemmProblem)}
+"""The tuned ops (deployfuse domain) by op type."""
+
 
 @dataclass(frozen=True)
 class AlgoChoice:
@@ -56,68 +171,54 @@ class AlgoChoice:
     candidates: int
 
 
-def gemm_problems(model: onnx.ModelProto, feed: Mapping[str, np.ndarray]) -> dict[str, GemmProblem]:
-    """GemmAct node (by its output's name) -> its problem on these inputs (the export's example).
+def gemm_problems(model: onnx.ModelProto, feed: Mapping[str, np.ndarray]) -> dict[str, Problem]:
+    """GemmAct and Fp8GemmAct node (by its output's name) -> its problem on these inputs (the export's example).
 
     The X shapes come from one run of the model on ONNX Runtime's CPU EP (function bodies): shape
-    inference cannot see through com.microsoft ops. Nodes whose weight is not an initializer are
-    left out (they keep the heuristic's choice)."""
+    inference cannot see through com.microsoft ops. Nodes whose weight is not an initializer, or
+    that no CUDA kernel runs, are left out (they keep the heuristic's choice)."""
     from deployfuse.backends.ort import run, session
 
     weights = {t.name: (list(t.dims), t.data_type) for t in model.graph.initializer}
-    nodes = [n for n in model.graph.node if n.domain == DOMAIN and n.op_type == "GemmAct" and len(n.input) >= 3 and n.input[1] in weights]
+    nodes = [n for n in model.graph.node if n.domain == DOMAIN and n.op_type in PROBLEM_TYPES
+             and len(n.input) > PROBLEM_TYPES[n.op_type].weight_input + 1 and n.input[PROBLEM_TYPES[n.op_type].weight_input] in weights]
     probe = onnx.ModelProto()
     probe.CopyFrom(model)
     del probe.graph.output[:]
     wanted = list(dict.fromkeys(n.input[0] for n in nodes))
     probe.graph.output.extend(helper.make_empty_tensor_value_info(name) for name in wanted)
     values = run(session(probe, optimize=False), feed) if wanted else {}
-    out = {}
+    out: dict[str, Problem] = {}
     for node in nodes:
-        dims = list(values[node.input[0]].shape)
-        (k, n), elem = weights[node.input[1]]
-        if not dims or dims[-1] != k or elem not in _DTYPES:
-            continue
-        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
-        activation = attrs.get("activation", b"none")
-        out[node.output[0]] = GemmProblem(math.prod(dims[:-1]), n, k, elem, activation.decode() if isinstance(activation, bytes) else activation,
-                                          len(node.input) > 3 and bool(node.input[3]))
+        kind = PROBLEM_TYPES[node.op_type]
+        x = values[node.input[0]]
+        problem = kind.of(node, list(x.shape), helper.np_dtype_to_tensor_dtype(x.dtype), weights[node.input[kind.weight_input]])
+        if problem is not None:
+            out[node.output[0]] = problem
     return out
 
 
 def load_library(library: Path | str) -> ctypes.CDLL:
-    """The CUDA library (libdeployfuse_ops_cuda.so) with its GemmAct C ABI entries declared."""
+    """The CUDA library (libdeployfuse_ops_cuda.so) with its GemmAct and Fp8GemmAct C ABI entries declared."""
     lib = ctypes.CDLL(str(library))
-    p, i64, c_int = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
-    lib.df_gemm_act.argtypes = [c_int, p, p, p, p, p, p, i64, i64, i64, c_int, c_int, p, ctypes.c_size_t]
+    p, i64, c_int, size = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_size_t
+    lib.df_gemm_act.argtypes = [c_int, p, p, p, p, p, p, i64, i64, i64, c_int, c_int, p, size]
     lib.df_gemm_act_candidates.argtypes = [c_int, p, p, p, p, p, i64, i64, i64, c_int]
+    lib.df_fp8_gemm_act.argtypes = [c_int, p, p, p, p, p, p, p, i64, i64, i64, c_int, c_int, c_int, p, size]
+    lib.df_fp8_gemm_act_candidates.argtypes = [c_int, p, p, p, p, p, i64, i64, i64, c_int, c_int]
+    lib.df_fp8_gemm_act_scratch_bytes.argtypes = [c_int, i64, i64, i64]
+    lib.df_fp8_gemm_act_scratch_bytes.restype = size
     return lib
 
 
-def time_candidates(library: Path, problem: GemmProblem, rounds: int = 5, calls: int = 20) -> AlgoChoice:
+def time_candidates(library: Path, problem: Problem, rounds: int = 5, calls: int = 20) -> AlgoChoice:
     """Every heuristic candidate of `problem` on the current CUDA device: median GPU ms per call
     over `rounds` interleaved rounds, each a CUDA-graph replay of `calls` launches."""
     import torch
 
-    lib = load_library(library)
-    dtype = {0: torch.float32, 1: torch.float16, 2: torch.bfloat16}[_DTYPES[problem.dtype]]
-    code, act = _DTYPES[problem.dtype], ACT_CODES[problem.activation]
-    x = torch.randn(problem.m, problem.k, device="cuda").to(dtype)
-    w = (torch.randn(problem.k, problem.n, device="cuda") / problem.k**0.5).to(dtype)
-    bias = torch.randn(problem.n, device="cuda").to(dtype)
-    y = torch.empty(problem.m, problem.n, device="cuda", dtype=dtype)
-    residual = torch.randn_like(y) if problem.residual else None
-    workspace = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device="cuda")
-    ptrs = [t.data_ptr() if t is not None else None for t in (x, w, bias, residual, y)]
-    count = lib.df_gemm_act_candidates(code, *ptrs, problem.m, problem.n, problem.k, act)
+    count, launch = problem.launcher(load_library(library))
     if count <= 0:
         raise RuntimeError(f"cuBLASLt has no algorithm for {problem} (code {count})")
-
-    def launch(algo: int) -> None:
-        err = lib.df_gemm_act(code, torch.cuda.current_stream().cuda_stream, *ptrs, problem.m, problem.n, problem.k, act, algo, workspace.data_ptr(), WORKSPACE_BYTES)
-        if err:
-            raise RuntimeError(f"df_gemm_act: CUDA error {err} for {problem}, algo {algo}")
-
     graphs = []
     for algo in range(count):
         launch(algo)  # the plan exists before capture
@@ -144,33 +245,39 @@ def time_candidates(library: Path, problem: GemmProblem, rounds: int = 5, calls:
 
 
 def tune_gemm_algos(model: onnx.ModelProto, feed: Mapping[str, np.ndarray], library: Path) -> dict[str, AlgoChoice]:
-    """Set each GemmAct node's `algo` (in place) to its problem's fastest candidate on this GPU;
-    returns node name -> the choice. Each distinct problem is timed once."""
+    """Set the `algo` of each GemmAct and Fp8GemmAct node (in place) to its problem's fastest candidate on this GPU
+    where that beats the heuristic's choice (the others are left as they are); returns node output -> the choice.
+    Each distinct problem is timed once."""
     problems = gemm_problems(model, feed)
     choices = {problem: time_candidates(library, problem) for problem in set(problems.values())}
     for node in model.graph.node:
-        if node.op_type == "GemmAct" and node.output[0] in problems:
+        if node.output and node.output[0] in problems and (algo := choices[problems[node.output[0]]].algo) >= 0:
             kept = [a for a in node.attribute if a.name != "algo"]
             del node.attribute[:]
-            node.attribute.extend([*kept, helper.make_attribute("algo", choices[problems[node.output[0]]].algo)])
+            node.attribute.extend([*kept, helper.make_attribute("algo", algo)])
     return {name: choices[problem] for name, problem in problems.items()}
 
 
 def tune(model: onnx.ModelProto, feed: Mapping[str, np.ndarray], library: Path | None = None) -> str:
     """`tune_gemm_algos` on this machine's GPU with the built CUDA library (default: the one
     `deployfuse plugins build` makes) when both exist; one line saying what it did."""
-    if not any(n.op_type == "GemmAct" and n.domain == DOMAIN for n in model.graph.node):
-        return "no GemmAct node"
+    ops = Counter(n.op_type for n in model.graph.node if n.domain == DOMAIN)
+    names = " and ".join(op for op in PROBLEM_TYPES if ops[op])
+    untuned = f"; {ops['Fp8Mlp']} Fp8Mlp keep the heuristic's choice (no algo attribute)" if ops["Fp8Mlp"] else ""
+    if not names:
+        return f"no {' or '.join(PROBLEM_TYPES)} node{untuned}"
     import torch
 
     from deployfuse.ops.native import BUILD
 
     library = library or BUILD / "cuda" / "libdeployfuse_ops_cuda.so"
     if not torch.cuda.is_available():
-        return "GemmAct algorithms not tuned: no CUDA device (each node keeps the heuristic's choice)"
+        return f"{names} algorithms not tuned: no CUDA device (each node keeps the heuristic's choice){untuned}"
     if not library.is_file():
-        return f"GemmAct algorithms not tuned: {library} is not built (`deployfuse plugins build` with nvcc and TensorRT headers)"
+        return f"{names} algorithms not tuned: {library} is not built (`deployfuse plugins build` with nvcc and TensorRT headers){untuned}"
     choices = tune_gemm_algos(model, feed, library)
-    changed = sum(c.algo >= 0 for c in choices.values())
+    op_of = {n.output[0]: n.op_type for n in model.graph.node if n.output}
+    by_op = {op: [c for name, c in choices.items() if op_of[name] == op] for op in PROBLEM_TYPES}
+    counts = ", ".join(f"{op} {sum(c.algo >= 0 for c in cs)} of {len(cs)}" for op, cs in by_op.items() if cs)
     gain = sum(c.heuristic_ms - c.best_ms for c in choices.values() if c.algo >= 0)
-    return f"GemmAct algorithms tuned on {torch.cuda.get_device_name()}: {changed} of {len(choices)} nodes off the heuristic's choice ({gain * 1e3:.1f} us per run saved)"
+    return f"{names} algorithms tuned on {torch.cuda.get_device_name()}: {counts or 'no'} nodes off the heuristic's choice ({gain * 1e3:.1f} us per run saved){untuned}"
