@@ -155,6 +155,23 @@ def test_what_the_rule_leaves(why, kwargs):
     assert "Fp8GemmAct" not in _ops(fused) and "QuantizeLinear" in _ops(fused), why
 
 
+@pytest.mark.parametrize("form", ["matmul", "gemm"])
+def test_a_symbolic_k_still_becomes_fp8_gemm_act(form):
+    """x's last axis unknown to shape inference (Swin's attention output, viewed back by a computed
+    Reshape: [b, 16, unk]) is the weight's K, since the GEMM reads it: fused, and the Q/DQ graph's numbers."""
+    model, _ = _gemm_graph(form)
+    shape = [d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim]
+    model.graph.input[0].type.tensor_type.shape.dim[-1].dim_param = "k"
+    del model.graph.value_info[:]
+    model = onnx.shape_inference.infer_shapes(model)
+    fused = _lower(model)
+    assert _ops(fused) == ["Fp8GemmAct"]
+    plain, fast = session(model, optimize=False), session(fused)
+    for feed in _feeds(shape, 2, 11):
+        want = run(plain, feed)["y"].astype(np.float64)
+        assert np.abs(run(fast, feed)["y"].astype(np.float64) - want).max() <= 0.02 * np.abs(want).max()
+
+
 def test_only_ort_cuda_gets_it_and_not_from_fuse():
     assert fp8_gemm.rules("ort-cuda") and not fp8_gemm.rules("tensorrt") and not fp8_gemm.rules("ort-cpu")  # TensorRT fuses its own Q/DQ
     assert fp8_gemm.FAMILY not in family_names()  # the guard cannot judge a quantized graph: the gate judges `lower`
