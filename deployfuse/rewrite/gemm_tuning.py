@@ -250,12 +250,22 @@ def tune_gemm_algos(model: onnx.ModelProto, feed: Mapping[str, np.ndarray], libr
     Each distinct problem is timed once."""
     problems = gemm_problems(model, feed)
     choices = {problem: time_candidates(library, problem) for problem in set(problems.values())}
+    by_node = {name: choices[problem] for name, problem in problems.items()}
+    store_algos(model, by_node)
+    return by_node
+
+
+def store_algos(model: onnx.ModelProto, choices: Mapping[str, AlgoChoice]) -> int:
+    """Write each choice that left the heuristic (`algo` >= 0) into its node (by output name), in place; the
+    other nodes stay as they are. Returns how many nodes were written."""
+    written = 0
     for node in model.graph.node:
-        if node.output and node.output[0] in problems and (algo := choices[problems[node.output[0]]].algo) >= 0:
+        if node.output and node.output[0] in choices and (algo := choices[node.output[0]].algo) >= 0:
             kept = [a for a in node.attribute if a.name != "algo"]
             del node.attribute[:]
             node.attribute.extend([*kept, helper.make_attribute("algo", algo)])
-    return {name: choices[problem] for name, problem in problems.items()}
+            written += 1
+    return written
 
 
 def tune(model: onnx.ModelProto, feed: Mapping[str, np.ndarray], library: Path | None = None) -> str:
