@@ -40,7 +40,7 @@ from deployfuse.errors import UsageError
 from deployfuse.quantize import fp8_switchboard, ort_int8
 from deployfuse.quantize.calibration import Calibration
 from deployfuse.quantize.gate import Budget, GateResult, Switchboard, budget_of, run_gate
-from deployfuse.quantize.qdq import MIN_OPSET, PRECISIONS as QUANTIZED, place_qdq, quantizable_nodes
+from deployfuse.quantize.qdq import MIN_OPSET, PRECISIONS as QUANTIZED, place_qdq, quantizable_nodes, untransposed_weights
 from deployfuse.quantize.rounding import rounded_weights
 from deployfuse.rewrite.rules import fp8_gemm
 from deployfuse.targets import ORT_CPU, ORT_CUDA, Target
@@ -128,6 +128,8 @@ def quantize(model: onnx.ModelProto, options: QuantizeOptions, calibration: Cali
         quantizer = ort_int8.quantizer(model, weights)
         switchboard = partial(ort_int8.switchboard, model, weights)
     else:
+        if options.precision == "fp8":
+            model = untransposed_weights(model)  # a tied LM head's GEMM, quantizable
         quantizer = _qdq_quantizer(model, options, calibration)
         names = set(quantizable_nodes(model, options.precision))
         layers = {n.name: n for n in model.graph.node if n.name in names}

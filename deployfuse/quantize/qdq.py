@@ -71,6 +71,41 @@ def quantizable_nodes(model: onnx.ModelProto, precision: str = "int8") -> list[s
             if n.name and n.domain in ("", "ai.onnx") and n.op_type in ops and len(n.input) > 1 and n.input[1] in rank and (n.op_type == "Conv" or rank[n.input[1]] == 2)]
 
 
+def untransposed_weights(model: onnx.ModelProto) -> onnx.ModelProto:
+    """`model` with each MatMul weight read through a Transpose of a 2-D initializer stored
+    transposed as an initializer of its own, so that `quantizable_nodes` finds the GEMM (the input
+    model is not modified; the same when there is none).
+
+    A tied LM head (BertForMaskedLM, GPT2LMHeadModel) multiplies by the embedding table [V, D]
+    transposed, which the exporter leaves to run time because a Gather reads the table too: the
+    model's largest GEMM would stay in float. ONNX Runtime folds the Transpose into a copy when the
+    session starts, so the stored copy costs no memory at run time (a float8 one, once quantized).
+    """
+    graph = model.graph
+    weights = {t.name: t for t in graph.initializer if len(t.dims) == 2}
+    producer = {o: n for n in graph.node for o in n.output}
+    tied = {}
+    for node in graph.node:
+        transpose = producer.get(node.input[1]) if node.op_type == "MatMul" and node.domain in ("", "ai.onnx") and len(node.input) > 1 else None
+        perm = next((list(a.ints) for a in transpose.attribute if a.name == "perm"), [1, 0]) if transpose is not None else None
+        if transpose is not None and transpose.op_type == "Transpose" and transpose.input[0] in weights and perm == [1, 0]:
+            tied[node.input[1]] = transpose.input[0]
+    if not tied:
+        return model
+    out = _copy(model)
+    taken = {t.name for t in out.graph.initializer} | {o for n in out.graph.node for o in n.output}
+    stored = {value: fresh_name(f"{weight}_transposed", taken) for value, weight in tied.items()}
+    out.graph.initializer.extend(numpy_helper.from_array(np.ascontiguousarray(numpy_helper.to_array(weights[w]).T), stored[v]) for v, w in tied.items())
+    for node in out.graph.node:
+        if node.op_type == "MatMul" and len(node.input) > 1 and node.input[1] in stored:
+            node.input[1] = stored[node.input[1]]
+    read = {i for n in out.graph.node for i in n.input} | {o.name for o in out.graph.output}
+    kept = [n for n in out.graph.node if n.output[0] not in tied or n.output[0] in read]  # a Transpose nothing else reads goes
+    del out.graph.node[:]
+    out.graph.node.extend(kept)
+    return out
+
+
 def place_qdq(model: onnx.ModelProto, precision: str, calibration: Calibration, exclude: set[str]) -> onnx.ModelProto:
     """`model` with Q/DQ pairs on its GEMM-bearing nodes in `precision` ("int8" or "fp8"),
     scales calibrated on `calibration.samples`, the nodes named in `exclude` left in float.
@@ -356,4 +391,4 @@ def _unquantized_elsewhere(model: onnx.ModelProto, quantized: set[str]) -> None:
             node.input[:] = [restore.get(i, i) for i in node.input]
 
 
-__all__ = ["PRECISIONS", "PROTOBUF_LIMIT", "fp8_activation_scales", "fp8_weight", "fresh_name", "place_qdq", "quantizable_nodes"]
+__all__ = ["PRECISIONS", "PROTOBUF_LIMIT", "fp8_activation_scales", "fp8_weight", "fresh_name", "place_qdq", "quantizable_nodes", "untransposed_weights"]

@@ -11,14 +11,14 @@ import numpy as np
 import onnx
 import pytest
 import torch
-from onnx import TensorProto, numpy_helper
+from onnx import TensorProto, helper, numpy_helper
 
 from deployfuse.backends import ort as ort_backend
 from deployfuse.compare.localize import with_outputs
 from deployfuse.export import flatten_outputs
 from deployfuse.inputs import make_inputs, specs_of
 from deployfuse.ops.schema import E4M3_MAX
-from deployfuse.quantize.qdq import place_qdq, quantizable_nodes
+from deployfuse.quantize.qdq import place_qdq, quantizable_nodes, untransposed_weights
 from tests.quantize.qdq_models import cosine, exported
 
 QUANT_TYPE = {"int8": TensorProto.INT8, "fp8": TensorProto.FLOAT8E4M3FN}
@@ -197,3 +197,27 @@ def test_quantized_graph_matches_pytorch_fp32(name, graph, precision):
             rel = float(np.abs(out - ref).max() / np.abs(ref).max())
             assert rel <= rel_budget and cosine(out, ref) >= cos_budget, f"{output}: relative error {rel:.2e}, cosine {cosine(out, ref):.6f}"
             assert rel > 1e-5, f"{output} is exact: nothing was quantized"
+
+
+def _tied_head() -> onnx.ModelProto:
+    """A tied LM head as the exporter leaves it: the table [V, D] gathered by the ids and, transposed at run time, the head's weight."""
+    rng = np.random.default_rng(3)
+    table = numpy_helper.from_array(rng.standard_normal((40, 16)).astype(np.float16), "table")
+    nodes = [helper.make_node("Gather", ["table", "ids"], ["h"]), helper.make_node("Transpose", ["table"], ["table_t"], perm=[1, 0]),
+             helper.make_node("MatMul", ["h", "table_t"], ["logits"], name="head")]
+    graph = helper.make_graph(nodes, "tied", [helper.make_tensor_value_info("ids", TensorProto.INT64, [2, 5])],
+                              [helper.make_tensor_value_info("logits", TensorProto.FLOAT16, [2, 5, 40])], [table])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)], ir_version=10)
+
+
+def test_a_tied_head_weight_is_stored_transposed_and_quantizable():
+    """untransposed_weights: the head reads its own [D, V] initializer (the Gather keeps the table),
+    so `quantizable_nodes` finds it; the outputs are the same numbers, ORT optimisations off."""
+    model = _tied_head()
+    assert quantizable_nodes(model, "fp8") == []
+    stored = untransposed_weights(model)
+    assert quantizable_nodes(stored, "fp8") == ["head"] and [n.op_type for n in stored.graph.node] == ["Gather", "MatMul"]
+    assert [n.op_type for n in model.graph.node] == ["Gather", "Transpose", "MatMul"]  # the input model is left as it was
+    ids = {"ids": np.random.default_rng(4).integers(0, 40, (2, 5))}
+    want = ort_backend.run(ort_backend.session(model, optimize=False), ids)["logits"]
+    np.testing.assert_array_equal(ort_backend.run(ort_backend.session(stored, optimize=False), ids)["logits"], want)
