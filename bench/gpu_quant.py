@@ -23,6 +23,11 @@ Variants, each the alternative at its best settings:
   By default one artefact per model serves both batches: exported with a dynamic batch axis at
   batch 8 (`--fp8-export-batch`), where its calibration and accuracy gate run on the host CPU
   (at batch 64 they take many minutes); `--fp8-export-batch 0` exports each row at its own batch.
+- `deployfuse-fp8-tuned+cudagraph`: the same artefact with its Fp8GemmAct nodes' cuBLASLt algorithms
+  tuned at the row's shapes on this GPU (a copy, through `deployfuse.rewrite.gemm_tuning.tune`, what
+  `--autotune` runs after the gate: no second export or gate; the CUDA library beside `--ort-library`),
+  timed as `deployfuse-fp8+cudagraph`; its settings say how many nodes left the heuristic's choice
+  (`--dry-run`: `deployfuse-fp8-tuned`, not tuned on the CPU, and its settings say so).
 
 Each variant records `median_ms` (host wall clock per call after a device synchronise,
 bench/gpu_models.py's `median_ms`), `max_abs_err` of the first output against PyTorch fp32
@@ -300,6 +305,41 @@ def _fp8_rows(model_name: str, batch: int, build: Callable, inputs32: dict, work
 
         record("deployfuse-fp8" + ("+cudagraph" if cuda_graph else ""), "fp8",
                f"deployfuse export --target ort-cuda --precision fp8: {holds}; {runs_on}" + (", CUDA graph" if cuda_graph else ""), make_fp8, fields)
+    try:
+        tuned, tuning = tuned_copy(artefact, half, library, folder) if artefact is not None else (None, holds)
+    except Exception as exc:
+        tuned, tuning = None, f"tuning failed: {short_error(exc)}"
+
+    def make_tuned():
+        if tuned is None:
+            raise RuntimeError(tuning)
+        if device.cuda and library is None:
+            raise RuntimeError("no libdeployfuse_ort.so with the Fp8GemmAct CUDA kernel: deployfuse plugins build --cuda on, or --ort-library PATH")
+        return device.ort(str(tuned), half, cuda_graph=device.cuda, library=library and str(library))
+
+    record("deployfuse-fp8-tuned" + ("+cudagraph" if device.cuda else ""), "fp8",
+           f"deployfuse export --target ort-cuda --precision fp8, {tuning}: {holds}; {runs_on}" + (", CUDA graph" if device.cuda else ""), make_tuned, fields)
+
+
+def tuned_copy(artefact: Path, inputs: dict, library: str | None, folder: Path) -> tuple[Path, str]:
+    """A copy of the fp8 `artefact` in `folder` with its Fp8GemmAct nodes' algorithms tuned at `inputs`' shapes on this GPU
+    (`gemm_tuning.tune`, as `--autotune` does; libdeployfuse_ops_cuda.so beside `library`, else the built one), and what
+    the settings say: how many nodes left the heuristic's choice, or why nothing was tuned (a copy of the artefact as it is)."""
+    import onnx
+
+    from deployfuse.ops.native import BUILD
+    from deployfuse.pipeline import save_model
+    from deployfuse.rewrite.gemm_tuning import not_tunable, tune
+
+    model = onnx.load(artefact)
+    ops_library = Path(library).with_name("libdeployfuse_ops_cuda.so") if library else BUILD / "cuda" / "libdeployfuse_ops_cuda.so"
+    why = not_tunable(ops_library)
+    line = tune(model, {k: v.cpu().numpy() for k, v in inputs.items()}, ops_library) if why is None else ""
+    nodes = [n for n in model.graph.node if n.op_type == "Fp8GemmAct"]
+    moved = sum(any(a.name == "algo" and a.i >= 0 for a in n.attribute) for n in nodes)
+    path = folder / f"{artefact.stem}_tuned_b{next(iter(inputs.values())).shape[0]}.onnx"
+    save_model(model, path)
+    return path, f"NOT tuned ({why})" if why else f"tuned: {moved} of {len(nodes)} Fp8GemmAct nodes off the heuristic's choice ({line})"
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -268,6 +268,17 @@ def store_algos(model: onnx.ModelProto, choices: Mapping[str, AlgoChoice]) -> in
     return written
 
 
+def not_tunable(library: Path) -> str | None:
+    """Why this machine cannot time cuBLASLt candidates with `library` (libdeployfuse_ops_cuda.so), or None when it can."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return "no CUDA device (each node keeps the heuristic's choice)"
+    if not library.is_file():
+        return f"{library} is not built (`deployfuse plugins build` with nvcc and TensorRT headers)"
+    return None
+
+
 def tune(model: onnx.ModelProto, feed: Mapping[str, np.ndarray], library: Path | None = None) -> str:
     """`tune_gemm_algos` on this machine's GPU with the built CUDA library (default: the one
     `deployfuse plugins build` makes) when both exist; one line saying what it did."""
@@ -281,10 +292,9 @@ def tune(model: onnx.ModelProto, feed: Mapping[str, np.ndarray], library: Path |
     from deployfuse.ops.native import BUILD
 
     library = library or BUILD / "cuda" / "libdeployfuse_ops_cuda.so"
-    if not torch.cuda.is_available():
-        return f"{names} algorithms not tuned: no CUDA device (each node keeps the heuristic's choice){untuned}"
-    if not library.is_file():
-        return f"{names} algorithms not tuned: {library} is not built (`deployfuse plugins build` with nvcc and TensorRT headers){untuned}"
+    why = not_tunable(library)
+    if why is not None:
+        return f"{names} algorithms not tuned: {why}{untuned}"
     choices = tune_gemm_algos(model, feed, library)
     op_of = {n.output[0]: n.op_type for n in model.graph.node if n.output}
     by_op = {op: [c for name, c in choices.items() if op_of[name] == op] for op in PROBLEM_TYPES}
