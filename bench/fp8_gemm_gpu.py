@@ -18,8 +18,11 @@ torch's own quantize pass, Fp8GemmAct's quantize kernel alone (df_fp8_quantize_e
 fp16 X read + fp8 copy written; its replays find X in the 60 MB L2 where X fits, so it can pass HBM's bandwidth
 there, while inside the op the GEMM's output has evicted it), and Fp8GemmAct (quantize + GEMM) at the heuristic's
 choice and its fastest candidate, with full (fast_accum=0) and fast accumulation (fast_accum=1). The ratio columns
-divide Fp8GemmAct at the heuristic's choice (algo=-1, what an exported artefact runs: nothing tunes Fp8GemmAct's
-algo) by torch fp16 addmm, itself at cuBLAS's heuristic; the fastest candidate is a what-if no alternative gets.
+divide Fp8GemmAct at the heuristic's choice (algo=-1, what an artefact exported without --autotune runs) by torch fp16
+addmm, itself at cuBLAS's heuristic; the fastest candidate is what --autotune (deployfuse.rewrite.gemm_tuning) stores.
+
+Tuning (with a GPU): gemm_tuning on a one-node model of BERT's FC1 at 8x128 tokens, as --autotune runs it on an fp8 export:
+the problem it finds, the algo it stores, and that candidate's output against the heuristic's (within TOL_FAST).
 
 Fp8Mlp (FC1's fp8 GEMM writing the hidden activation H in float8, FC2's reading it: df_fp8_mlp) is checked the same way
 against a float64 reference of its quantization (X and H rounded to e4m3 as the spec does; fp16 and bf16, each activation, odd M,
@@ -422,6 +425,40 @@ def check_gpu(api: CApi, small: bool) -> bool:
     return ok
 
 
+def check_tuning(api: CApi, library: str, small: bool) -> bool:
+    """deployfuse.rewrite.gemm_tuning on this GPU as `--autotune` runs it on an fp8 export: a one-node fp16 model of BERT's
+    FC1 at 8x128 tokens (tanh GELU, fast accumulation: the op's default), its problem found, every candidate timed, the
+    node's algo set where one beat the heuristic's choice; that candidate's output equals the heuristic's within TOL_FAST."""
+    from deployfuse.ops import attach_functions
+    from deployfuse.rewrite.gemm_tuning import Fp8GemmProblem, gemm_problems, tune
+
+    lead, k, n = ((2, 64), 256, 512) if small else ((8, 128), 768, 3072)
+    p = Problem(lead, k, n, "gelu_tanh", torch.float16, "cuda", fast_accum=1)
+    model = one_node_model(p)
+    attach_functions(model)  # the problem comes from a CPU run of the function body
+    feed = {"X": p.x.reshape(p.m, p.k).cpu().numpy()}
+    found = gemm_problems(model, feed)
+    ok = found == {"Y": Fp8GemmProblem(p.m, n, k, onnx.TensorProto.FLOAT16, "gelu_tanh", 1)}
+    print(f"{'ok  ' if ok else 'FAIL'} float16  tuning finds the problem of {p.m}x{k}x{n}: {found}")
+    line = tune(model, feed, Path(library))
+    algo = next((helper.get_attribute_value(a) for a in model.graph.node[0].attribute if a.name == "algo"), -1)
+    good = "algorithms tuned on" in line
+    ok &= good
+    print(f"{'ok  ' if good else 'FAIL'} float16  {line}; stored algo {algo}")
+    outputs = []
+    for choice in (-1, algo):
+        rc, err, nan = p.error(api.run, choice)
+        outputs.append(p.y.double().clone())
+        good = rc == 0 and nan == 0 and err <= TOL_FAST[torch.float16]
+        ok &= good
+        print(f"{'ok  ' if good else 'FAIL'} float16  algo {choice}: rc={rc} rel_l2={err:.2e} (TOL_FAST {TOL_FAST[torch.float16]:g})")
+    apart = float(torch.linalg.vector_norm(outputs[1] - outputs[0]) / torch.linalg.vector_norm(outputs[0]).clamp_min(1e-30))
+    good = apart <= TOL_FAST[torch.float16]
+    ok &= good
+    print(f"{'ok  ' if good else 'FAIL'} float16  the tuned algo's output against the heuristic's: rel_l2={apart:.2e}")
+    return ok
+
+
 def check_mlp_gpu(api: CApi, small: bool) -> bool:
     """Fp8Mlp through the C ABI: the reference checks, N1 not a multiple of 16 refused, a CUDA-graph replay = the eager launch."""
     ok = check_mlp(api.run_mlp, "cuda", small, (torch.float16, torch.bfloat16))
@@ -584,7 +621,7 @@ def main() -> int:
     api = CApi(args.lib)
     print(torch.cuda.get_device_name(), "torch", torch.__version__)
     ok = True
-    for stage in (lambda: check_gpu(api, args.small), lambda: check_ort(args.ort) if args.ort else True,
+    for stage in (lambda: check_gpu(api, args.small), lambda: check_tuning(api, args.lib, args.small), lambda: check_ort(args.ort) if args.ort else True,
                   lambda: check_ort_mlp(args.ort) if args.ort else True):
         try:
             ok &= stage()
