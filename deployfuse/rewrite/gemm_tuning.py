@@ -56,14 +56,20 @@ def _torch_dtype(elem: int) -> Any:
 
 
 @dataclass(frozen=True)
-class GemmProblem:
-    """One GemmAct launch: Y[m, n] = act(X[m, k] W[k, n] + b [+ R]) in `dtype` (ONNX element type)."""
+class _Gemm:
+    """What every tuned problem has: Y[m, n] from X[m, k] in `dtype` (ONNX element type), then `activation`."""
 
     m: int
     n: int
     k: int
     dtype: int
     activation: str
+
+
+@dataclass(frozen=True)
+class GemmProblem(_Gemm):
+    """One GemmAct launch: Y[m, n] = act(X[m, k] W[k, n] + b [+ R]) in `dtype`."""
+
     residual: bool
 
     op_type: ClassVar[str] = "GemmAct"
@@ -102,16 +108,11 @@ class GemmProblem:
 
 
 @dataclass(frozen=True)
-class Fp8GemmProblem:
+class Fp8GemmProblem(_Gemm):
     """One Fp8GemmAct launch as the ORT adapter runs it: X[m, k] in `dtype` quantized to float8 by
     the op's own pass, then Y[m, n] = act(dq(X) dq(W)^T + b) by cuBLASLt's fp8 GEMM with
     `fast_accum`. Float32 nodes have none: ONNX Runtime's CUDA EP leaves them to the CPU kernel."""
 
-    m: int
-    n: int
-    k: int
-    dtype: int
-    activation: str
     fast_accum: int
 
     op_type: ClassVar[str] = "Fp8GemmAct"
