@@ -172,6 +172,31 @@ def test_a_symbolic_k_still_becomes_fp8_gemm_act(form):
         assert np.abs(run(fast, feed)["y"].astype(np.float64) - want).max() <= 0.02 * np.abs(want).max()
 
 
+def test_gemms_sharing_a_weight_share_its_transposed_copy():
+    """Two Q/DQ'd MatMuls on one float8 weight (ALBERT's shared layers, as place_qdq writes them: a
+    DequantizeLinear each) read one stored Wqᵀ, and compute what their Q/DQ graph computes."""
+    one, _ = _gemm_graph("matmul", bias=False)
+    nodes = [helper.make_node(n.op_type, [f"{i}_{v}" if v in ("x", "x_q", "x_dq", "w_dq") else v for v in n.input], [f"{i}_{o}" for o in n.output],
+                              name=f"{i}_{n.op_type}{j}") for i in (1, 2) for j, n in enumerate(one.graph.node)]
+    for node in nodes:
+        if node.op_type == "MatMul":
+            node.output[0] = node.output[0].replace("_y", "_out")
+    shape = [d.dim_value for d in one.graph.input[0].type.tensor_type.shape.dim]
+    graph = helper.make_graph(nodes, "shared", [helper.make_tensor_value_info(f"{i}_x", TensorProto.FLOAT16, shape) for i in (1, 2)],
+                              [helper.make_tensor_value_info(f"{i}_out", TensorProto.FLOAT16, None) for i in (1, 2)], list(one.graph.initializer))
+    model = onnx.shape_inference.infer_shapes(helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], ir_version=10))
+    fused = _lower(model)
+    assert _ops(fused) == ["Fp8GemmAct", "Fp8GemmAct"]
+    weights = {t.name: t for t in fused.graph.initializer}
+    assert len({n.input[2] for n in fused.graph.node}) == 1 and sum(t.data_type == TensorProto.FLOAT8E4M3FN for t in weights.values()) == 1
+    plain, fast = session(model, optimize=False), session(fused)
+    rng = np.random.default_rng(12)
+    for _ in range(2):
+        feed = {f"{i}_x": rng.standard_normal(shape).astype(np.float16) for i in (1, 2)}
+        for name, want in run(plain, feed).items():
+            assert np.abs(run(fast, feed)[name].astype(np.float64) - want).max() <= 0.02 * np.abs(want.astype(np.float64)).max()
+
+
 def test_only_ort_cuda_gets_it_and_not_from_fuse():
     assert fp8_gemm.rules("ort-cuda") and not fp8_gemm.rules("tensorrt") and not fp8_gemm.rules("ort-cpu")  # TensorRT fuses its own Q/DQ
     assert fp8_gemm.FAMILY not in family_names()  # the guard cannot judge a quantized graph: the gate judges `lower`

@@ -79,6 +79,18 @@ def _scale(value: ir.Value | None) -> float | None:
     return scale if scale is not None and np.isfinite(scale) and scale > 0 else None
 
 
+def _transposed(op, w_q: ir.Value, weight: np.ndarray, fallback: str) -> ir.Value:
+    """Wqᵀ [N, K] as an initializer named after Wq, stored once for all the GEMMs sharing Wq
+    (ALBERT's layers share theirs: one copy per GEMM would multiply the artefact's weights);
+    named `fallback` where that name holds something else."""
+    name, transposed = f"{w_q.name}_t", np.ascontiguousarray(weight.T)
+    stored = w_q.graph.initializers.get(name) if w_q.graph is not None else None
+    held = _const(stored)
+    if held is not None and held.shape == transposed.shape and held.tobytes() == transposed.tobytes():  # another GEMM's, a rewrite ago
+        return stored
+    return op.initializer(ir.tensor(transposed), name=name if stored is None else fallback)
+
+
 class Fp8Gemm(FusionRule):
     """act(MatMul(DQ(Q(x)), DQ(Wq)) [+ b]) or act([Reshape](Gemm(DQ(Q(x)), DQ(Wq) [, b]))) -> Fp8GemmAct."""
 
@@ -146,7 +158,7 @@ class Fp8Gemm(FusionRule):
             return op.initializer(ir.tensor(array), name=f"{prefix}_{part}")
 
         scales = [initializer(np.array(_scale(s), dtype=np.float32), f"{part}_scale") for s, part in ((x_scale, "x"), (w_scale, "w"))]
-        w_t = w_q if trans_b else initializer(np.ascontiguousarray(weight.T), "weight_t")  # [K, N] -> [N, K]
+        w_t = w_q if trans_b else _transposed(op, w_q, weight, f"{prefix}_weight_t")  # [K, N] -> [N, K]
         n = weight.shape[0 if trans_b else 1]
         vector = None if bias is None else _const(bias)
         if vector is None or vector.ndim != 1:  # none (a zero bias), or Gemm's C as a row [1, N]
