@@ -6,7 +6,8 @@ Variants, each the alternative at its best settings:
 - `eager`, `compile`, `compile-reduce-overhead`: PyTorch fp16 (the best fp16 PyTorch).
 - `torchao-fp8-{perrow,pertensor}[-reduce-overhead]`: torchao's float8 dynamic activation +
   float8 weight (`quantize_(model, Float8DynamicActivationFloat8WeightConfig(granularity))` on
-  the bf16 model, torchao's documented path), then torch.compile (default / reduce-overhead):
+  the bf16 model, torchao's documented path; GPT-2's Conv1D projections made `nn.Linear` first, as
+  `quantize_` swaps only those), then torch.compile (default / reduce-overhead):
   the alternative to beat.
 - `{ort-plain,ort-opt,onnxscript,deployfuse}-fp16+cudagraph`: ONNX Runtime's CUDA EP on the fp16
   ONNX files bench/gpu_models.py times (bench/anchors.py makes them), IO binding, CUDA graph;
@@ -54,12 +55,16 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from gpu_models import deployfuse_library, first_output, key, median_ms, ort_cuda, set_tf32, short_error  # noqa: E402
 
 from deployfuse.backends.ort import native_library  # noqa: E402
+
+if TYPE_CHECKING:
+    import torch
 
 MODELS = ("bert", "gpt2", "vit")
 BATCHES = (8, 64)
@@ -155,11 +160,31 @@ class Device:
         return lambda: torch.from_numpy(next(iter(run(sess, feeds).values())))
 
 
+def conv1d_as_linear(module: torch.nn.Module) -> torch.nn.Module:
+    """`module` with each transformers `Conv1D` (GPT-2's projections: y = x W + b, W [in, out]) replaced
+    by the `nn.Linear` of the same math (weight W^T), in place: torchao's `quantize_` only swaps
+    `nn.Linear`, so without this GPT-2 stays unquantized, which is what a torchao user fixes first."""
+    import torch
+    from transformers.pytorch_utils import Conv1D
+
+    for name, child in list(module.named_modules()):
+        if isinstance(child, Conv1D):
+            n_in, n_out = child.weight.shape
+            linear = torch.nn.Linear(n_in, n_out, device=child.weight.device, dtype=child.weight.dtype)
+            with torch.no_grad():
+                linear.weight.copy_(child.weight.T)
+                linear.bias.copy_(child.bias)
+            parent, _, attr = name.rpartition(".")
+            setattr(module.get_submodule(parent) if parent else module, attr, linear)
+    return module
+
+
 def torchao_fp8(module, granularity: str):
-    """`module` (bf16, on the GPU) with torchao's float8 dynamic activation + float8 weight linears."""
+    """`module` (bf16, on the GPU) with torchao's float8 dynamic activation + float8 weight linears
+    (Conv1D projections first made Linear layers, so that GPT-2 is quantized too)."""
     from torchao.quantization import Float8DynamicActivationFloat8WeightConfig, PerRow, PerTensor, quantize_
 
-    quantize_(module, Float8DynamicActivationFloat8WeightConfig(granularity=PerRow() if granularity == "perrow" else PerTensor()))
+    quantize_(conv1d_as_linear(module), Float8DynamicActivationFloat8WeightConfig(granularity=PerRow() if granularity == "perrow" else PerTensor()))
     return module
 
 
