@@ -4,7 +4,8 @@
 
 Q/DQ are float8 e4m3 QuantizeLinear / DequantizeLinear with one scale per tensor and zero points
 0, as `quantize.qdq.place_qdq` writes them on ort-cuda; Wq is the float8 weight [K, N] (stored
-transposed, [N, K], for cuBLASLt's "TN" layout; a Gemm with transB=1 has it so already). The
+transposed, [N, K], for cuBLASLt's "TN" layout, once for all the GEMMs sharing it; a Gemm with
+transB=1 has it so already). The
 GEMM comes as MatMul [+ Add] or as Gemm (GPT-2's Conv1D: on [B·S, K], possibly viewed back to
 [B, S, N] before the activation, which then moves ahead of the Reshape). ONNX Runtime's CUDA EP
 runs the Q/DQ form as a dequantization and an fp16 MatMul; the fused node quantizes x and runs one
