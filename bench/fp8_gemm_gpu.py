@@ -21,13 +21,15 @@ choice and its fastest candidate, with full (fast_accum=0) and fast accumulation
 divide Fp8GemmAct at the heuristic's choice (algo=-1, what an artefact exported without --autotune runs) by torch fp16
 addmm, itself at cuBLAS's heuristic; the fastest candidate is what --autotune (deployfuse.rewrite.gemm_tuning) stores.
 
-Tuning (with a GPU): gemm_tuning on a one-node model of BERT's FC1 at 8x128 tokens, as --autotune runs it on an fp8 export:
-the problem it finds, the algo it stores, and that candidate's output against the heuristic's (within TOL_FAST).
+Tuning (with a GPU): gemm_tuning on a one-node model of BERT's FC1 (Fp8GemmAct) and one of BERT's MLP (Fp8Mlp) at 8x128
+tokens, as --autotune runs it on an fp8 export: the problem it finds, the algo (algo1, algo2) it stores, and that setting's
+output against the reference and the heuristic's (within TOL_FAST, TOL_MLP_FAST).
 
 Fp8Mlp (FC1's fp8 GEMM writing the hidden activation H in float8, FC2's reading it: df_fp8_mlp) is checked the same way
 against a float64 reference of its quantization (X and H rounded to e4m3 as the spec does; fp16 and bf16, each activation, odd M,
 K not a multiple of 16, N2 not of 8, BERT's FC1 -> FC2, full and fast accumulation; N1 not a multiple of 16 refused with
-cudaErrorNotSupported), a CUDA-graph replay = the eager launch, and through ONNX Runtime's CUDA EP, plain and with its CUDA
+cudaErrorNotSupported), every candidate of FC1 and of FC2 (algo1, algo2; df_fp8_mlp_candidates counts them) paired with the
+other GEMM's last one, a CUDA-graph replay = the eager launch, and through ONNX Runtime's CUDA EP, plain and with its CUDA
 graph; and timed against its two Fp8GemmAct calls (FC1 writing H in fp16, FC2 quantizing it again) at BERT's MLP shapes.
 
     python bench/fp8_gemm_gpu.py plugins/build/gpu/libdeployfuse_ops_cuda.so [--ort plugins/build/gpu/libdeployfuse_ort.so]
@@ -204,10 +206,10 @@ class MlpProblem:
         h_dq = quantize_e4m3(hidden, hs).double() * hs.double()  # from the float64 sum rounded to fp32, as the GEMM's fp32 result
         return h_dq @ (w2.double() * w2s.double()).T + b2.double()
 
-    def error(self, run: Any) -> tuple[int, float, int]:
-        """(return code, relative L2 error, NaN count) of one launch into a NaN-poisoned output."""
+    def error(self, run: Any, algos: tuple[int, int] = (-1, -1)) -> tuple[int, float, int]:
+        """(return code, relative L2 error, NaN count) of one launch with FC1's and FC2's candidates `algos` into a NaN-poisoned output."""
         self.y.fill_(float("nan"))
-        rc = run(self)
+        rc = run(self, algos)
         if rc != 0:
             return rc, float("nan"), 0
         ref, got = self.reference(), self.y.double()
@@ -225,7 +227,8 @@ class CApi:
         self.lib.df_fp8_quantize_e4m3.argtypes = [INT, P, P, P, P, I64, I64]
         self.lib.df_fp8_gemm_act_scratch_bytes.argtypes = [INT, I64, I64, I64]
         self.lib.df_fp8_gemm_act_scratch_bytes.restype = ctypes.c_size_t
-        self.lib.df_fp8_mlp.argtypes = [INT, P, *[P] * 10, I64, I64, I64, I64, INT, INT, P, ctypes.c_size_t]
+        self.lib.df_fp8_mlp.argtypes = [INT, P, *[P] * 10, I64, I64, I64, I64, INT, INT, INT, INT, P, ctypes.c_size_t]
+        self.lib.df_fp8_mlp_candidates.argtypes = [INT, *[P] * 9, I64, I64, I64, I64, INT, INT, P, P]
         self.lib.df_fp8_mlp_scratch_bytes.argtypes = [INT, I64, I64, I64, I64]
         self.lib.df_fp8_mlp_scratch_bytes.restype = ctypes.c_size_t
         self.scratch: dict[int, torch.Tensor] = {}  # by size
@@ -245,10 +248,19 @@ class CApi:
                                         p.w_scale.data_ptr(), p.bias.data_ptr(), p.y.data_ptr(), p.m, p.n, p.k, ACT_CODES[p.act], algo,
                                         p.fast_accum, s.data_ptr(), s.numel())
 
-    def run_mlp(self, p: MlpProblem) -> int:
+    def run_mlp(self, p: MlpProblem, algos: tuple[int, int] = (-1, -1)) -> int:
         s = self._scratch(p)
         return self.lib.df_fp8_mlp(DT[p.dtype], torch.cuda.current_stream().cuda_stream, *(t.data_ptr() for t in p.inputs), p.y.data_ptr(),
-                                   p.m, p.k, p.n1, p.n2, ACT_CODES[p.act], p.fast_accum, s.data_ptr(), s.numel())
+                                   p.m, p.k, p.n1, p.n2, ACT_CODES[p.act], *algos, p.fast_accum, s.data_ptr(), s.numel())
+
+    def mlp_candidates(self, p: MlpProblem) -> tuple[int, int]:
+        """FC1's and FC2's candidate counts (df_fp8_mlp_candidates); raises on an error code."""
+        counts = (ctypes.c_int(), ctypes.c_int())
+        rc = self.lib.df_fp8_mlp_candidates(DT[p.dtype], *(t.data_ptr() for t in p.inputs[1:]), p.y.data_ptr(), p.m, p.k, p.n1, p.n2, ACT_CODES[p.act],
+                                            p.fast_accum, *(ctypes.byref(c) for c in counts))
+        if rc != 0:
+            raise RuntimeError(f"df_fp8_mlp_candidates: CUDA error {rc}")
+        return counts[0].value, counts[1].value
 
     def candidates(self, p: Problem) -> int:
         return self.lib.df_fp8_gemm_act_candidates(DT[p.dtype], p.x_scale.data_ptr(), p.w.data_ptr(), p.w_scale.data_ptr(), p.bias.data_ptr(),
@@ -294,8 +306,9 @@ class OrtCpu:
         return 0
 
 
-def mlp_node_model(p: MlpProblem, dtype: torch.dtype) -> onnx.ModelProto:
-    """Fp8Mlp on input X [m, k] in `dtype`; the other inputs as initializers (B1, B2 in `dtype`); no function body."""
+def mlp_node_model(p: MlpProblem, dtype: torch.dtype, algos: tuple[int, int] = (-1, -1)) -> onnx.ModelProto:
+    """Fp8Mlp on input X [m, k] in `dtype` with FC1's and FC2's candidates `algos`; the other inputs as initializers (B1, B2 in
+    `dtype`); no function body."""
     names = fp8_mlp.SPEC.inputs
     inits = []
     for name, t in zip(names[1:], p.inputs[1:]):
@@ -305,7 +318,7 @@ def mlp_node_model(p: MlpProblem, dtype: torch.dtype) -> onnx.ModelProto:
             inits.append(numpy_helper.from_array(np.asarray(t.float().cpu().numpy(), np.float32), name))
         else:  # B1, B2 in T (16-bit)
             inits.append(helper.make_tensor(name, ONNX_TYPE[dtype], list(t.shape), t.to(dtype).cpu().view(torch.int16).numpy().tobytes(), raw=True))
-    node = helper.make_node("Fp8Mlp", list(names), ["Y"], domain=DOMAIN, activation=p.act, fast_accum=p.fast_accum)
+    node = helper.make_node("Fp8Mlp", list(names), ["Y"], domain=DOMAIN, activation=p.act, fast_accum=p.fast_accum, algo1=algos[0], algo2=algos[1])
     graph = helper.make_graph([node], "fp8_mlp", [helper.make_tensor_value_info("X", ONNX_TYPE[dtype], [p.m, p.k])],
                               [helper.make_tensor_value_info("Y", ONNX_TYPE[dtype], [p.m, p.n2])], initializer=inits)
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20), helper.make_opsetid(DOMAIN, 1)], ir_version=10)
@@ -314,12 +327,12 @@ def mlp_node_model(p: MlpProblem, dtype: torch.dtype) -> onnx.ModelProto:
 def ort_cpu_mlp(library: str) -> Any:
     """Fp8Mlp's CPU kernel through ONNX Runtime's CPU EP (the dry run), in float32 as OrtCpu."""
 
-    def run(p: MlpProblem) -> int:
+    def run(p: MlpProblem, algos: tuple[int, int]) -> int:
         import onnxruntime as ort
 
         options = ort.SessionOptions()
         options.register_custom_ops_library(library)
-        sess = ort.InferenceSession(mlp_node_model(p, torch.float32).SerializeToString(), options, providers=["CPUExecutionProvider"])
+        sess = ort.InferenceSession(mlp_node_model(p, torch.float32, algos).SerializeToString(), options, providers=["CPUExecutionProvider"])
         y = sess.run(None, {"X": p.inputs[0].float().reshape(p.m, p.k).numpy()})[0]
         p.y.copy_(torch.from_numpy(y).view(p.y.shape).to(p.dtype))
         return 0
@@ -341,6 +354,26 @@ def check_mlp(run: Any, device: str, small: bool, dtypes: tuple[torch.dtype, ...
               f"rel_l2={err:.2e} nan={nan}")
     for dtype, worst in worst_fast.items():
         print(f"     Fp8Mlp {str(dtype)[6:]:8} fast_accum=1: largest rel_l2 {worst:.2e} (tolerance {TOL_MLP_FAST[dtype]:.1e})")
+    return ok
+
+
+def check_mlp_algos(run: Any, counts_of: Any, device: str, small: bool, dtypes: tuple[torch.dtype, ...]) -> bool:
+    """Fp8Mlp off the heuristic's choice: each FC1 candidate with FC2's last and each FC2 candidate with FC1's last (counts_of(p):
+    FC1's and FC2's candidate counts) against the float64 reference, full accumulation (TOL_MLP), BERT's MLP (--small: 128 tokens,
+    256 -> 512 -> 256)."""
+    ok = True
+    lead, k, n1, n2 = ((2, 64), 256, 512, 256) if small else ((8, 128), 768, 3072, 768)
+    for dtype in dtypes:
+        p = MlpProblem(lead, k, n1, n2, "gelu_tanh", dtype, device)
+        c1, c2 = counts_of(p)
+        pairs = list(dict.fromkeys([*((a, c2 - 1) for a in range(c1)), *((c1 - 1, b) for b in range(c2))]))
+        errs = {pair: p.error(run, pair) for pair in pairs}
+        bad = {pair: e for pair, e in errs.items() if not (e[0] == 0 and e[2] == 0 and e[1] <= TOL_MLP[dtype])}
+        good = c1 > 0 and c2 > 0 and not bad
+        ok &= good
+        worst = max((e[1] for e in errs.values()), default=float("nan"))
+        print(f"{'ok  ' if good else 'FAIL'} Fp8Mlp {str(dtype)[6:]:8} {p.m}x{k}x{n1}x{n2}: {c1} FC1 and {c2} FC2 candidates, {len(pairs)} (algo1, algo2) "
+              f"pairs, max rel_l2={worst:.2e} (TOL_MLP {TOL_MLP[dtype]:g}){f'; failing (rc, rel_l2, nan): {bad}' if bad else ''}")
     return ok
 
 
@@ -426,42 +459,56 @@ def check_gpu(api: CApi, small: bool) -> bool:
 
 
 def check_tuning(api: CApi, library: str, small: bool) -> bool:
-    """deployfuse.rewrite.gemm_tuning on this GPU as `--autotune` runs it on an fp8 export: a one-node fp16 model of BERT's
-    FC1 at 8x128 tokens (tanh GELU, fast accumulation: the op's default), its problem found, every candidate timed, the
-    node's algo set where one beat the heuristic's choice; that candidate's output equals the heuristic's within TOL_FAST."""
-    from deployfuse.ops import attach_functions
-    from deployfuse.rewrite.gemm_tuning import Fp8GemmProblem, gemm_problems, tune
+    """deployfuse.rewrite.gemm_tuning on this GPU as `--autotune` runs it on an fp8 export: one-node fp16 models of BERT's FC1
+    (Fp8GemmAct) and of BERT's MLP (Fp8Mlp, FC1 -> FC2) at 8x128 tokens (tanh GELU, fast accumulation: the ops' default), each
+    problem found, its settings timed, the node's algorithm attributes set where a setting beat the heuristic's choice; that
+    setting's output equals the reference and the heuristic's output within TOL_FAST (Fp8Mlp: TOL_MLP_FAST)."""
+    from deployfuse.rewrite.gemm_tuning import Fp8GemmProblem, Fp8MlpProblem
 
-    lead, k, n = ((2, 64), 256, 512) if small else ((8, 128), 768, 3072)
+    fp16, lead, k, n, n2 = onnx.TensorProto.FLOAT16, *(((2, 64), 256, 512, 256) if small else ((8, 128), 768, 3072, 768))
     p = Problem(lead, k, n, "gelu_tanh", torch.float16, "cuda", fast_accum=1)
-    model = one_node_model(p)
+    ok = tuned_node_check(one_node_model(p), p.x.reshape(p.m, p.k), Fp8GemmProblem(p.m, n, k, fp16, "gelu_tanh", 1), library,
+                          lambda algos: p.error(api.run, *algos), p.y, TOL_FAST[torch.float16])
+    q = MlpProblem(lead, k, n, n2, "gelu_tanh", torch.float16, "cuda", 1)
+    ok &= tuned_node_check(mlp_node_model(q, torch.float16), q.inputs[0].reshape(q.m, q.k), Fp8MlpProblem(q.m, k, n, n2, fp16, "gelu_tanh", 1), library,
+                           lambda algos: q.error(api.run_mlp, algos), q.y, TOL_MLP_FAST[torch.float16])
+    return ok
+
+
+def tuned_node_check(model: onnx.ModelProto, x: torch.Tensor, want: Any, library: str, error: Any, y: torch.Tensor, tol: float) -> bool:
+    """gemm_tuning.tune on a one-node model with input X: it finds `want`, says it tuned, and the stored setting (error(algos):
+    (rc, rel_l2 against the reference, NaN count) of a launch into y) is as accurate as the heuristic's and close to its output."""
+    from deployfuse.ops import attach_functions
+    from deployfuse.rewrite.gemm_tuning import gemm_problems, tune
+
     attach_functions(model)  # the problem comes from a CPU run of the function body
-    feed = {"X": p.x.reshape(p.m, p.k).cpu().numpy()}
+    feed = {"X": x.cpu().numpy()}
     found = gemm_problems(model, feed)
-    ok = found == {"Y": Fp8GemmProblem(p.m, n, k, onnx.TensorProto.FLOAT16, "gelu_tanh", 1)}
-    print(f"{'ok  ' if ok else 'FAIL'} float16  tuning finds the problem of {p.m}x{k}x{n}: {found}")
+    ok = found == {"Y": want}
+    print(f"{'ok  ' if ok else 'FAIL'} float16  tuning finds the {want.op_type} problem: {found}")
     line = tune(model, feed, Path(library))
-    algo = next((helper.get_attribute_value(a) for a in model.graph.node[0].attribute if a.name == "algo"), -1)
+    algos = tuple(next((helper.get_attribute_value(a) for a in model.graph.node[0].attribute if a.name == name), -1) for name in want.algo_attrs)
     good = "algorithms tuned on" in line
     ok &= good
-    print(f"{'ok  ' if good else 'FAIL'} float16  {line}; stored algo {algo}")
+    print(f"{'ok  ' if good else 'FAIL'} float16  {line}; stored {dict(zip(want.algo_attrs, algos))}")
     outputs = []
-    for choice in (-1, algo):
-        rc, err, nan = p.error(api.run, choice)
-        outputs.append(p.y.double().clone())
-        good = rc == 0 and nan == 0 and err <= TOL_FAST[torch.float16]
+    for choice in ((-1,) * len(algos), algos):
+        rc, err, nan = error(choice)
+        outputs.append(y.double().clone())
+        good = rc == 0 and nan == 0 and err <= tol
         ok &= good
-        print(f"{'ok  ' if good else 'FAIL'} float16  algo {choice}: rc={rc} rel_l2={err:.2e} (TOL_FAST {TOL_FAST[torch.float16]:g})")
+        print(f"{'ok  ' if good else 'FAIL'} float16  {want.op_type} {choice}: rc={rc} rel_l2={err:.2e} (tolerance {tol:g})")
     apart = float(torch.linalg.vector_norm(outputs[1] - outputs[0]) / torch.linalg.vector_norm(outputs[0]).clamp_min(1e-30))
-    good = apart <= TOL_FAST[torch.float16]
+    good = apart <= tol
     ok &= good
-    print(f"{'ok  ' if good else 'FAIL'} float16  the tuned algo's output against the heuristic's: rel_l2={apart:.2e}")
+    print(f"{'ok  ' if good else 'FAIL'} float16  the tuned {want.op_type} setting's output against the heuristic's: rel_l2={apart:.2e}")
     return ok
 
 
 def check_mlp_gpu(api: CApi, small: bool) -> bool:
     """Fp8Mlp through the C ABI: the reference checks, N1 not a multiple of 16 refused, a CUDA-graph replay = the eager launch."""
     ok = check_mlp(api.run_mlp, "cuda", small, (torch.float16, torch.bfloat16))
+    ok &= check_mlp_algos(api.run_mlp, api.mlp_candidates, "cuda", small, (torch.float16, torch.bfloat16))
     rc = api.run_mlp(MlpProblem((5,), 32, 40, 16, "relu", torch.float16, "cuda"))
     refused = rc == NOT_SUPPORTED
     ok &= refused
@@ -616,6 +663,7 @@ def main() -> int:
         library = build_plugins(cuda=False) / "libdeployfuse_ort.so"  # this checkout's sources (an up-to-date build is a no-op)
         ok = check(OrtCpu(str(library)).run, "cpu", True, (torch.float16, torch.bfloat16))
         ok &= check_mlp(ort_cpu_mlp(str(library)), "cpu", True, (torch.float16, torch.bfloat16))
+        ok &= check_mlp_algos(ort_cpu_mlp(str(library)), lambda p: (3, 2), "cpu", True, (torch.float16,))  # the kernel reads, then ignores them
         print("dry run (CPU kernel): " + ("all checks passed" if ok else "SOME CHECKS FAILED"))
         return 0 if ok else 1
     api = CApi(args.lib)

@@ -220,18 +220,33 @@ DF_EXPORT int df_fp8_gemm_act_candidates(int dtype, const void* x_scale, const v
 // Fp8Mlp (ONNX Runtime only, as Fp8GemmAct) on the process's Fp8GemmAct runner, as bench/fp8_gemm_gpu.py checks and times it:
 // x [m, k] and y [m, n2] in dtype, the scales device pointers to one float32 each, w1 float8e4m3fn [n1, k], w2 [n2, n1], b1 [n1]
 // and b2 [n2] in dtype; act: FC1's activation; scratch: scratch_bytes of 256-byte aligned device memory (at least
-// df_fp8_mlp_scratch_bytes). cudaErrorNotSupported for n1 not a multiple of 16.
+// df_fp8_mlp_scratch_bytes); algo1, algo2: FC1's and FC2's candidate (-1: the heuristic's choice; df_fp8_mlp_candidates counts
+// them). cudaErrorNotSupported for n1 not a multiple of 16.
 DF_EXPORT int df_fp8_mlp(int dtype, void* stream, const void* x, const void* x_scale, const void* w1, const void* w1_scale, const void* b1,
                          const void* h_scale, const void* w2, const void* w2_scale, const void* b2, void* y, int64_t m, int64_t k,
-                         int64_t n1, int64_t n2, int act, int fast_accum, void* scratch, size_t scratch_bytes) {
+                         int64_t n1, int64_t n2, int act, int algo1, int algo2, int fast_accum, void* scratch, size_t scratch_bytes) {
   FixedScratch fixed(scratch, scratch_bytes);
   return static_cast<int>(with_dtype(static_cast<DType>(dtype), [&](auto* t) {
     using T = std::remove_pointer_t<decltype(t)>;
     return launch_fp8_mlp<T>(process_fp8_gemm_act_runner(), static_cast<cudaStream_t>(stream),
-                             Fp8MlpProblem{m, k, n1, n2, static_cast<Act>(act), fast_accum != 0}, static_cast<const T*>(x),
+                             Fp8MlpProblem{m, k, n1, n2, static_cast<Act>(act), fast_accum != 0, algo1, algo2}, static_cast<const T*>(x),
                              static_cast<const float*>(x_scale), static_cast<const uint8_t*>(w1), static_cast<const float*>(w1_scale),
                              static_cast<const T*>(b1), static_cast<const float*>(h_scale), static_cast<const uint8_t*>(w2),
                              static_cast<const float*>(w2_scale), static_cast<const T*>(b2), static_cast<T*>(y), fixed);
+  }));
+}
+
+// How many cuBLASLt heuristic candidates Fp8Mlp's algo1 and algo2 may index for this problem, into *fc1 and *fc2 (the plans
+// df_fp8_mlp runs with these pointers: FC1's writes H in float8); 0, else the cudaError_t df_fp8_mlp would answer.
+DF_EXPORT int df_fp8_mlp_candidates(int dtype, const void* x_scale, const void* w1, const void* w1_scale, const void* b1,
+                                    const void* h_scale, const void* w2, const void* w2_scale, const void* b2, const void* y, int64_t m,
+                                    int64_t k, int64_t n1, int64_t n2, int act, int fast_accum, int* fc1, int* fc2) {
+  return static_cast<int>(with_dtype(static_cast<DType>(dtype), [&](auto* t) {
+    using T = std::remove_pointer_t<decltype(t)>;
+    return fp8_mlp_candidates<T>(process_fp8_gemm_act_runner(), Fp8MlpProblem{m, k, n1, n2, static_cast<Act>(act), fast_accum != 0},
+                                 static_cast<const float*>(x_scale), static_cast<const uint8_t*>(w1), static_cast<const float*>(w1_scale),
+                                 static_cast<const T*>(b1), static_cast<const float*>(h_scale), static_cast<const uint8_t*>(w2),
+                                 static_cast<const float*>(w2_scale), static_cast<const T*>(b2), static_cast<const T*>(y), fc1, fc2);
   }));
 }
 

@@ -4,12 +4,17 @@ cuBLASLt's heuristic ranks its candidate kernels (tile shapes, split-K, ...) per
 first choice is not the fastest for every shape: on the H200 the fastest candidate ran GPT-2's
 64x128-token projections up to 1.3x faster (bench/results/gemm_act_h200.md), and BERT-sized fp8
 GEMMs with fast accumulation up to ~15 % faster (bench/results/h200_quant.md). So each node's
-problem at the export shapes (one problem type per op: `GemmProblem`, `Fp8GemmProblem`) is timed on
-this machine's GPU, every candidate in interleaved rounds of CUDA-graph replays, through the
-deployfuse CUDA library's C ABI on torch tensors; the fastest index is stored in the node's `algo`
-attribute when it beats the heuristic's own choice by more than `MARGIN` (else the node is left as
-it is: -1, the heuristic's choice, which also follows a different GPU). `algo` picks a kernel, never
-the math (the ops' docstrings). Fp8Mlp has no `algo`: its two GEMMs keep the heuristic's choice.
+problem at the export shapes (one problem type per op: `GemmProblem`, `Fp8GemmProblem`, `Fp8MlpProblem`)
+is timed on this machine's GPU in interleaved rounds of CUDA-graph replays, through the deployfuse CUDA
+library's C ABI on torch tensors; the fastest setting is stored in the node's algorithm attributes
+(`algo`; Fp8Mlp's two GEMMs: `algo1`, `algo2`) when it beats the heuristic's own choice by more than
+`MARGIN` (else the node is left as it is: -1, the heuristic's choice, which also follows a different
+GPU). An algorithm picks a kernel, never the math (the ops' docstrings).
+
+A problem with one GEMM has every candidate timed. Fp8Mlp's two GEMMs run chained in one launch, so a
+setting is a pair; the cross product of their candidates (up to 16 x 16 graphs per problem) would cost
+minutes per model, so `best_setting` times each GEMM's candidates with the other at the heuristic's
+choice, then, where both GEMMs found a faster one, the pair of the two against each alone.
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from deployfuse.ops.schema import DOMAIN
+from deployfuse.ops.schema import DOMAIN, OpSpec
 
 MARGIN = 0.03
 """A candidate must be this much faster than the heuristic's choice (single timings move by up to ~10 %; medians of interleaved rounds far less)."""
@@ -37,8 +42,12 @@ _DTYPES: dict[int, int] = {onnx.TensorProto.FLOAT: 0, onnx.TensorProto.FLOAT16: 
 WORKSPACE_BYTES = 32 << 20
 """The most workspace a GemmAct algorithm may ask for (plugins/gemm_act/gemm_act.cuh `kGemmActWorkspaceBytes`)."""
 
-Launch = Callable[[int], None]
-"""One launch of a problem on the current CUDA stream with candidate `algo` (-1: the heuristic's choice)."""
+Weight = tuple[list[int], int]
+"""An initializer weight's dims and element type."""
+Setting = tuple[int, ...]
+"""A candidate index per GEMM of a problem, in its `algo_attrs` order (-1: the heuristic's choice)."""
+Launch = Callable[[Setting], None]
+"""One launch of a problem on the current CUDA stream with a setting."""
 
 
 def _attr(node: onnx.NodeProto, name: str, default: Any) -> Any:
@@ -53,6 +62,21 @@ def _torch_dtype(elem: int) -> Any:
     import torch
 
     return {0: torch.float32, 1: torch.float16, 2: torch.bfloat16}[_DTYPES[elem]]
+
+
+def _cuda_example(spec: OpSpec, shape: tuple[int, ...]) -> list[Any]:
+    """The op's example_inputs at `shape` as torch tensors on the current CUDA device (float8 weights, float32 scales)."""
+    import torch
+
+    def rand(*dims: int, scale: float = 1.0, shift: float = 0.0) -> Any:  # the spec's RandFn, in torch on the GPU
+        return torch.randn(*dims, device="cuda") * scale + shift
+
+    return list(spec.example_fn(shape, rand, {}))
+
+
+def _checked(entry: str, err: int, problem: object, setting: Setting) -> None:
+    if err:
+        raise RuntimeError(f"{entry}: CUDA error {err} for {problem}, setting {setting}")
 
 
 @dataclass(frozen=True)
@@ -73,17 +97,18 @@ class GemmProblem(_Gemm):
     residual: bool
 
     op_type: ClassVar[str] = "GemmAct"
-    weight_input: ClassVar[int] = 1
+    weight_inputs: ClassVar[tuple[int, ...]] = (1,)
+    algo_attrs: ClassVar[tuple[str, ...]] = ("algo",)
 
     @classmethod
-    def of(cls, node: onnx.NodeProto, x_dims: list[int], x_elem: int, weight: tuple[list[int], int]) -> GemmProblem | None:
+    def of(cls, node: onnx.NodeProto, x_dims: list[int], x_elem: int, weights: list[Weight]) -> GemmProblem | None:
         """`node`'s problem with X of `x_dims` and its initializer weight (dims [K, N], element type); None where it has none."""
-        (k, n), elem = weight
+        [((k, n), elem)] = weights
         if not x_dims or x_dims[-1] != k or elem not in _DTYPES:
             return None
         return cls(math.prod(x_dims[:-1]), n, k, elem, _attr(node, "activation", "none"), len(node.input) > 3 and bool(node.input[3]))
 
-    def launcher(self, lib: ctypes.CDLL) -> tuple[int, Launch]:
+    def launcher(self, lib: ctypes.CDLL) -> tuple[tuple[int, ...], Launch]:
         """The candidate count and the launch (df_gemm_act) on inputs made on the current CUDA device."""
         import torch
 
@@ -98,13 +123,11 @@ class GemmProblem(_Gemm):
         def ptrs() -> list[int | None]:  # the closure keeps the tensors alive as long as the launch
             return [t.data_ptr() if t is not None else None for t in (x, w, bias, residual, y)]
 
-        def launch(algo: int) -> None:
-            err = lib.df_gemm_act(code, torch.cuda.current_stream().cuda_stream, *ptrs(), self.m, self.n, self.k, act, algo, workspace.data_ptr(),
-                                  WORKSPACE_BYTES)
-            if err:
-                raise RuntimeError(f"df_gemm_act: CUDA error {err} for {self}, algo {algo}")
+        def launch(setting: Setting) -> None:
+            _checked("df_gemm_act", lib.df_gemm_act(code, torch.cuda.current_stream().cuda_stream, *ptrs(), self.m, self.n, self.k, act, *setting,
+                                                    workspace.data_ptr(), WORKSPACE_BYTES), self, setting)
 
-        return lib.df_gemm_act_candidates(code, *ptrs(), self.m, self.n, self.k, act), launch
+        return (lib.df_gemm_act_candidates(code, *ptrs(), self.m, self.n, self.k, act),), launch
 
 
 @dataclass(frozen=True)
@@ -116,17 +139,18 @@ class Fp8GemmProblem(_Gemm):
     fast_accum: int
 
     op_type: ClassVar[str] = "Fp8GemmAct"
-    weight_input: ClassVar[int] = 2
+    weight_inputs: ClassVar[tuple[int, ...]] = (2,)
+    algo_attrs: ClassVar[tuple[str, ...]] = ("algo",)
 
     @classmethod
-    def of(cls, node: onnx.NodeProto, x_dims: list[int], x_elem: int, weight: tuple[list[int], int]) -> Fp8GemmProblem | None:
+    def of(cls, node: onnx.NodeProto, x_dims: list[int], x_elem: int, weights: list[Weight]) -> Fp8GemmProblem | None:
         """`node`'s problem with X of `x_dims` in `x_elem` and its float8 initializer weight (dims [N, K]); None where it has none."""
-        (n, k), elem = weight
-        if not x_dims or x_dims[-1] != k or elem != onnx.TensorProto.FLOAT8E4M3FN or x_elem not in (onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16):
+        [((n, k), elem)] = weights
+        if not x_dims or x_dims[-1] != k or not _fp8_cuda(x_elem, elem):
             return None
         return cls(math.prod(x_dims[:-1]), n, k, x_elem, _attr(node, "activation", "none"), int(_attr(node, "fast_accum", 1)))
 
-    def launcher(self, lib: ctypes.CDLL) -> tuple[int, Launch]:
+    def launcher(self, lib: ctypes.CDLL) -> tuple[tuple[int, ...], Launch]:
         """The candidate count and the launch (df_fp8_gemm_act: quantize pass + fp8 GEMM) on inputs made on the current CUDA
         device as the op's example_inputs makes them: float8 W and float32 scales, the largest |X| saturating."""
         import torch
@@ -134,55 +158,112 @@ class Fp8GemmProblem(_Gemm):
         from deployfuse.ops.defs.fp8_gemm_act import SPEC
 
         dtype, code, act = _torch_dtype(self.dtype), _DTYPES[self.dtype], ACT_CODES[self.activation]
-
-        def rand(*shape: int, scale: float = 1.0, shift: float = 0.0) -> Any:  # the spec's RandFn, in torch on the GPU
-            return torch.randn(*shape, device="cuda") * scale + shift
-
-        example: list[Any] = SPEC.example_fn((self.m, self.k, self.n), rand, {})  # torch tensors from `rand`
-        x, x_scale, w, w_scale, bias = example
+        x, x_scale, w, w_scale, bias = _cuda_example(SPEC, (self.m, self.k, self.n))
         x, bias = x.to(dtype), bias.to(dtype)
         y = torch.empty(self.m, self.n, device="cuda", dtype=dtype)
         scratch_bytes = lib.df_fp8_gemm_act_scratch_bytes(code, self.m, self.n, self.k)
         scratch = torch.empty(scratch_bytes, dtype=torch.uint8, device="cuda")
         fast = self.fast_accum
 
-        def launch(algo: int) -> None:
-            err = lib.df_fp8_gemm_act(code, torch.cuda.current_stream().cuda_stream, x.data_ptr(), x_scale.data_ptr(), w.data_ptr(), w_scale.data_ptr(),
-                                      bias.data_ptr(), y.data_ptr(), self.m, self.n, self.k, act, algo, fast, scratch.data_ptr(), scratch_bytes)
-            if err:
-                raise RuntimeError(f"df_fp8_gemm_act: CUDA error {err} for {self}, algo {algo}")
+        def launch(setting: Setting) -> None:
+            _checked("df_fp8_gemm_act", lib.df_fp8_gemm_act(code, torch.cuda.current_stream().cuda_stream, x.data_ptr(), x_scale.data_ptr(), w.data_ptr(),
+                                                            w_scale.data_ptr(), bias.data_ptr(), y.data_ptr(), self.m, self.n, self.k, act, *setting, fast,
+                                                            scratch.data_ptr(), scratch_bytes), self, setting)
 
         count = lib.df_fp8_gemm_act_candidates(code, x_scale.data_ptr(), w.data_ptr(), w_scale.data_ptr(), bias.data_ptr(), y.data_ptr(),
                                                self.m, self.n, self.k, act, fast)
-        return count, launch
+        return (count,), launch
 
 
-Problem = GemmProblem | Fp8GemmProblem
-PROBLEM_TYPES: dict[str, type[GemmProblem] | type[Fp8GemmProblem]] = {t.op_type: t for t in (GemmProblem, Fp8GemmProblem)}
+def _fp8_cuda(x_elem: int, *weight_elems: int) -> bool:
+    """Whether the CUDA EP runs a float8 op with X in `x_elem` and these weights (float32 nodes run on the CPU EP)."""
+    return x_elem in (onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16) and all(e == onnx.TensorProto.FLOAT8E4M3FN for e in weight_elems)
+
+
+@dataclass(frozen=True)
+class Fp8MlpProblem:
+    """One Fp8Mlp launch as the ORT adapter runs it: X[m, k] in `dtype` quantized to float8, FC1 (k -> n1, `activation`) writing
+    the hidden activation in float8, FC2 (n1 -> n2) writing Y, both cuBLASLt fp8 GEMMs with `fast_accum`; a setting is
+    (FC1's candidate, FC2's)."""
+
+    m: int
+    k: int
+    n1: int
+    n2: int
+    dtype: int
+    activation: str
+    fast_accum: int
+
+    op_type: ClassVar[str] = "Fp8Mlp"
+    weight_inputs: ClassVar[tuple[int, ...]] = (2, 6)
+    algo_attrs: ClassVar[tuple[str, ...]] = ("algo1", "algo2")
+
+    @classmethod
+    def of(cls, node: onnx.NodeProto, x_dims: list[int], x_elem: int, weights: list[Weight]) -> Fp8MlpProblem | None:
+        """`node`'s problem with X of `x_dims` in `x_elem` and its float8 initializer weights W1 [N1, K], W2 [N2, N1]; None where
+        it has none (N1 off a multiple of 16: the CUDA kernel refuses it)."""
+        [((n1, k), elem1), ((n2, n1_of_w2), elem2)] = weights
+        if not x_dims or x_dims[-1] != k or n1_of_w2 != n1 or n1 % 16 or not _fp8_cuda(x_elem, elem1, elem2):
+            return None
+        return cls(math.prod(x_dims[:-1]), k, n1, n2, x_elem, _attr(node, "activation", "none"), int(_attr(node, "fast_accum", 1)))
+
+    def launcher(self, lib: ctypes.CDLL) -> tuple[tuple[int, ...], Launch]:
+        """FC1's and FC2's candidate counts and the launch (df_fp8_mlp) on inputs made on the current CUDA device as the op's
+        example_inputs makes them (the largest |X| and hidden values saturating)."""
+        import torch
+
+        from deployfuse.ops.defs.fp8_mlp import SPEC
+
+        dtype, code, act = _torch_dtype(self.dtype), _DTYPES[self.dtype], ACT_CODES[self.activation]
+        inputs = _cuda_example(SPEC, (self.m, self.k, self.n1, self.n2))
+        for i in (0, 4, 8):  # X, B1, B2 in T
+            inputs[i] = inputs[i].to(dtype)
+        y = torch.empty(self.m, self.n2, device="cuda", dtype=dtype)
+        scratch_bytes = lib.df_fp8_mlp_scratch_bytes(code, self.m, self.k, self.n1, self.n2)
+        scratch = torch.empty(scratch_bytes, dtype=torch.uint8, device="cuda")
+        shape, fast = (self.m, self.k, self.n1, self.n2), self.fast_accum
+
+        def launch(setting: Setting) -> None:  # the closure keeps the tensors alive as long as the launch
+            _checked("df_fp8_mlp", lib.df_fp8_mlp(code, torch.cuda.current_stream().cuda_stream, *(t.data_ptr() for t in inputs), y.data_ptr(), *shape,
+                                                  act, *setting, fast, scratch.data_ptr(), scratch_bytes), self, setting)
+
+        counts = (ctypes.c_int(), ctypes.c_int())
+        err = lib.df_fp8_mlp_candidates(code, *(t.data_ptr() for t in inputs[1:]), y.data_ptr(), *shape, act, fast, *(ctypes.byref(c) for c in counts))
+        return ((-err, -err) if err else (counts[0].value, counts[1].value)), launch
+
+
+Problem = GemmProblem | Fp8GemmProblem | Fp8MlpProblem
+PROBLEM_TYPES: dict[str, type[GemmProblem] | type[Fp8GemmProblem] | type[Fp8MlpProblem]] = {
+    t.op_type: t for t in (GemmProblem, Fp8GemmProblem, Fp8MlpProblem)}
 """The tuned ops (deployfuse domain) by op type."""
 
 
 @dataclass(frozen=True)
 class AlgoChoice:
-    """What tuning found for one problem: the stored `algo` and the GPU ms per call behind it."""
+    """What tuning found for one problem: the attributes to store (name -> candidate index; none where the heuristic's choice
+    stays), the GPU ms per call of the heuristic's setting and of the fastest one, and each GEMM's candidate count."""
 
-    algo: int
+    algos: Mapping[str, int]
     heuristic_ms: float
     best_ms: float
-    candidates: int
+    candidates: tuple[int, ...]
 
 
 def gemm_problems(model: onnx.ModelProto, feed: Mapping[str, np.ndarray]) -> dict[str, Problem]:
-    """GemmAct and Fp8GemmAct node (by its output's name) -> its problem on these inputs (the export's example).
+    """GemmAct, Fp8GemmAct and Fp8Mlp node (by its output's name) -> its problem on these inputs (the export's example).
 
     The X shapes come from one run of the model on ONNX Runtime's CPU EP (function bodies): shape
-    inference cannot see through com.microsoft ops. Nodes whose weight is not an initializer, or
+    inference cannot see through com.microsoft ops. Nodes whose weights are not initializers, or
     that no CUDA kernel runs, are left out (they keep the heuristic's choice)."""
     from deployfuse.backends.ort import run, session
 
     weights = {t.name: (list(t.dims), t.data_type) for t in model.graph.initializer}
-    nodes = [n for n in model.graph.node if n.domain == DOMAIN and n.op_type in PROBLEM_TYPES
-             and len(n.input) > PROBLEM_TYPES[n.op_type].weight_input + 1 and n.input[PROBLEM_TYPES[n.op_type].weight_input] in weights]
+
+    def tunable(node: onnx.NodeProto) -> bool:
+        kind = PROBLEM_TYPES.get(node.op_type) if node.domain == DOMAIN else None
+        return kind is not None and len(node.input) > max(kind.weight_inputs) + 1 and all(node.input[i] in weights for i in kind.weight_inputs)
+
+    nodes = [n for n in model.graph.node if tunable(n)]
     probe = onnx.ModelProto()
     probe.CopyFrom(model)
     del probe.graph.output[:]
@@ -193,14 +274,14 @@ def gemm_problems(model: onnx.ModelProto, feed: Mapping[str, np.ndarray]) -> dic
     for node in nodes:
         kind = PROBLEM_TYPES[node.op_type]
         x = values[node.input[0]]
-        problem = kind.of(node, list(x.shape), helper.np_dtype_to_tensor_dtype(x.dtype), weights[node.input[kind.weight_input]])
+        problem = kind.of(node, list(x.shape), helper.np_dtype_to_tensor_dtype(x.dtype), [weights[node.input[i]] for i in kind.weight_inputs])
         if problem is not None:
             out[node.output[0]] = problem
     return out
 
 
 def load_library(library: Path | str) -> ctypes.CDLL:
-    """The CUDA library (libdeployfuse_ops_cuda.so) with its GemmAct and Fp8GemmAct C ABI entries declared."""
+    """The CUDA library (libdeployfuse_ops_cuda.so) with its GemmAct, Fp8GemmAct and Fp8Mlp C ABI entries declared."""
     lib = ctypes.CDLL(str(library))
     p, i64, c_int, size = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_size_t
     lib.df_gemm_act.argtypes = [c_int, p, p, p, p, p, p, i64, i64, i64, c_int, c_int, p, size]
@@ -209,45 +290,71 @@ def load_library(library: Path | str) -> ctypes.CDLL:
     lib.df_fp8_gemm_act_candidates.argtypes = [c_int, p, p, p, p, p, i64, i64, i64, c_int, c_int]
     lib.df_fp8_gemm_act_scratch_bytes.argtypes = [c_int, i64, i64, i64]
     lib.df_fp8_gemm_act_scratch_bytes.restype = size
+    lib.df_fp8_mlp.argtypes = [c_int, p, *[p] * 10, i64, i64, i64, i64, c_int, c_int, c_int, c_int, p, size]
+    lib.df_fp8_mlp_candidates.argtypes = [c_int, *[p] * 9, i64, i64, i64, i64, c_int, c_int, p, p]
+    lib.df_fp8_mlp_scratch_bytes.argtypes = [c_int, i64, i64, i64, i64]
+    lib.df_fp8_mlp_scratch_bytes.restype = size
     return lib
 
 
-def time_candidates(library: Path, problem: Problem, rounds: int = 5, calls: int = 20) -> AlgoChoice:
-    """Every heuristic candidate of `problem` on the current CUDA device: median GPU ms per call
-    over `rounds` interleaved rounds, each a CUDA-graph replay of `calls` launches."""
+def time_settings(launch: Launch, settings: list[Setting], rounds: int = 5, calls: int = 20) -> list[float]:
+    """Median GPU ms per call of each setting on the current CUDA device over `rounds` interleaved rounds, each a
+    CUDA-graph replay of `calls` launches."""
     import torch
 
-    count, launch = problem.launcher(load_library(library))
-    if count <= 0:
-        raise RuntimeError(f"cuBLASLt has no algorithm for {problem} (code {count})")
     graphs = []
-    for algo in range(count):
-        launch(algo)  # the plan exists before capture
+    for setting in settings:
+        launch(setting)  # the plan exists before capture
         torch.cuda.synchronize()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             for _ in range(calls):
-                launch(algo)
+                launch(setting)
         graphs.append(graph)
-    times: list[list[float]] = [[] for _ in range(count)]
+    times: list[list[float]] = [[] for _ in settings]
     for _ in range(rounds):
-        for algo, graph in enumerate(graphs):
+        for t, graph in zip(times, graphs, strict=True):
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             graph.replay()  # warm
             start.record()
             graph.replay()
             end.record()
             end.synchronize()
-            times[algo].append(start.elapsed_time(end) / calls)
-    medians = [statistics.median(t) for t in times]
-    best = int(np.argmin(medians))
-    keep = best != 0 and medians[best] < medians[0] * (1 - MARGIN)
-    return AlgoChoice(best if keep else -1, medians[0], medians[best], count)
+            t.append(start.elapsed_time(end) / calls)
+    return [statistics.median(t) for t in times]
+
+
+def best_setting(counts: tuple[int, ...], time: Callable[[list[Setting]], list[float]]) -> tuple[Setting, float, float]:
+    """(the fastest setting found, the heuristic's ms, its ms) for GEMMs with these candidate counts; `time` times settings
+    in interleaved rounds. Stage 1: each GEMM's candidates past the heuristic's first (the same kernel as -1) with the
+    others at -1, beside the all -1 setting; stage 2, where more than one GEMM found a faster candidate: those alone and
+    together, timed again beside all -1 (so the compared settings share rounds). One GEMM: every candidate, once."""
+    base: Setting = (-1,) * len(counts)
+    singles = [base[:i] + (a,) + base[i + 1:] for i, count in enumerate(counts) for a in range(1, count)]
+    ms = dict(zip([base, *singles], time([base, *singles]), strict=True))
+    bests = [min((s for s in ms if all(v == -1 for j, v in enumerate(s) if j != i)), key=ms.__getitem__) for i in range(len(counts))]
+    improved = [s for s in bests if s != base]
+    if len(improved) > 1:
+        joint = tuple(max(s[i] for s in bests) for i in range(len(counts)))  # each GEMM's best, -1 where none was faster
+        ms = dict(zip([base, *improved, joint], time([base, *improved, joint]), strict=True))
+    best = min(ms, key=ms.__getitem__)
+    return best, ms[base], ms[best]
+
+
+def time_candidates(library: Path, problem: Problem, rounds: int = 5, calls: int = 20) -> AlgoChoice:
+    """`best_setting` of `problem` on the current CUDA device; its attributes where it beats the heuristic by more than MARGIN."""
+    counts, launch = problem.launcher(load_library(library))
+    if min(counts) <= 0:
+        raise RuntimeError(f"cuBLASLt has no algorithm for {problem} (code {min(counts)})")
+    best, heuristic_ms, best_ms = best_setting(counts, lambda settings: time_settings(launch, settings, rounds, calls))
+    keep = best_ms < heuristic_ms * (1 - MARGIN)
+    algos = {name: algo for name, algo in zip(problem.algo_attrs, best, strict=True) if keep and algo >= 0}
+    return AlgoChoice(algos, heuristic_ms, best_ms, counts)
 
 
 def tune_gemm_algos(model: onnx.ModelProto, feed: Mapping[str, np.ndarray], library: Path) -> dict[str, AlgoChoice]:
-    """Set the `algo` of each GemmAct and Fp8GemmAct node (in place) to its problem's fastest candidate on this GPU
-    where that beats the heuristic's choice (the others are left as they are); returns node output -> the choice.
+    """Set the algorithm attributes of each GemmAct, Fp8GemmAct and Fp8Mlp node (in place) to its problem's fastest setting on
+    this GPU where that beats the heuristic's choice (the others are left as they are); returns node output -> the choice.
     Each distinct problem is timed once."""
     problems = gemm_problems(model, feed)
     choices = {problem: time_candidates(library, problem) for problem in set(problems.values())}
@@ -257,14 +364,14 @@ def tune_gemm_algos(model: onnx.ModelProto, feed: Mapping[str, np.ndarray], libr
 
 
 def store_algos(model: onnx.ModelProto, choices: Mapping[str, AlgoChoice]) -> int:
-    """Write each choice that left the heuristic (`algo` >= 0) into its node (by output name), in place; the
-    other nodes stay as they are. Returns how many nodes were written."""
+    """Write each choice's attributes into its node (by output name), in place, replacing those of the same name; the other
+    attributes and nodes stay as they are. Returns how many nodes were written."""
     written = 0
     for node in model.graph.node:
-        if node.output and node.output[0] in choices and (algo := choices[node.output[0]].algo) >= 0:
-            kept = [a for a in node.attribute if a.name != "algo"]
+        if node.output and node.output[0] in choices and (algos := choices[node.output[0]].algos):
+            kept = [a for a in node.attribute if a.name not in algos]
             del node.attribute[:]
-            node.attribute.extend([*kept, helper.make_attribute("algo", algo)])
+            node.attribute.extend([*kept, *(helper.make_attribute(name, algo) for name, algo in algos.items())])
             written += 1
     return written
 
@@ -285,9 +392,8 @@ def tune(model: onnx.ModelProto, feed: Mapping[str, np.ndarray], library: Path |
     `deployfuse plugins build` makes) when both exist; one line saying what it did."""
     ops = Counter(n.op_type for n in model.graph.node if n.domain == DOMAIN)
     names = " and ".join(op for op in PROBLEM_TYPES if ops[op])
-    untuned = f"; {ops['Fp8Mlp']} Fp8Mlp keep the heuristic's choice (no algo attribute)" if ops["Fp8Mlp"] else ""
     if not names:
-        return f"no {' or '.join(PROBLEM_TYPES)} node{untuned}"
+        return f"no {' or '.join(PROBLEM_TYPES)} node"
     import torch
 
     from deployfuse.ops.native import BUILD
@@ -295,10 +401,10 @@ def tune(model: onnx.ModelProto, feed: Mapping[str, np.ndarray], library: Path |
     library = library or BUILD / "cuda" / "libdeployfuse_ops_cuda.so"
     why = not_tunable(library)
     if why is not None:
-        return f"{names} algorithms not tuned: {why}{untuned}"
+        return f"{names} algorithms not tuned: {why}"
     choices = tune_gemm_algos(model, feed, library)
     op_of = {n.output[0]: n.op_type for n in model.graph.node if n.output}
     by_op = {op: [c for name, c in choices.items() if op_of[name] == op] for op in PROBLEM_TYPES}
-    counts = ", ".join(f"{op} {sum(c.algo >= 0 for c in cs)} of {len(cs)}" for op, cs in by_op.items() if cs)
-    gain = sum(c.heuristic_ms - c.best_ms for c in choices.values() if c.algo >= 0)
-    return f"{names} algorithms tuned on {torch.cuda.get_device_name()}: {counts or 'no'} nodes off the heuristic's choice ({gain * 1e3:.1f} us per run saved){untuned}"
+    counts = ", ".join(f"{op} {sum(bool(c.algos) for c in cs)} of {len(cs)}" for op, cs in by_op.items() if cs)
+    gain = sum(c.heuristic_ms - c.best_ms for c in choices.values() if c.algos)
+    return f"{names} algorithms tuned on {torch.cuda.get_device_name()}: {counts or 'no'} nodes off the heuristic's choice ({gain * 1e3:.1f} us per run saved)"

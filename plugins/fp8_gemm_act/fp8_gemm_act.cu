@@ -199,8 +199,9 @@ class Fp8GemmActRunner {
   }
 
   template <typename T>
-  int candidates(const Fp8GemmActProblem& p, const float* x_scale, const uint8_t* w, const float* w_scale, const T* bias, const T* y) {
-    return plans_.candidates([&](cudaError_t* err) { return plan(p, nullptr, x_scale, w, w_scale, bias, y, nullptr, err); });
+  int candidates(const Fp8GemmActProblem& p, const void* x, const float* x_scale, const uint8_t* w, const float* w_scale, const T* bias,
+                 const void* y, const float* d_scale) {
+    return plans_.candidates([&](cudaError_t* err) { return plan(p, x, x_scale, w, w_scale, bias, y, d_scale, err); });
   }
 
  private:
@@ -232,7 +233,13 @@ cudaError_t launch_fp8_gemm(Fp8GemmActRunner& runner, cudaStream_t stream, const
 template <typename T>
 int fp8_gemm_act_candidates(Fp8GemmActRunner& runner, const Fp8GemmActProblem& p, const float* x_scale, const uint8_t* w,
                             const float* w_scale, const T* bias, const T* y) {
-  return runner.candidates(p, x_scale, w, w_scale, bias, y);
+  return runner.candidates<T>(p, nullptr, x_scale, w, w_scale, bias, y, nullptr);
+}
+
+template <typename T>
+int fp8_gemm_candidates(Fp8GemmActRunner& runner, const Fp8GemmActProblem& p, const void* x, const float* x_scale, const uint8_t* w,
+                        const float* w_scale, const T* bias, const void* y, const float* d_scale) {
+  return runner.candidates<T>(p, x, x_scale, w, w_scale, bias, y, d_scale);
 }
 
 #define DF_INSTANTIATE(T)                                                                                                            \
@@ -242,7 +249,9 @@ int fp8_gemm_act_candidates(Fp8GemmActRunner& runner, const Fp8GemmActProblem& p
   template cudaError_t launch_fp8_gemm_act<T>(Fp8GemmActRunner&, cudaStream_t, const Fp8GemmActProblem&, const T*, const float*,     \
                                               const uint8_t*, const float*, const T*, T*, GemmActScratch&);                          \
   template int fp8_gemm_act_candidates<T>(Fp8GemmActRunner&, const Fp8GemmActProblem&, const float*, const uint8_t*, const float*,   \
-                                          const T*, const T*);
+                                          const T*, const T*);                                                                       \
+  template int fp8_gemm_candidates<T>(Fp8GemmActRunner&, const Fp8GemmActProblem&, const void*, const float*, const uint8_t*,        \
+                                      const float*, const T*, const void*, const float*);
 DF_INSTANTIATE(float)
 DF_INSTANTIATE(__half)
 DF_INSTANTIATE(__nv_bfloat16)

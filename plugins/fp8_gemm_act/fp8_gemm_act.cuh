@@ -78,4 +78,10 @@ template <typename T>
 int fp8_gemm_act_candidates(Fp8GemmActRunner& runner, const Fp8GemmActProblem& p, const float* x_scale, const uint8_t* w,
                             const float* w_scale, const T* bias, const T* y);
 
+// Its general form, for the problems launch_fp8_gemm runs (Fp8Mlp's GEMMs): x and y as launch_fp8_gemm takes them, of which only the
+// alignment counts (nullptr: a part of a 256-byte aligned scratch); d_scale, when p.d_fp8: any device float (each launch sets its own).
+template <typename T>
+int fp8_gemm_candidates(Fp8GemmActRunner& runner, const Fp8GemmActProblem& p, const void* x, const float* x_scale, const uint8_t* w,
+                        const float* w_scale, const T* bias, const void* y, const float* d_scale);
+
 }  // namespace deployfuse

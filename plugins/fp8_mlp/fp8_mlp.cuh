@@ -19,6 +19,8 @@ struct Fp8MlpProblem {
   int64_t m, k, n1, n2;
   Act act;  // FC1's
   bool fast_accum = true;
+  // FC1's and FC2's candidate, each as Fp8GemmActProblem::algo (-1: the heuristic's first choice; k >= 0: its k-th candidate)
+  int algo1 = -1, algo2 = -1;
 };
 
 // The scratch bytes one launch asks for: X in float8, 1/h_scale, H, and the larger of the two GEMMs' scratch (padded copies,
@@ -31,5 +33,12 @@ template <typename T>
 cudaError_t launch_fp8_mlp(Fp8GemmActRunner& runner, cudaStream_t stream, const Fp8MlpProblem& p, const T* x, const float* x_scale,
                            const uint8_t* w1, const float* w1_scale, const T* b1, const float* h_scale, const uint8_t* w2,
                            const float* w2_scale, const T* b2, T* y, GemmActScratch& scratch);
+
+// How many heuristic candidates algo1 and algo2 may index (into *fc1, *fc2): the counts of the plans FC1 (H out in float8) and FC2
+// run on with these pointers (X's float8 copy and H lie 256-byte aligned in the scratch); else the error launch_fp8_mlp gives.
+template <typename T>
+cudaError_t fp8_mlp_candidates(Fp8GemmActRunner& runner, const Fp8MlpProblem& p, const float* x_scale, const uint8_t* w1,
+                               const float* w1_scale, const T* b1, const float* h_scale, const uint8_t* w2, const float* w2_scale,
+                               const T* b2, const T* y, int* fc1, int* fc2);
 
 }  // namespace deployfuse

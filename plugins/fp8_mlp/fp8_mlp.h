@@ -13,9 +13,17 @@ namespace deployfuse {
 
 struct Fp8MlpAttrs {
   using Spec = spec::Fp8Mlp;
-  Act act;          // FC1's
-  bool fast_accum;  // the CUDA GEMMs' accumulation only: the CPU kernel accumulates in fp32 either way
-  explicit Fp8MlpAttrs(const AttrValues& a) : act(act_named(a.text(Spec::kActivation))), fast_accum(a.integer(Spec::kFastAccum) != 0) {}
+  Act act;           // FC1's
+  int algo1, algo2;  // FC1's and FC2's cuBLASLt candidate, as Fp8GemmAct's algo (the CPU kernel has none)
+  bool fast_accum;   // the CUDA GEMMs' accumulation only: the CPU kernel accumulates in fp32 either way
+  explicit Fp8MlpAttrs(const AttrValues& a)
+      : act(act_named(a.text(Spec::kActivation))),
+        algo1(static_cast<int>(a.integer(Spec::kAlgo1))),
+        algo2(static_cast<int>(a.integer(Spec::kAlgo2))),
+        fast_accum(a.integer(Spec::kFastAccum) != 0) {
+    if (algo1 < -1 || algo2 < -1)
+      throw std::invalid_argument("algo1 and algo2 must be -1 (the heuristic's choice) or a candidate index >= 0");
+  }
 
   struct Sizes {
     int64_t m, k, n1, n2;  // X [..., K] as [m, k], W1 [n1, k], W2 [n2, n1], Y [..., N2] as [m, n2]

@@ -1,6 +1,7 @@
 // Fp8Mlp for ONNX Runtime (see common/ort_adapter.h): X, B1, B2 and Y in T, the scales float32, W1 and W2 float8e4m3fn; Y is
-// [..., N2]. On the CUDA EP each kernel instance keeps its own cuBLASLt runner (Fp8GemmAct's: the plans of FC1 and FC2) and
-// takes its scratch (X and H in float8, 1/HScale, the GEMMs' workspace) from ONNX Runtime's allocator (CUDA-graph capture safe).
+// [..., N2]. On the CUDA EP each kernel instance keeps its own cuBLASLt runner (Fp8GemmAct's: the plans of FC1 and FC2, each GEMM
+// launched with its own candidate, algo1 and algo2) and takes its scratch (X and H in float8, 1/HScale, the GEMMs' workspace) from
+// ONNX Runtime's allocator (CUDA-graph capture safe).
 #pragma once
 
 #include "common/ort_adapter.h"
@@ -34,11 +35,11 @@ struct Fp8Mlp : Fp8MlpAttrs {
       fail(Spec::kName, "N1 (W1's rows) must be a multiple of 16 on CUDA: the hidden activation is kept in float8 rows of 16 bytes");
     launch_cublaslt(Spec::kName, c, s.k, [&](auto* tag, GemmActScratch& scratch) {
       using T = std::remove_pointer_t<decltype(tag)>;
-      return fp8_gemm_refusal(
-          Spec::kName,
-          launch_fp8_mlp<T>(*runner, static_cast<cudaStream_t>(c.stream), Fp8MlpProblem{s.m, s.k, s.n1, s.n2, act, fast_accum},
-                            in[0].as<T>(), in[1].as<float>(), in[2].as<uint8_t>(), in[3].as<float>(), in[4].as<T>(), in[5].as<float>(),
-                            in[6].as<uint8_t>(), in[7].as<float>(), in[8].as<T>(), static_cast<T*>(y.GetTensorMutableRawData()), scratch));
+      return fp8_gemm_refusal(Spec::kName, launch_fp8_mlp<T>(*runner, static_cast<cudaStream_t>(c.stream),
+                                                             Fp8MlpProblem{s.m, s.k, s.n1, s.n2, act, fast_accum, algo1, algo2},
+                                                             in[0].as<T>(), in[1].as<float>(), in[2].as<uint8_t>(), in[3].as<float>(),
+                                                             in[4].as<T>(), in[5].as<float>(), in[6].as<uint8_t>(), in[7].as<float>(),
+                                                             in[8].as<T>(), static_cast<T*>(y.GetTensorMutableRawData()), scratch));
     });
 #endif
   }

@@ -36,10 +36,35 @@ def test_shape_checks_name_the_input_that_does_not_fit(bad, why):
         run(session(model, custom_ops_library=ort_custom_ops_library()), ort_feed(OP, list(feed.values())))
 
 
+def test_algo_attributes_leave_the_cpu_kernel_as_it_is_and_a_bad_one_is_refused():
+    """algo1 / algo2 pick CUDA kernels only: the CPU kernel's output with a candidate pair set equals its output without, and
+    equals the function body's; an index below -1 is refused by name."""
+    xs = example_inputs(OP, (2, 3, 24, 32, 8))
+    plain = single_op_model(OP, xs, activation="gelu_tanh")
+    library = ort_custom_ops_library()
+    got = {}
+    for algos in ({}, {"algo1": 3, "algo2": 0}):
+        body = single_op_model(OP, xs, activation="gelu_tanh", **algos)
+        kernel = single_op_model(OP, xs, activation="gelu_tanh", **algos)
+        del kernel.functions[:]  # only the library's kernel can run the node
+        got[f"body {algos}"] = run(session(body, optimize=False), ort_feed(OP, xs))["Y"]
+        got[f"kernel {algos}"] = run(session(kernel, optimize=False, custom_ops_library=library), ort_feed(OP, xs))["Y"]
+    want = run(session(plain, optimize=False), ort_feed(OP, xs))["Y"]
+    assert np.abs(want).max() > 0
+    for what, y in got.items():
+        np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-6 * np.abs(want).max(), err_msg=what)
+    np.testing.assert_array_equal(got["kernel {'algo1': 3, 'algo2': 0}"], got["kernel {}"])
+    bad = single_op_model(OP, xs, algo2=-2)
+    del bad.functions[:]
+    with pytest.raises(Exception, match="algo1 and algo2 must be -1"):
+        run(session(bad, custom_ops_library=library), ort_feed(OP, xs))
+
+
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="no CUDA toolkit (nvcc): the C ABI library cannot compile")
 def test_c_abi_refuses_what_the_launcher_cannot_run_and_sizes_its_scratch():
     """N1 not a multiple of 16 (H's float8 rows) answers cudaErrorNotSupported and K = 0 cudaErrorInvalidValue, both before
-    any CUDA call; the scratch is X in float8 (rows of K rounded up to 16), 1/HScale, H [m, N1], then the larger of the
+    any CUDA call, from the launch (whatever its algo1, algo2) and from the candidate count (which then writes no count); the
+    scratch is X in float8 (rows of K rounded up to 16), 1/HScale, H [m, N1], then the larger of the
     GEMMs' own scratch (FC1: W1 padded to K rounded up; FC2: W2, B2 and Y padded where N2 is off 16 bytes of T) and the
     largest workspace, each part rounded up to 256 bytes."""
     from deployfuse.ops.native import build_plugins
@@ -47,18 +72,27 @@ def test_c_abi_refuses_what_the_launcher_cannot_run_and_sizes_its_scratch():
 
     lib = ctypes.CDLL(str(build_plugins(cuda=True, tensorrt=True) / "libdeployfuse_ops_cuda.so"))
     P, I64, INT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
-    lib.df_fp8_mlp.argtypes = [INT, P, *[P] * 10, I64, I64, I64, I64, INT, INT, P, ctypes.c_size_t]
+    lib.df_fp8_mlp.argtypes = [INT, P, *[P] * 10, I64, I64, I64, I64, INT, INT, INT, INT, P, ctypes.c_size_t]
+    lib.df_fp8_mlp_candidates.argtypes = [INT, *[P] * 9, I64, I64, I64, I64, INT, INT, P, P]
     lib.df_fp8_mlp_scratch_bytes.argtypes = [INT, I64, I64, I64, I64]
     lib.df_fp8_mlp_scratch_bytes.restype = ctypes.c_size_t
     fp16, not_supported, invalid_value = 1, 801, 1
     nulls = [None] * 11
 
-    def call(m: int, k: int, n1: int, n2: int) -> int:
-        return lib.df_fp8_mlp(fp16, *nulls, m, k, n1, n2, 0, 1, None, 0)
+    def call(m: int, k: int, n1: int, n2: int, algo1: int = -1, algo2: int = -1) -> int:
+        return lib.df_fp8_mlp(fp16, *nulls, m, k, n1, n2, 0, algo1, algo2, 1, None, 0)
+
+    def candidates(m: int, k: int, n1: int, n2: int) -> tuple[int, int, int]:
+        counts = (ctypes.c_int(-7), ctypes.c_int(-7))
+        rc = lib.df_fp8_mlp_candidates(fp16, *nulls[:9], m, k, n1, n2, 0, 1, *(ctypes.byref(c) for c in counts))
+        return rc, counts[0].value, counts[1].value
 
     assert call(5, 32, 40, 16) == not_supported
+    assert call(5, 32, 40, 16, 3, 0) == not_supported
     assert call(5, 0, 32, 16) == invalid_value
     assert call(0, 32, 40, 16) == not_supported  # the shape is refused whatever the batch
+    assert candidates(5, 32, 40, 16) == (not_supported, -7, -7)
+    assert candidates(5, 0, 32, 16) == (invalid_value, -7, -7)
 
     def up(n: int) -> int:
         return -(-n // 256) * 256

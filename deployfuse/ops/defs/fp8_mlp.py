@@ -10,7 +10,9 @@ and quantized again by FC2's own pass: on CUDA FC1's GEMM writes H in float8 (cu
 1/HScale), so the [tokens, N1] hidden activation crosses memory once, in one byte an element.
 
 X [..., K], B1 [N1], B2 [N2] in T; XScale, W1Scale, HScale, W2Scale float32 scalars; W1 [N1, K] and
-W2 [N2, N1] float8e4m3fn (the weights transposed, as Fp8GemmAct's W); Y [..., N2] in T.
+W2 [N2, N1] float8e4m3fn (the weights transposed, as Fp8GemmAct's W); Y [..., N2] in T. algo1 and algo2
+pick FC1's and FC2's cuBLASLt candidate as Fp8GemmAct's algo does (each GEMM has its own heuristic ranking;
+`--autotune` sets them), never the math.
 """
 
 from __future__ import annotations
@@ -30,10 +32,11 @@ from deployfuse.ops.schema import E4M3_MAX, OpSpec, RandFn, to_element_type
 
 def reference(
     x: torch.Tensor, x_scale: torch.Tensor, w1: torch.Tensor, w1_scale: torch.Tensor, b1: torch.Tensor, h_scale: torch.Tensor,
-    w2: torch.Tensor, w2_scale: torch.Tensor, b2: torch.Tensor, *, activation: str, fast_accum: int = 1
+    w2: torch.Tensor, w2_scale: torch.Tensor, b2: torch.Tensor, *, activation: str, algo1: int = -1, algo2: int = -1, fast_accum: int = 1
 ) -> torch.Tensor:
     """FC2(FC1(X)) with Fp8GemmAct's math: FC1's float32 result is FC2's X, which q(·, HScale) rounds to
-    float8 (never to T in between); `fast_accum` only picks the CUDA GEMM's rounding, never the math."""
+    float8 (never to T in between); `algo1`, `algo2` and `fast_accum` only pick the CUDA GEMMs' kernels and
+    their rounding, never the math."""
     h = fp8_gemm_act.reference(x, x_scale, w1, w1_scale, b1, activation=activation, algo=-1)
     return fp8_gemm_act.reference(h, h_scale, w2, w2_scale, b2, activation="none", algo=-1)
 
@@ -59,12 +62,14 @@ SPEC = OpSpec(
     name="Fp8Mlp",
     inputs=("X", "XScale", "W1", "W1Scale", "B1", "HScale", "W2", "W2Scale", "B2"),
     outputs=("Y",),
-    # FC1's activation and the GEMMs' accumulation, as Fp8GemmAct's; no algo: the heuristic's first choice
-    attrs={"activation": fp8_gemm_act.SPEC.attrs["activation"], "fast_accum": fp8_gemm_act.SPEC.attrs["fast_accum"]},
+    # FC1's activation, each GEMM's candidate algorithm (Fp8GemmAct's algo: FC1's, FC2's) and the GEMMs' accumulation
+    attrs={"activation": fp8_gemm_act.SPEC.attrs["activation"], "algo1": fp8_gemm_act.SPEC.attrs["algo"], "algo2": fp8_gemm_act.SPEC.attrs["algo"],
+           "fast_accum": fp8_gemm_act.SPEC.attrs["fast_accum"]},
     doc="H = q(act(dq(q(X, XScale)) @ dq(W1, W1Scale)^T + B1), HScale) (float8e4m3fn), Y = dq(H, HScale) @ dq(W2, W2Scale)^T + B2, "
     "q and dq as Fp8GemmAct's; X [..., K], B1 [N1] and B2 [N2] in T, XScale, W1Scale, HScale and W2Scale float32 scalars, "
     "W1 [N1, K] and W2 [N2, N1] float8e4m3fn; computed in float32 (H quantized from float32, never rounded to T), Y [..., N2] "
-    "in T. fast_accum as Fp8GemmAct's, for both GEMMs. On CUDA N1 must be a multiple of 16 (H's rows in float8). Needs opset 19.",
+    "in T. algo1, algo2: FC1's and FC2's cuBLASLt candidate as Fp8GemmAct's algo (-1 = the heuristic's first choice, k >= 0 = its "
+    "k-th candidate, never a change of the math). fast_accum as Fp8GemmAct's, for both GEMMs. On CUDA N1 must be a multiple of 16 (H's rows in float8). Needs opset 19.",
     reference_fn=reference,
     body_fn=body,
     example_fn=example_inputs,
@@ -77,23 +82,23 @@ SPEC = OpSpec(
 @torch.library.custom_op("deployfuse::fp8_mlp", mutates_args=())
 def torch_op(
     x: torch.Tensor, x_scale: torch.Tensor, w1: torch.Tensor, w1_scale: torch.Tensor, b1: torch.Tensor, h_scale: torch.Tensor,
-    w2: torch.Tensor, w2_scale: torch.Tensor, b2: torch.Tensor, activation: str = "none", fast_accum: int = 1
+    w2: torch.Tensor, w2_scale: torch.Tensor, b2: torch.Tensor, activation: str = "none", algo1: int = -1, algo2: int = -1, fast_accum: int = 1
 ) -> torch.Tensor:
     """FC2(FC1(x)) with w1 [N1, K], w2 [N2, N1] torch.float8_e4m3fn, the hidden activation quantized with h_scale."""
-    return SPEC.reference(x, x_scale, w1, w1_scale, b1, h_scale, w2, w2_scale, b2, activation=activation, fast_accum=fast_accum)
+    return SPEC.reference(x, x_scale, w1, w1_scale, b1, h_scale, w2, w2_scale, b2, activation=activation, algo1=algo1, algo2=algo2, fast_accum=fast_accum)
 
 
 @torch_op.register_fake
-def _(x, x_scale, w1, w1_scale, b1, h_scale, w2, w2_scale, b2, activation="none", fast_accum=1):
+def _(x, x_scale, w1, w1_scale, b1, h_scale, w2, w2_scale, b2, activation="none", algo1=-1, algo2=-1, fast_accum=1):
     return x.new_empty(*x.shape[:-1], w2.shape[0])
 
 
 @onnxscript.script(opset=DF)
 def fp8_mlp_onnx(
     x: TFloat, x_scale: FLOAT, w1: FLOAT8E4M3FN, w1_scale: FLOAT, b1: TFloat, h_scale: FLOAT, w2: FLOAT8E4M3FN, w2_scale: FLOAT, b2: TFloat,
-    activation: str = "none", fast_accum: int = 1
+    activation: str = "none", algo1: int = -1, algo2: int = -1, fast_accum: int = 1
 ) -> TFloat:
-    return DF.Fp8Mlp(x, x_scale, w1, w1_scale, b1, h_scale, w2, w2_scale, b2, activation=activation, fast_accum=fast_accum)
+    return DF.Fp8Mlp(x, x_scale, w1, w1_scale, b1, h_scale, w2, w2_scale, b2, activation=activation, algo1=algo1, algo2=algo2, fast_accum=fast_accum)
 
 
 to_onnx = fp8_mlp_onnx  # the exporter inlines it by name: one name per op
