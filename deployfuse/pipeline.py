@@ -171,7 +171,7 @@ def export(
             to PyTorch's fp32.
         autotune: time each fusion family on the target and keep only those that do not make
             the model slower (ort-cpu; ort-cuda where a CUDA build of ONNX Runtime is present);
-            on ort-cuda also each GemmAct / Fp8GemmAct node's cuBLASLt algorithm, timed on this
+            on ort-cuda also each GemmAct / Fp8GemmAct / Fp8Mlp node's cuBLASLt algorithm, timed on this
             machine's GPU with the built CUDA library (`rewrite.gemm_tuning`; fp8: after the gate).
         debug: record near misses of the fusion rules (why a candidate did not fuse).
         trust_pickle: allow loading a pickled module (runs code from the file).
