@@ -24,7 +24,7 @@ Variants, each the alternative at its best settings:
   By default one artefact per model serves both batches: exported with a dynamic batch axis at
   batch 8 (`--fp8-export-batch`), where its calibration and accuracy gate run on the host CPU
   (at batch 64 they take many minutes); `--fp8-export-batch 0` exports each row at its own batch.
-- `deployfuse-fp8-tuned+cudagraph`: the same artefact with its Fp8GemmAct nodes' cuBLASLt algorithms
+- `deployfuse-fp8-tuned+cudagraph`: the same artefact with its Fp8GemmAct and Fp8Mlp nodes' cuBLASLt algorithms
   tuned at the row's shapes on this GPU (a copy, through `deployfuse.rewrite.gemm_tuning.tune`, what
   `--autotune` runs after the gate: no second export or gate; the CUDA library beside `--ort-library`),
   timed as `deployfuse-fp8+cudagraph`; its settings say how many nodes left the heuristic's choice
@@ -347,7 +347,7 @@ def _fp8_rows(model_name: str, batch: int, build: Callable, inputs32: dict, work
 
 
 def tuned_copy(artefact: Path, inputs: dict, library: str | None, folder: Path) -> tuple[Path, str]:
-    """A copy of the fp8 `artefact` in `folder` with its Fp8GemmAct nodes' algorithms tuned at `inputs`' shapes on this GPU
+    """A copy of the fp8 `artefact` in `folder` with its Fp8GemmAct and Fp8Mlp nodes' algorithms tuned at `inputs`' shapes on this GPU
     (`gemm_tuning.tune`, as `--autotune` does; libdeployfuse_ops_cuda.so beside `library`, else the built one), and what
     the settings say: how many nodes left the heuristic's choice, or why nothing was tuned (a copy of the artefact as it is)."""
     import onnx
@@ -360,11 +360,11 @@ def tuned_copy(artefact: Path, inputs: dict, library: str | None, folder: Path) 
     ops_library = Path(library).with_name("libdeployfuse_ops_cuda.so") if library else BUILD / "cuda" / "libdeployfuse_ops_cuda.so"
     why = not_tunable(ops_library)
     line = tune(model, {k: v.cpu().numpy() for k, v in inputs.items()}, ops_library) if why is None else ""
-    nodes = [n for n in model.graph.node if n.op_type == "Fp8GemmAct"]
-    moved = sum(any(a.name == "algo" and a.i >= 0 for a in n.attribute) for n in nodes)
+    nodes = [n for n in model.graph.node if n.op_type in ("Fp8GemmAct", "Fp8Mlp")]
+    moved = sum(any(a.name in ("algo", "algo1", "algo2") and a.i >= 0 for a in n.attribute) for n in nodes)
     path = folder / f"{artefact.stem}_tuned_b{next(iter(inputs.values())).shape[0]}.onnx"
     save_model(model, path)
-    return path, f"NOT tuned ({why})" if why else f"tuned: {moved} of {len(nodes)} Fp8GemmAct nodes off the heuristic's choice ({line})"
+    return path, f"NOT tuned ({why})" if why else f"tuned: {moved} of {len(nodes)} Fp8GemmAct / Fp8Mlp nodes off the heuristic's choice ({line})"
 
 
 def main(argv: list[str] | None = None) -> None:
