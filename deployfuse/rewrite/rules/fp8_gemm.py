@@ -18,7 +18,7 @@ which is below fp16's half step there (9.8e-4) and far below float8's (e4m3 keep
 steps of 1/16 to 1/8 of the value), the rounding the next GEMM applies to its input; the accuracy gate
 judges the artefact with it. It takes a separate GELU kernel out of every layer: one fp16 read and
 write of [tokens, 4·D], 12 of them in BERT-base (ONNX Runtime's took 10.8 us each at batch 8 on an
-H200, bench/results/h200.profile.json; the fused form has not run on a GPU). A GEMM without a bias
+H200, bench/results/h200.profile.json; the fused form ran in bench/results/h200_quant.md section 3). A GEMM without a bias
 gets a zero one: every Q/DQ'd GEMM becomes an Fp8GemmAct. The scales (the graph's float type in
 an fp16 graph) become float32 initializers, as the op takes them.
 
