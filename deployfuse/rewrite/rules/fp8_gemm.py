@@ -5,9 +5,9 @@
 Q/DQ are float8 e4m3 QuantizeLinear / DequantizeLinear with one scale per tensor and zero points
 0, as `quantize.qdq.place_qdq` writes them on ort-cuda; Wq is the float8 weight [K, N] (stored
 transposed, [N, K], for cuBLASLt's "TN" layout, once for all the GEMMs sharing it; a Gemm with
-transB=1 has it so already). The
-GEMM comes as MatMul [+ Add] or as Gemm (GPT-2's Conv1D: on [B·S, K], possibly viewed back to
-[B, S, N] before the activation, which then moves ahead of the Reshape). ONNX Runtime's CUDA EP
+transB=1 has it so already). The GEMM comes as MatMul [+ Add] or as Gemm (GPT-2's Conv1D: on
+[B·S, K], possibly viewed back to [B, S, N] before the activation, which then moves ahead of the
+Reshape). ONNX Runtime's CUDA EP
 runs the Q/DQ form as a dequantization and an fp16 MatMul; the fused node quantizes x and runs one
 cuBLASLt fp8 GEMM with the bias (and ReLU / GELU) in its epilogue. cuBLASLt's GELU is the tanh form,
 and exact-erf GELU (Gelu-20 approximate="none", com.microsoft Gelu) is computed in it too:
@@ -18,9 +18,9 @@ which is below fp16's half step there (9.8e-4) and far below float8's (e4m3 keep
 steps of 1/16 to 1/8 of the value), the rounding the next GEMM applies to its input; the accuracy gate
 judges the artefact with it. It takes a separate GELU kernel out of every layer: one fp16 read and
 write of [tokens, 4·D], 12 of them in BERT-base (ONNX Runtime's took 10.8 us each at batch 8 on an
-H200, bench/results/h200.profile.json; the fused form ran in bench/results/h200_quant.md section 3). A GEMM without a bias
-gets a zero one: every Q/DQ'd GEMM becomes an Fp8GemmAct. The scales (the graph's float type in
-an fp16 graph) become float32 initializers, as the op takes them.
+H200, bench/results/h200.profile.json; the fused form ran in bench/results/h200_quant.md section 3).
+A GEMM without a bias gets a zero one: every Q/DQ'd GEMM becomes an Fp8GemmAct. The scales (the
+graph's float type in an fp16 graph) become float32 initializers, as the op takes them.
 
 Not a fusion family of `rewrite.fuse`: its guard compares a rewrite with the graph before it
 element by element, and in a quantized graph any change upstream of a quantizer moves some

@@ -11,10 +11,11 @@ to fp16 first: a value near a float8 rounding midpoint can land on the other sid
 the same kind of difference as any fp16 rounding upstream of a quantizer.
 
 The pair merges when FC2's X is FC1's output, directly or through Reshapes that keep the last axis
-(GPT-2's Conv1D views [B, S, N1] back to [B·S, N1]), nothing else reads FC1's output or the Reshapes',
-FC2 has no activation, both share fast_accum and take the heuristic's algorithm (`--autotune` picks
-Fp8Mlp's algo1/algo2 afterwards, on the final artefact), and N1 is a multiple of 16 (the float8 rows of H on CUDA). Where Reshapes sat in between, Y
-is reshaped to FC2's output: the shape of the Reshape feeding FC2 (constant), with N2 for N1.
+(GPT-2's Conv1D views [B, S, N1] back to [B·S, N1]), nothing else reads FC1's output or the
+Reshapes', FC2 has no activation, both share fast_accum and take the heuristic's algorithm
+(`--autotune` picks Fp8Mlp's algo1/algo2 afterwards, on the final artefact), and N1 is a multiple
+of 16 (H's rows in float8, as the CUDA kernel needs them). Where Reshapes sat in between, Y is
+reshaped to FC2's output: the shape of the Reshape feeding FC2 (constant), with N2 for N1.
 """
 
 from __future__ import annotations
