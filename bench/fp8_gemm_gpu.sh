@@ -15,6 +15,7 @@ OUT=${OUT:-/tmp}
 if [ "${1:-}" = "--dry-run" ]; then
   exec python3 bench/fp8_gemm_gpu.py --dry-run
 fi
+start=$(date +%s)  # the whole run's (gpu_build's own is local to it)
 source bench/gpu_build.sh
 gpu_build deployfuse_ops_cuda deployfuse_ort
 SITE=${ORT_SITE:-/tmp/site}
