@@ -13,7 +13,9 @@ models=${1:?usage: bash bench/gpu_quant.sh MODELS [gpu_quant.py options]}
 shift
 source bench/gpu_build.sh
 gpu_build deployfuse_ops_cuda deployfuse_ort  # incremental: ninja does nothing when nothing changed
-if [ ! "$BUILD/fp8_checked" -nt "$BUILD/libdeployfuse_ort.so" ]; then  # a failed check is run again next time, not skipped
+# Checked again after either library changed (the C ABI the checks and the tuner drive is in libdeployfuse_ops_cuda.so alone);
+# a failed check is run again next time, not skipped.
+if [ ! "$BUILD/fp8_checked" -nt "$BUILD/libdeployfuse_ort.so" ] || [ ! "$BUILD/fp8_checked" -nt "$BUILD/libdeployfuse_ops_cuda.so" ]; then
   python3 bench/fp8_gemm_gpu.py "$BUILD/libdeployfuse_ops_cuda.so" --ort "$BUILD/libdeployfuse_ort.so" --check-only 2>&1 | tee "$OUT/fp8_gemm_checks.log"
   touch "$BUILD/fp8_checked"
 fi
