@@ -60,7 +60,7 @@ from gemm_gpu import gpu_ms  # noqa: E402 (GemmAct's check: median GPU ms per ca
 from deployfuse.ops.defs import fp8_mlp  # noqa: E402
 from deployfuse.ops.defs.fp8_gemm_act import quantize_e4m3  # noqa: E402
 from deployfuse.ops.schema import DOMAIN, E4M3_MAX, apply_activation, to_element_type  # noqa: E402
-from deployfuse.rewrite.gemm_tuning import ACT_CODES  # noqa: E402
+from deployfuse.rewrite.gemm_tuning import ACT_CODES, load_library  # noqa: E402
 
 OP = "Fp8GemmAct"
 DT = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
@@ -217,20 +217,13 @@ class MlpProblem:
 
 
 class CApi:
-    """The library's Fp8GemmAct entries on torch tensors (the process's runner: plans shared across calls)."""
+    """The library's Fp8GemmAct and Fp8Mlp entries on torch tensors (the process's runner: plans shared across calls), declared
+    by the tuner's own `load_library` (so these checks also check its declarations), and the quantize pass alone."""
 
     def __init__(self, path: str) -> None:
-        self.lib = ctypes.CDLL(path)
+        self.lib = load_library(path)
         P, I64, INT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
-        self.lib.df_fp8_gemm_act.argtypes = [INT, P, P, P, P, P, P, P, I64, I64, I64, INT, INT, INT, P, ctypes.c_size_t]
-        self.lib.df_fp8_gemm_act_candidates.argtypes = [INT, P, P, P, P, P, I64, I64, I64, INT, INT]
         self.lib.df_fp8_quantize_e4m3.argtypes = [INT, P, P, P, P, I64, I64]
-        self.lib.df_fp8_gemm_act_scratch_bytes.argtypes = [INT, I64, I64, I64]
-        self.lib.df_fp8_gemm_act_scratch_bytes.restype = ctypes.c_size_t
-        self.lib.df_fp8_mlp.argtypes = [INT, P, *[P] * 10, I64, I64, I64, I64, INT, INT, INT, INT, P, ctypes.c_size_t]
-        self.lib.df_fp8_mlp_candidates.argtypes = [INT, *[P] * 9, I64, I64, I64, I64, INT, INT, P, P]
-        self.lib.df_fp8_mlp_scratch_bytes.argtypes = [INT, I64, I64, I64, I64]
-        self.lib.df_fp8_mlp_scratch_bytes.restype = ctypes.c_size_t
         self.scratch: dict[int, torch.Tensor] = {}  # by size
 
     def _scratch(self, p: Problem | MlpProblem) -> torch.Tensor:

@@ -68,14 +68,9 @@ def test_c_abi_refuses_what_the_launcher_cannot_run_and_sizes_its_scratch():
     GEMMs' own scratch (FC1: W1 padded to K rounded up; FC2: W2, B2 and Y padded where N2 is off 16 bytes of T) and the
     largest workspace, each part rounded up to 256 bytes."""
     from deployfuse.ops.native import build_plugins
-    from deployfuse.rewrite.gemm_tuning import WORKSPACE_BYTES
+    from deployfuse.rewrite.gemm_tuning import WORKSPACE_BYTES, load_library
 
-    lib = ctypes.CDLL(str(build_plugins(cuda=True, tensorrt=True) / "libdeployfuse_ops_cuda.so"))
-    P, I64, INT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
-    lib.df_fp8_mlp.argtypes = [INT, P, *[P] * 10, I64, I64, I64, I64, INT, INT, INT, INT, P, ctypes.c_size_t]
-    lib.df_fp8_mlp_candidates.argtypes = [INT, *[P] * 9, I64, I64, I64, I64, INT, INT, P, P]
-    lib.df_fp8_mlp_scratch_bytes.argtypes = [INT, I64, I64, I64, I64]
-    lib.df_fp8_mlp_scratch_bytes.restype = ctypes.c_size_t
+    lib = load_library(build_plugins(cuda=True, tensorrt=True) / "libdeployfuse_ops_cuda.so")  # the tuner's declarations
     fp16, not_supported, invalid_value = 1, 801, 1
     nulls = [None] * 11
 
