@@ -1,9 +1,10 @@
-"""The cuBLASLt algorithm of GemmAct and Fp8GemmAct nodes chosen by measurement on the target GPU (`--autotune`, ort-cuda).
+"""The cuBLASLt algorithms of GemmAct, Fp8GemmAct and Fp8Mlp nodes chosen by measurement on the target GPU (`--autotune`, ort-cuda).
 
 cuBLASLt's heuristic ranks its candidate kernels (tile shapes, split-K, ...) per problem, and its
 first choice is not the fastest for every shape: on the H200 the fastest candidate ran GPT-2's
-64x128-token projections up to 1.3x faster (bench/results/gemm_act_h200.md), and BERT-sized fp8
-GEMMs with fast accumulation up to ~15 % faster (bench/results/h200_quant.md). So each node's
+64x128-token projections up to 1.3x faster (bench/results/gemm_act_h200.md), and BERT/ViT-sized
+fp8 GEMMs with full accumulation up to 9.5 % faster (bench/results/fp8_gemm_h200.log; that log did
+not time fast accumulation, the exports' setting, at the heuristic's choice). So each node's
 problem at the export shapes (one problem type per op: `GemmProblem`, `Fp8GemmProblem`, `Fp8MlpProblem`)
 is timed on this machine's GPU in interleaved rounds of CUDA-graph replays, through the deployfuse CUDA
 library's C ABI on torch tensors; the fastest setting is stored in the node's algorithm attributes
@@ -15,7 +16,8 @@ A problem with one GEMM has every candidate timed. Fp8Mlp's two GEMMs run chaine
 setting is a pair; rather than the cross product of their candidates (up to 16 x 16 = 256 CUDA graphs
 per problem), `best_setting` times each GEMM's candidates with the other at the heuristic's choice
 (c1 + c2 - 1 graphs), then, where both GEMMs found a faster one, the pair of the two against each alone
-(4 more): the two GEMMs share nothing but H, so their best candidates rarely interfere.
+(4 more): the two GEMMs share nothing but H, so each one's best is expected to stay best beside the
+other's, which stage 2 checks (the search has not run on a GPU yet).
 """
 
 from __future__ import annotations
