@@ -28,7 +28,10 @@ Variants, each the alternative at its best settings:
   tuned at the row's shapes on this GPU (a copy, through `deployfuse.rewrite.gemm_tuning.tune`, what
   `--autotune` runs after the gate: no second export or gate; the CUDA library beside `--ort-library`),
   timed as `deployfuse-fp8+cudagraph`; its settings say how many nodes left the heuristic's choice
-  (`--dry-run`: `deployfuse-fp8-tuned`, not tuned on the CPU, and its settings say so).
+  (`--dry-run`: `deployfuse-fp8-tuned`, not tuned on the CPU, and its settings say so). Kernels timed at
+  the row's shapes are a setting the torch rows get only from torch.compile's `max-autotune` mode, which
+  the default `--compile-modes` (and bench/gpu_quant.sh) leave out: compare it with `deployfuse-fp8+cudagraph`
+  unless `--compile-modes` adds `max-autotune`.
 
 Each variant records `median_ms` (host wall clock per call after a device synchronise,
 bench/gpu_models.py's `median_ms`), `max_abs_err` of the first output against PyTorch fp32
