@@ -69,8 +69,7 @@ SPEC = OpSpec(
     "q and dq as Fp8GemmAct's; X [..., K], B1 [N1] and B2 [N2] in T, XScale, W1Scale, HScale and W2Scale float32 scalars, "
     "W1 [N1, K] and W2 [N2, N1] float8e4m3fn; computed in float32 (H quantized from float32, never rounded to T), Y [..., N2] "
     "in T. algo1, algo2: FC1's and FC2's cuBLASLt candidate as Fp8GemmAct's algo (-1 = the heuristic's first choice, k >= 0 = its "
-    "k-th candidate, the first when the GPU offers fewer, never a change of the math). fast_accum as Fp8GemmAct's, for both GEMMs. "
-    "On CUDA N1 must be a multiple of 16 (H's rows in float8). Needs opset 19.",
+    "k-th candidate, never a change of the math). fast_accum as Fp8GemmAct's, for both GEMMs. On CUDA N1 must be a multiple of 16 (H's rows in float8). Needs opset 19.",
     reference_fn=reference,
     body_fn=body,
     example_fn=example_inputs,
