@@ -139,12 +139,22 @@ class Problem:
 
     def error(self, run: Any, algo: int = -1) -> tuple[int, float, int]:
         """(return code, relative L2 error, NaN count) of one launch into a NaN-poisoned output."""
-        self.y.fill_(float("nan"))
-        rc = run(self, algo)
-        if rc != 0:
-            return rc, float("nan"), 0
-        ref, got = self.reference(), self.y.double()
-        return 0, float(torch.linalg.vector_norm(got - ref) / torch.linalg.vector_norm(ref).clamp_min(1e-30)), int(torch.isnan(got).sum())
+        return poisoned_error(self.y, lambda: run(self, algo), self.reference)
+
+
+def rel_l2(got: torch.Tensor, ref: torch.Tensor) -> float:
+    """||got - ref|| / ||ref|| (in got's and ref's dtype; ||ref|| floored at 1e-30)."""
+    return float(torch.linalg.vector_norm(got - ref) / torch.linalg.vector_norm(ref).clamp_min(1e-30))
+
+
+def poisoned_error(y: torch.Tensor, launch: Any, reference: Any) -> tuple[int, float, int]:
+    """(return code of launch(), rel_l2 of y against reference(), NaN count of y) with y filled with NaN before the launch."""
+    y.fill_(float("nan"))
+    rc = launch()
+    if rc != 0:
+        return rc, float("nan"), 0
+    got = y.double()
+    return 0, rel_l2(got, reference()), int(torch.isnan(got).sum())
 
 
 def exact_problem(dtype: torch.dtype, device: str) -> Problem:
@@ -208,12 +218,7 @@ class MlpProblem:
 
     def error(self, run: Any, algos: tuple[int, int] = (-1, -1)) -> tuple[int, float, int]:
         """(return code, relative L2 error, NaN count) of one launch with FC1's and FC2's candidates `algos` into a NaN-poisoned output."""
-        self.y.fill_(float("nan"))
-        rc = run(self, algos)
-        if rc != 0:
-            return rc, float("nan"), 0
-        ref, got = self.reference(), self.y.double()
-        return 0, float(torch.linalg.vector_norm(got - ref) / torch.linalg.vector_norm(ref).clamp_min(1e-30)), int(torch.isnan(got).sum())
+        return poisoned_error(self.y, lambda: run(self, algos), self.reference)
 
 
 class CApi:
@@ -491,7 +496,7 @@ def tuned_node_check(model: onnx.ModelProto, x: torch.Tensor, want: Any, library
         good = rc == 0 and nan == 0 and err <= tol
         ok &= good
         print(f"{'ok  ' if good else 'FAIL'} float16  {want.op_type} {choice}: rc={rc} rel_l2={err:.2e} (tolerance {tol:g})")
-    apart = float(torch.linalg.vector_norm(outputs[1] - outputs[0]) / torch.linalg.vector_norm(outputs[0]).clamp_min(1e-30))
+    apart = rel_l2(outputs[1], outputs[0])
     good = apart <= tol
     ok &= good
     print(f"{'ok  ' if good else 'FAIL'} float16  the tuned {want.op_type} setting's output against the heuristic's: rel_l2={apart:.2e}")
@@ -543,7 +548,7 @@ def check_ort(library: str) -> bool:
         p = Problem(lead, k, n, act, torch.float16, "cuda")
         y = ort_cuda_output(library, one_node_model(p), p.x.reshape(p.m, p.k), p.n, graph)
         ref = p.reference().reshape(p.m, p.n)
-        err = float(torch.linalg.vector_norm(y.double() - ref) / torch.linalg.vector_norm(ref))
+        err = rel_l2(y.double(), ref)
         good = not torch.isnan(y).any() and err <= TOL[torch.float16]
         ok &= good
         print(f"{'ok  ' if good else 'FAIL'} ORT CUDA EP{' + CUDA graph' if graph == '1' else ''}, fp16 X{list(lead) + [k]} N={n} {act}: rel_l2={err:.2e}")
@@ -557,7 +562,7 @@ def check_ort_mlp(library: str) -> bool:
         p = MlpProblem(lead, k, n1, n2, act, torch.float16, "cuda")
         y = ort_cuda_output(library, mlp_node_model(p, torch.float16), p.inputs[0].reshape(p.m, p.k), p.n2, graph)
         ref = p.reference().reshape(p.m, p.n2)
-        err = float(torch.linalg.vector_norm(y.double() - ref) / torch.linalg.vector_norm(ref))
+        err = rel_l2(y.double(), ref)
         good = not torch.isnan(y).any() and err <= TOL_MLP[torch.float16]
         ok &= good
         print(f"{'ok  ' if good else 'FAIL'} ORT CUDA EP{' + CUDA graph' if graph == '1' else ''}, Fp8Mlp fp16 X{list(lead) + [k]} N1={n1} N2={n2} {act}: "
