@@ -291,13 +291,13 @@ def test_merged_mlp_equals_the_fp8_gemm_act_pair(name, monkeypatch):
             assert diff.max() < 0.02 * np.abs(ref).max()
 
 
-def _fc_pair_graph(reshape: bool, activation: str, n1: int, fast_accum: tuple[int, int] = (1, 1), seed: int = 0) -> onnx.ModelProto:
+def _fc_pair_graph(reshape: bool, activation: str, n1: int, fast_accum: tuple[int, int] = (1, 1), seed: int = 0, n2: int = 20) -> onnx.ModelProto:
     """fp32 X [2, 5, K] -> Fp8GemmAct (FC1, `activation`) [-> Reshape [-1, N1]] -> Fp8GemmAct (FC2) -> Y, the inputs as
     Fp8Mlp's example_inputs makes them."""
     from deployfuse.ops import DOMAIN, attach_functions
     from deployfuse.ops.defs import fp8_mlp as op
 
-    k, n2 = 24, 20
+    k = 24
     rng = np.random.default_rng(seed)
     arrays = op.example_inputs((2, 5, k, n1, n2), lambda *shape, scale=1.0, shift=0.0: (rng.standard_normal(shape) * scale + shift).astype(np.float32), {})
     names = ["x_scale", "w1", "w1_scale", "b1", "h_scale", "w2", "w2_scale", "b2"]
@@ -336,6 +336,29 @@ def test_merged_pair_runs_on_the_cpu_kernel_as_the_reference(reshape, activation
             got = run(sess, {"x": x})["y"]
             assert got.shape == ((10, 20) if reshape else (2, 5, 20)), what
             assert np.abs(got.reshape(-1, 20) - ref).max() <= 1e-4 * scale, f"{what} is not Fp8Mlp's reference"
+
+
+def test_a_chain_of_three_merges_its_first_pair_once():
+    """FC1 -> FC2 -> FC3, each pair mergeable alone: FC1 and FC2 become one Fp8Mlp and FC3 stays an Fp8GemmAct reading its
+    output (FC2 is not taken twice), with the unmerged chain's numbers on fresh inputs (fp32: the same math)."""
+    from deployfuse.ops import DOMAIN, attach_functions
+
+    model = _fc_pair_graph(False, "relu", n1=32, n2=16)
+    rng = np.random.default_rng(5)
+    model.graph.node[1].output[0] = "y2"
+    third = {"y2_scale": np.float32(0.02), "w3": rng.standard_normal((8, 16)).astype(E4M3), "w3_scale": np.float32(0.05),
+             "b3": rng.standard_normal(8).astype(np.float32)}
+    model.graph.initializer.extend(numpy_helper.from_array(np.asarray(a), n) for n, a in third.items())
+    model.graph.node.append(helper.make_node("Fp8GemmAct", ["y2", *third], ["y"], name="fc3", domain=DOMAIN, fast_accum=1))
+    attach_functions(model)
+    merged, count = fp8_mlp.merge(onnx.ModelProto.FromString(model.SerializeToString()))
+    attach_functions(merged)
+    assert count == 1 and [(n.op_type, n.input[0]) for n in merged.graph.node] == [("Fp8Mlp", "x"), ("Fp8GemmAct", "y2")]
+    chain, mlp = session(model, optimize=False), session(merged, optimize=False)
+    for seed in (6, 7):
+        x = np.random.default_rng(seed).standard_normal((2, 5, 24)).astype(np.float32)
+        want = run(chain, {"x": x})["y"]
+        assert np.abs(run(mlp, {"x": x})["y"] - want).max() <= 1e-4 * np.abs(want).max()
 
 
 @pytest.mark.parametrize(("why", "kwargs"), [("N1 not a multiple of 16", {"n1": 40}), ("FC2 has an activation", {"activation": "relu", "fc2_act": True}),

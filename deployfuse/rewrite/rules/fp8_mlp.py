@@ -108,13 +108,8 @@ def _pair(g: _Graph, fc2: int) -> tuple[int, list[int], np.ndarray | None] | Non
     return fc1, reshapes, shape
 
 
-def _merge_one(model: onnx.ModelProto) -> bool:
-    """Merges the first mergeable pair of the main graph; False when there is none."""
-    g = _Graph(model.graph)
-    found = next(((fc2, pair) for fc2 in range(len(g.nodes)) if g.is_fc(fc2) and (pair := _pair(g, fc2)) is not None), None)
-    if found is None:
-        return False
-    fc2, (fc1, reshapes, shape) = found
+def _merged(g: _Graph, model: onnx.ModelProto, fc2: int, fc1: int, reshapes: list[int], shape: np.ndarray | None) -> list[onnx.NodeProto]:
+    """The Fp8Mlp node taking the pair's place [and the Reshape of its Y to FC2's output shape, its shape added as an initializer]."""
     first, second = g.nodes[fc1], g.nodes[fc2]
     name = f"{first.name}_mlp"
     y = second.output[0] if not reshapes else f"{name}_y"
@@ -126,22 +121,27 @@ def _merge_one(model: onnx.ModelProto) -> bool:
         target = numpy_helper.from_array(np.concatenate([shape[:-1], [n2]]).astype(np.int64), f"{name}_shape")
         model.graph.initializer.append(target)
         new.append(helper.make_node("Reshape", [y, target.name], [second.output[0]], name=f"{name}_reshape"))
-    gone = {fc1, fc2, *reshapes}  # all at or before fc2: the new nodes take fc2's place
-    dropped = {o for i in (fc1, *reshapes) for o in g.nodes[i].output}
-    nodes = [n for i, n in enumerate(g.nodes) if i < fc2 and i not in gone] + new + g.nodes[fc2 + 1 :]
-    info = [v for v in model.graph.value_info if v.name not in dropped]
-    for field, values in ((model.graph.node, nodes), (model.graph.value_info, info)):
-        copies = [type(v)() for v in values]
-        for copy, v in zip(copies, values):
-            copy.CopyFrom(v)
-        del field[:]
-        field.extend(copies)
-    return True
+    return new
 
 
 def merge(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
-    """`model` with each mergeable Fp8GemmAct pair of its main graph replaced by one Fp8Mlp (in place), and how many."""
-    count = 0
-    while _merge_one(model):
-        count += 1
-    return model, count
+    """`model` with each mergeable Fp8GemmAct pair of its main graph replaced by one Fp8Mlp (in place), and how many.
+
+    One pass in node order: an Fp8GemmAct already taken (FC2 of one pair, FC1 of the next in a chain) is not taken again."""
+    g = _Graph(model.graph)
+    pairs: dict[int, tuple[int, list[int], np.ndarray | None]] = {}  # FC2 -> its FC1, the Reshapes between, the Reshape shape
+    taken: set[int] = set()
+    for fc2 in range(len(g.nodes)):
+        if g.is_fc(fc2) and (pair := _pair(g, fc2)) is not None and pair[0] not in taken:
+            pairs[fc2] = pair
+            taken |= {fc2, pair[0]}
+    if not pairs:
+        return model, 0
+    gone = {i for fc1, reshapes, _ in pairs.values() for i in (fc1, *reshapes)}  # all before their FC2: the new nodes take FC2's place
+    dropped = {o for i in gone for o in g.nodes[i].output}
+    nodes = [n for i, node in enumerate(g.nodes) if i not in gone for n in (_merged(g, model, i, *pairs[i]) if i in pairs else [node])]
+    info = [v for v in model.graph.value_info if v.name not in dropped]
+    for field, values in ((model.graph.node, nodes), (model.graph.value_info, info)):
+        del field[:]
+        field.extend(values)  # copies each message
+    return model, len(pairs)
