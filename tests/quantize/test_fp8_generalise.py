@@ -32,8 +32,8 @@ from deployfuse.backends.ort import run, session
 from deployfuse.export import flatten_outputs
 from deployfuse.inputs import DynamicAxis, InputSpec, make_inputs
 
-BUDGET = "cos=0.99,rel=0.2"
 _COS, _REL = 0.99, 0.2
+BUDGET = f"cos={_COS},rel={_REL}"
 
 
 @dataclass(frozen=True)
