@@ -250,6 +250,8 @@ class AlgoChoice:
     heuristic_ms: float
     best_ms: float
     candidates: tuple[int, ...]
+    error: str = ""
+    """Why the problem could not be timed (its nodes keep the heuristic's choice); empty when it was."""
 
 
 def gemm_problems(model: onnx.ModelProto, feed: Mapping[str, np.ndarray]) -> dict[str, Problem]:
@@ -360,10 +362,19 @@ def tune_gemm_algos(model: onnx.ModelProto, feed: Mapping[str, np.ndarray], libr
     this GPU where that beats the heuristic's choice (the others are left as they are); returns node output -> the choice.
     Each distinct problem is timed once."""
     problems = gemm_problems(model, feed)
-    choices = {problem: time_candidates(library, problem) for problem in set(problems.values())}
+    choices = {problem: _timed_or_why(library, problem) for problem in set(problems.values())}
     by_node = {name: choices[problem] for name, problem in problems.items()}
     store_algos(model, by_node)
     return by_node
+
+
+def _timed_or_why(library: Path, problem: Problem) -> AlgoChoice:
+    """`time_candidates`, or, where cuBLASLt has no algorithm or a candidate fails on this GPU, a choice that changes nothing and
+    says why: tuning is an optional speed-up, and one untimeable problem must not fail the export."""
+    try:
+        return time_candidates(library, problem)
+    except RuntimeError as exc:
+        return AlgoChoice({}, math.nan, math.nan, (), error=str(exc))
 
 
 def store_algos(model: onnx.ModelProto, choices: Mapping[str, AlgoChoice]) -> int:
@@ -410,4 +421,7 @@ def tune(model: onnx.ModelProto, feed: Mapping[str, np.ndarray], library: Path |
     by_op = {op: [c for name, c in choices.items() if op_of[name] == op] for op in PROBLEM_TYPES}
     counts = ", ".join(f"{op} {sum(bool(c.algos) for c in cs)} of {len(cs)}" for op, cs in by_op.items() if cs)
     gain = sum(c.heuristic_ms - c.best_ms for c in choices.values() if c.algos)
-    return f"{names} algorithms tuned on {torch.cuda.get_device_name()}: {counts or 'no'} nodes off the heuristic's choice ({gain * 1e3:.1f} us per run saved)"
+    failed = [c.error for c in choices.values() if c.error]
+    untimed = f"; {len(failed)} nodes not timed, kept at the heuristic's choice: {failed[0]}" if failed else ""
+    return (f"{names} algorithms tuned on {torch.cuda.get_device_name()}: {counts or 'no'} nodes off the heuristic's choice "
+            f"({gain * 1e3:.1f} us per run saved){untimed}")

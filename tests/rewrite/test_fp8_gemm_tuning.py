@@ -19,6 +19,7 @@ from onnx import helper
 import deployfuse
 from deployfuse.backends.ort import run, session
 from deployfuse.ops.schema import DOMAIN
+from deployfuse.rewrite import gemm_tuning
 from deployfuse.rewrite.gemm_tuning import AlgoChoice, Fp8GemmProblem, Fp8MlpProblem, best_setting, gemm_problems, store_algos
 
 BATCH, SEQ = 3, 10  # M = 30 tokens: not a multiple of 16, as no padding of the problem would leave it
@@ -178,3 +179,28 @@ def test_search_stops_after_one_stage_where_at_most_one_gemm_improves():
     timings = _Timings(0.5)
     assert best_setting((3, 1), timings) == ((2, -1), 1.0, 0.9)
     assert timings.calls == [[(-1, -1), (1, -1), (2, -1)]]
+
+
+def test_a_problem_that_cannot_be_timed_keeps_its_nodes_at_the_heuristics_choice(fp8_tuned, monkeypatch, tmp_path):
+    """Tuning is optional: where cuBLASLt has no algorithm for a problem (or a candidate fails), `time_candidates` raises;
+    that problem's nodes keep their attributes and say why, the others are still tuned, and nothing is raised. (No GPU here:
+    the timing is stood in for; what is tested is what tuning does with its outcome.)"""
+    artefact, _, _, feed = fp8_tuned
+
+    def timed(library, problem, rounds=5, calls=20):
+        if isinstance(problem, Fp8MlpProblem):
+            raise RuntimeError(f"cuBLASLt has no algorithm for {problem} (code -801)")
+        return AlgoChoice({"algo": 1}, 1.0, 0.9, (3,))
+
+    monkeypatch.setattr(gemm_tuning, "time_candidates", timed)
+    tuned = onnx.ModelProto()
+    tuned.CopyFrom(artefact)
+    choices = gemm_tuning.tune_gemm_algos(tuned, feed, tmp_path / "unused.so")
+    kinds = {n.output[0]: n.op_type for n in tuned.graph.node}
+    assert {kinds[name] for name, c in choices.items() if c.error} == {"Fp8Mlp"}
+    assert all("no algorithm" in c.error and not c.algos for name, c in choices.items() if kinds[name] == "Fp8Mlp")
+    for before, after in zip(artefact.graph.node, tuned.graph.node, strict=True):
+        if before.op_type == "Fp8Mlp":
+            assert after == before
+        elif before.op_type == "Fp8GemmAct":
+            assert _attr(after, "algo", -1) == 1
