@@ -5,6 +5,9 @@ CPU kernels); static int8 there, and `int8` and `fp8` on tensorrt and ort-cuda, 
 QuantizeLinear/DequantizeLinear pairs (`qdq.place_qdq`), which ORT's CPU optimizer folds into
 its int8 kernels and TensorRT into its int8/fp8 GEMMs. fp8 has no CPU kernel, so
 ort-cpu refuses it. Either way the accuracy gate (`gate.run_gate`) decides which layers stay in float.
+In every mode a tied LM head (GPT-2's: its largest GEMM) is quantizable: its weight, a Transpose of
+the embedding table at run time, is stored transposed first (`qdq.untransposed_weights`), and read
+through the Transpose again if the gate keeps the head in float (one float copy of the table).
 
 fp8 on ort-cuda is exported in fp16 (`float_precision`) and fused, Q/DQ'd, and every float8
 Q/DQ'd GEMM becomes a deployfuse.Fp8GemmAct node (`rewrite.rules.fp8_gemm.lower`, in each of the
@@ -40,7 +43,7 @@ from deployfuse.errors import UsageError
 from deployfuse.quantize import fp8_switchboard, ort_int8
 from deployfuse.quantize.calibration import Calibration
 from deployfuse.quantize.gate import Budget, GateResult, Switchboard, budget_of, run_gate
-from deployfuse.quantize.qdq import MIN_OPSET, PRECISIONS as QUANTIZED, place_qdq, quantizable_nodes, untransposed_weights
+from deployfuse.quantize.qdq import MIN_OPSET, PRECISIONS as QUANTIZED, place_qdq, quantizable_nodes, retransposed_weights, untransposed_weights
 from deployfuse.quantize.rounding import rounded_weights
 from deployfuse.rewrite.rules import fp8_gemm
 from deployfuse.targets import ORT_CPU, ORT_CUDA, Target
@@ -121,6 +124,7 @@ def quantize(model: onnx.ModelProto, options: QuantizeOptions, calibration: Cali
         GateFailed: over budget even with the bound on fp32 layers reached.
     """
     switchboard: Callable[[], Switchboard | None] | None = None  # built only if the gate fails
+    model, copies = untransposed_weights(model)  # a tied LM head's GEMM, quantizable
     if options.mode == "dynamic":
         model = ort_int8.gemms_as_matmuls(model)
         layers = ort_int8.layers(model)
@@ -128,8 +132,6 @@ def quantize(model: onnx.ModelProto, options: QuantizeOptions, calibration: Cali
         quantizer = ort_int8.quantizer(model, weights)
         switchboard = partial(ort_int8.switchboard, model, weights)
     else:
-        if options.precision == "fp8":
-            model = untransposed_weights(model)  # a tied LM head's GEMM, quantizable
         quantizer = _qdq_quantizer(model, options, calibration)
         names = set(quantizable_nodes(model, options.precision))
         layers = {n.name: n for n in model.graph.node if n.name in names}
@@ -140,6 +142,7 @@ def quantize(model: onnx.ModelProto, options: QuantizeOptions, calibration: Cali
         result = None
     else:
         quantized, result = run_gate(quantizer, layers, calibration, references, options.budget, switchboard, options.float_precision)
+    quantized = retransposed_weights(quantized, copies)  # a head the gate keeps in float: one copy of its table
     quantized.metadata_props.clear()
     quantized.metadata_props.extend(model.metadata_props)  # the export's facts, whatever the quantizer kept
     return quantized, result

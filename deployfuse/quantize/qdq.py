@@ -71,15 +71,17 @@ def quantizable_nodes(model: onnx.ModelProto, precision: str = "int8") -> list[s
             if n.name and n.domain in ("", "ai.onnx") and n.op_type in ops and len(n.input) > 1 and n.input[1] in rank and (n.op_type == "Conv" or rank[n.input[1]] == 2)]
 
 
-def untransposed_weights(model: onnx.ModelProto) -> onnx.ModelProto:
+def untransposed_weights(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, str]]:
     """`model` with each MatMul weight read through a Transpose of a 2-D initializer stored
-    transposed as an initializer of its own, so that `quantizable_nodes` finds the GEMM (the input
-    model is not modified; the same when there is none).
+    transposed as an initializer of its own, so that `quantizable_nodes` finds the GEMM, and the
+    stored copies by name, each with the initializer it transposes (the input model is not
+    modified; the same model and no copies when there is none).
 
     A tied LM head (BertForMaskedLM, GPT2LMHeadModel) multiplies by the embedding table [V, D]
     transposed, which the exporter leaves to run time because a Gather reads the table too: the
     model's largest GEMM would stay in float. ONNX Runtime folds the Transpose into a copy when the
-    session starts, so the stored copy costs no memory at run time (a float8 one, once quantized).
+    session starts, so the stored copy costs no memory at run time (an int8 or float8 one, once
+    quantized); `retransposed_weights` undoes it for a copy that stays float.
     """
     graph = model.graph
     weights = {t.name: t for t in graph.initializer if len(t.dims) == 2}
@@ -91,7 +93,7 @@ def untransposed_weights(model: onnx.ModelProto) -> onnx.ModelProto:
         if transpose is not None and transpose.op_type == "Transpose" and transpose.input[0] in weights and perm == [1, 0]:
             tied[node.input[1]] = transpose.input[0]
     if not tied:
-        return model
+        return model, {}
     out = _copy(model)
     taken = {t.name for t in out.graph.initializer} | {o for n in out.graph.node for o in n.output}
     stored = {value: fresh_name(f"{weight}_transposed", taken) for value, weight in tied.items()}
@@ -103,7 +105,28 @@ def untransposed_weights(model: onnx.ModelProto) -> onnx.ModelProto:
     kept = [n for n in out.graph.node if n.output[0] not in tied or n.output[0] in read]  # a Transpose nothing else reads goes
     del out.graph.node[:]
     out.graph.node.extend(kept)
-    return out
+    return out, {stored[v]: w for v, w in tied.items()}
+
+
+def retransposed_weights(model: onnx.ModelProto, copies: Mapping[str, str]) -> onnx.ModelProto:
+    """`model` (modified in place, and returned) with each of `copies` (`untransposed_weights`'
+    stored copy -> the initializer it transposes) that is still a float initializer, its GEMM
+    left in float by the gate, made by a Transpose of that initializer again: the artefact then
+    holds one float copy of a tied table, not two (GPT-2's: 154 MB each). A quantized copy is no
+    longer there (the quantizer stores the GEMM's weight as int8) and stays as it is."""
+    initializers = {t.name: t for t in model.graph.initializer}
+    floating = [c for c, table in copies.items() if c in initializers and table in initializers
+                and initializers[c].data_type in (TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16)]
+    if not floating:
+        return model
+    kept = [t for t in model.graph.initializer if t.name not in floating]
+    del model.graph.initializer[:]
+    model.graph.initializer.extend(kept)
+    transposes = [helper.make_node("Transpose", [copies[c]], [c], name=f"{c}_Transpose", perm=[1, 0]) for c in floating]
+    nodes = transposes + list(model.graph.node)  # a Transpose reads an initializer only: first is in order
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    return model
 
 
 def place_qdq(model: onnx.ModelProto, precision: str, calibration: Calibration, exclude: set[str]) -> onnx.ModelProto:
@@ -391,4 +414,4 @@ def _unquantized_elsewhere(model: onnx.ModelProto, quantized: set[str]) -> None:
             node.input[:] = [restore.get(i, i) for i in node.input]
 
 
-__all__ = ["PRECISIONS", "PROTOBUF_LIMIT", "fp8_activation_scales", "fp8_weight", "fresh_name", "place_qdq", "quantizable_nodes", "untransposed_weights"]
+__all__ = ["PRECISIONS", "PROTOBUF_LIMIT", "fp8_activation_scales", "fp8_weight", "fresh_name", "place_qdq", "quantizable_nodes", "retransposed_weights", "untransposed_weights"]

@@ -215,8 +215,9 @@ def test_a_tied_head_weight_is_stored_transposed_and_quantizable():
     so `quantizable_nodes` finds it; the outputs are the same numbers, ORT optimisations off."""
     model = _tied_head()
     assert quantizable_nodes(model, "fp8") == []
-    stored = untransposed_weights(model)
+    stored, copies = untransposed_weights(model)
     assert quantizable_nodes(stored, "fp8") == ["head"] and [n.op_type for n in stored.graph.node] == ["Gather", "MatMul"]
+    assert copies == {stored.graph.node[1].input[1]: "table"}
     assert [n.op_type for n in model.graph.node] == ["Gather", "Transpose", "MatMul"]  # the input model is left as it was
     ids = {"ids": np.random.default_rng(4).integers(0, 40, (2, 5))}
     want = ort_backend.run(ort_backend.session(model, optimize=False), ids)["logits"]
