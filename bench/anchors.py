@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 # name -> (ORT transformers optimizer model type, heads, hidden size)
-ORT_OPT_TYPES = {"bert": ("bert", 12, 768), "vit": ("vit", 12, 768), "gpt2": ("gpt2", 12, 768)}
+ORT_OPT_TYPES = {"bert": ("bert", 12, 768), "vit": ("vit", 12, 768), "gpt2": ("gpt2", 12, 768), "gpt2-lm": ("gpt2", 12, 768)}
 
 
 def build(name: str, batch: int, seq: int = 128) -> tuple[torch.nn.Module, dict[str, torch.Tensor]]:
@@ -65,6 +65,8 @@ def _model(name: str) -> torch.nn.Module:
         return transformers.ViTModel(transformers.ViTConfig(), add_pooling_layer=False).eval()
     if name == "gpt2":
         return transformers.GPT2Model(transformers.GPT2Config(use_cache=False)).eval()
+    if name == "gpt2-lm":  # with its LM head, tied to the token embedding (the largest GEMM: vocab 50257 x 768)
+        return transformers.GPT2LMHeadModel(transformers.GPT2Config(use_cache=False)).eval()
     raise ValueError(f"unknown model {name}")
 
 

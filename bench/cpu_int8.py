@@ -14,6 +14,7 @@ runs are interleaved (one of each per round, the order rotating) and the figure 
 Each int8 variant's accuracy is measured the way deployfuse's gate does (worst cosine and
 max|error| / max|reference| per output against PyTorch fp32) on fresh inputs: one draw with
 all-ones attention masks and one padded (BERT), or the timed input and another draw (ViT, GPT-2).
+`gpt2-lm` is GPT-2 with its LM head, tied to the token embedding (50257 x 768, the largest GEMM).
 
     python bench/cpu_int8.py --batches 8,1 --rounds 30      # bench/results/cpu_int8.md
     python bench/cpu_int8.py --model vit --batches 1,8 --rounds 15 --default-only
@@ -179,7 +180,8 @@ def bench(model: str, batches: list[int], rounds: int, threads: int, budget: str
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", choices=("bert", "vit", "gpt2"), default="bert", help="BERT-base (seq 128), ViT-B/16 (224) or GPT-2 124M (seq 128)")
+    parser.add_argument("--model", choices=("bert", "vit", "gpt2", "gpt2-lm"), default="bert",
+                        help="BERT-base (seq 128), ViT-B/16 (224), GPT-2 124M (seq 128) or GPT-2 with its tied LM head")
     parser.add_argument("--batches", default="1,8")
     parser.add_argument("--default-only", action="store_true", help="time ORT fp32, ORT int8 and deployfuse's default (GPTQ, gated) only")
     parser.add_argument("--rounds", type=int, default=20)
