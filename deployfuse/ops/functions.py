@@ -79,7 +79,7 @@ def attach_functions(model: onnx.ModelProto) -> None:
             spec = SPECS.get(node.op_type)
             if spec is None:
                 raise ValueError(f"unknown deployfuse op {node.op_type!r}; known: {sorted(SPECS)}")
-            attrs = spec.resolve(**{a.name: helper.get_attribute_value(a) for a in node.attribute})
+            attrs = spec.node_attrs(node)
             present = len(node.input)
             while present and not node.input[present - 1]:
                 present -= 1

@@ -139,6 +139,10 @@ class OpSpec:
         """The element type of input `name`: its fixed ONNX type name, or "T" (the op's float type)."""
         return self.input_types.get(name, "T")
 
+    def node_attrs(self, node: onnx.NodeProto) -> dict[str, Any]:
+        """A node of this op's attributes, decoded, with the defaults filled in (`resolve`)."""
+        return self.resolve(**{a.name: onnx.helper.get_attribute_value(a) for a in node.attribute})
+
     def resolve(self, **attrs: Any) -> dict[str, Any]:
         """All attributes with defaults filled in; raises ValueError naming a bad one."""
         unknown = set(attrs) - set(self.attrs)

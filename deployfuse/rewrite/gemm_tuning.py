@@ -36,6 +36,7 @@ import onnx
 from onnx import helper
 
 from deployfuse.ops.schema import DOMAIN, OpSpec
+from deployfuse.ops.specs import SPECS
 
 MARGIN = 0.03
 """A candidate must be this much faster than the heuristic's choice (single timings move by up to ~10 %; medians of interleaved rounds far less)."""
@@ -53,12 +54,8 @@ Launch = Callable[[Setting], None]
 """One launch of a problem on the current CUDA stream with a setting."""
 
 
-def _attr(node: onnx.NodeProto, name: str, default: Any) -> Any:
-    for a in node.attribute:
-        if a.name == name:
-            value = helper.get_attribute_value(a)
-            return value.decode() if isinstance(value, bytes) else value
-    return default
+def _attrs(node: onnx.NodeProto) -> dict[str, Any]:
+    return SPECS[node.op_type].node_attrs(node)
 
 
 def _torch_dtype(elem: int) -> Any:
@@ -109,7 +106,7 @@ class GemmProblem(_Gemm):
         [((k, n), elem)] = weights
         if not x_dims or x_dims[-1] != k or elem not in _DTYPES:
             return None
-        return cls(math.prod(x_dims[:-1]), n, k, elem, _attr(node, "activation", "none"), len(node.input) > 3 and bool(node.input[3]))
+        return cls(math.prod(x_dims[:-1]), n, k, elem, _attrs(node)["activation"], len(node.input) > 3 and bool(node.input[3]))
 
     def launcher(self, lib: ctypes.CDLL) -> tuple[tuple[int, ...], Launch]:
         """The candidate count and the launch (df_gemm_act) on inputs made on the current CUDA device."""
@@ -151,7 +148,7 @@ class Fp8GemmProblem(_Gemm):
         [((n, k), elem)] = weights
         if not x_dims or x_dims[-1] != k or not _fp8_cuda(x_elem, elem):
             return None
-        return cls(math.prod(x_dims[:-1]), n, k, x_elem, _attr(node, "activation", "none"), int(_attr(node, "fast_accum", 1)))
+        return cls(math.prod(x_dims[:-1]), n, k, x_elem, _attrs(node)["activation"], int(_attrs(node)["fast_accum"]))
 
     def launcher(self, lib: ctypes.CDLL) -> tuple[tuple[int, ...], Launch]:
         """The candidate count and the launch (df_fp8_gemm_act: quantize pass + fp8 GEMM) on inputs made on the current CUDA
@@ -208,7 +205,7 @@ class Fp8MlpProblem:
         [((n1, k), elem1), ((n2, n1_of_w2), elem2)] = weights
         if not x_dims or x_dims[-1] != k or n1_of_w2 != n1 or n1 % 16 or not _fp8_cuda(x_elem, elem1, elem2):
             return None
-        return cls(math.prod(x_dims[:-1]), k, n1, n2, x_elem, _attr(node, "activation", "none"), int(_attr(node, "fast_accum", 1)))
+        return cls(math.prod(x_dims[:-1]), k, n1, n2, x_elem, _attrs(node)["activation"], int(_attrs(node)["fast_accum"]))
 
     def launcher(self, lib: ctypes.CDLL) -> tuple[tuple[int, ...], Launch]:
         """FC1's and FC2's candidate counts and the launch (df_fp8_mlp) on inputs made on the current CUDA device as the op's

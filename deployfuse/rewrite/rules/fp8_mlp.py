@@ -31,11 +31,7 @@ _FC = fp8_gemm_act.SPEC
 
 
 def _attr(node: onnx.NodeProto, name: str) -> object:
-    for a in node.attribute:
-        if a.name == name:
-            value = helper.get_attribute_value(a)
-            return value.decode() if isinstance(value, bytes) else value
-    return _FC.attrs[name].default
+    return _FC.node_attrs(node)[name]
 
 
 class _Graph:
