@@ -85,6 +85,7 @@ class _Request:
     task: str | None = None
     static: bool = False
     quantize: QuantizeOptions | None = None
+    skip_fusions: tuple[str, ...] = ()
 
 
 class _Steps:
@@ -148,6 +149,7 @@ def export(
     calibration_data: str | os.PathLike[str] | None = None,
     accuracy_budget: str | None = None,
     int8_mode: str | None = None,
+    skip_fusions: Sequence[str] = (),
 ) -> ExportResult:
     """Export `model` to a fused, verified ONNX file at `output`.
 
@@ -191,6 +193,8 @@ def export(
             an .npz, or a folder of them); random inputs, with a warning, when None.
         accuracy_budget: int8/fp8: the gate's budget, e.g. "cos=0.999,rel=2e-2" (the default).
         int8_mode: int8 on ort-cpu: "dynamic" (default) or "static" activation scales.
+        skip_fusions: fusion families not to run (names as `deployfuse.rewrite.fuser.family_names()`
+            lists them), e.g. to rule one out when a model misbehaves or to time a model without it.
 
     Raises:
         UsageError: bad input; nothing is written.
@@ -230,7 +234,7 @@ def export(
     steps = _Steps(report, progress)
     try:
         request = _Request(model, resolved, precision, inputs, example_inputs, dynamic, exporter, fold, fuse, verify, cuda_graph, tf32, autotune, debug, trust_pickle, rtol,
-                           task, static, quantize)
+                           task, static, quantize, _skip_fusions(skip_fusions))
         fusion, gate = _run(request, out_path, report, steps, checking)
     except Exception as exc:  # the report says which step failed, for a deployfuse bug too
         report.error = str(exc) if isinstance(exc, DeployfuseError) else f"internal error: {first_line(exc, typed=True)}"
@@ -345,6 +349,8 @@ def _run(request: _Request, out_path: Path, report: ExportReport, steps: _Steps,
             onnx_model, fusion = fuse_graph(onnx_model, request.target, feeds, debug=request.debug, autotune=request.autotune,
                                             on_family=getattr(steps.progress, "family", None), families=_families(request))
             report.fusion = fusion.to_dict()
+            if request.skip_fusions:
+                report.fusion["skipped_by_request"] = list(request.skip_fusions)
             step.detail = f"{len(onnx_model.graph.node)} nodes"
             if quantize_first and gate is not None:
                 _gate_fused(onnx_model, gate, calibration, gate_references, report)
@@ -408,13 +414,26 @@ def _op_histogram(model: onnx.ModelProto) -> dict[str, int]:
     return dict(Counter(f"{n.domain + '.' if n.domain else ''}{n.op_type}" for n in model.graph.node).most_common())
 
 
+def _skip_fusions(names: Sequence[str]) -> tuple[str, ...]:
+    """`skip_fusions`, checked against the known families (UsageError naming them)."""
+    from deployfuse.rewrite.fuser import family_names
+
+    if isinstance(names, str):
+        names = [n for n in names.split(",") if n]
+    unknown = sorted(set(names) - set(family_names()))
+    if unknown:
+        raise UsageError(f"--skip-fusion: unknown fusion famil{'ies' if len(unknown) > 1 else 'y'} {', '.join(unknown)}; known: {', '.join(family_names())}")
+    return tuple(names)
+
+
 def _families(request: _Request) -> list[str] | None:
-    """The fusion families to run: all (None), less those a quantized export runs without
-    (`quantize.lowering.skipped_families`: fused nodes its quantization could not reach)."""
+    """The fusion families to run: all (None), less those the caller skips and those a quantized
+    export runs without (`quantize.lowering.skipped_families`: fused nodes its quantization could
+    not reach)."""
     from deployfuse.quantize.lowering import skipped_families
     from deployfuse.rewrite.fuser import family_names
 
-    skipped = skipped_families(request.target, request.quantize)
+    skipped = {*skipped_families(request.target, request.quantize), *request.skip_fusions}
     return [f for f in family_names() if f not in skipped] if skipped else None
 
 

@@ -226,6 +226,27 @@ def test_autotune_times_every_matched_family(cli, tmp_path):
     assert "ms)" in stdout, "the fusion table shows each family's timing"
 
 
+def test_skip_fusion_leaves_that_family_out(cli, tmp_path):
+    module, example = zoo.bert()
+    path, inputs, out, report = tmp_path / "bert.pt", tmp_path / "in.pt", tmp_path / "bert.onnx", tmp_path / "bert.json"
+    torch.save(module, path)
+    torch.save(example, inputs)
+    code, _, err = cli("export", path, "-o", out, "--trust-pickle", "--example-inputs", inputs, "--skip-fusion", "attention,skip_layernorm", "--report", report)
+    assert code == 0, err
+    fusion = json.loads(report.read_text())["fusion"]
+    ran = {f["family"] for f in fusion["families"]}
+    assert ran and not ran & {"attention", "skip_layernorm"}, ran
+    assert fusion["skipped_by_request"] == ["attention", "skip_layernorm"], "the report says what was left out on purpose"
+    ops = {n.op_type for n in onnx.load(out).graph.node}
+    assert not ops & {"Attention", "MultiHeadAttention", "SkipLayerNormalization"}, ops
+    assert "LayerNormalization" in ops, "the families not skipped still fuse"
+    assert_onnx_matches_torch(out, module, example)
+
+    code, _, err = cli("export", path, "-o", tmp_path / "no.onnx", "--trust-pickle", "--example-inputs", inputs, "--skip-fusion", "atention")
+    assert code == 2 and "unknown fusion family atention" in err and "attention" in err, err
+    assert not (tmp_path / "no.onnx").exists()
+
+
 class _TinyEpsLayerNorm(torch.nn.Module):
     def __init__(self):
         super().__init__()

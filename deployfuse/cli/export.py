@@ -78,6 +78,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--debug", action="store_true", help="show near misses: why fusion candidates did not fuse")
     p.add_argument("--no-fold", action="store_true", help="do not fold BatchNorm into Conv/Linear")
     p.add_argument("--no-fuse", action="store_true", help="do not rewrite the graph into fused nodes")
+    p.add_argument("--skip-fusion", metavar="FAMILY[,FAMILY]", default="",
+                   help="do not run these fusion families (the names the fusion table prints, e.g. split_qkv,bias_gelu): "
+                   "to rule one out when a model misbehaves, or to time the model without it")
     p.add_argument("--no-verify", action="store_true", help="do not compare the ONNX model with PyTorch")
     p.add_argument("--verify-draws", type=int, default=3, metavar="N",
                    help="independent random input draws verified at each shape; after the first, attention masks are padded (default: 3)")
@@ -108,6 +111,7 @@ def _export(args: argparse.Namespace, progress: Progress) -> int:
         report_path=args.report, rtol=args.rtol, task=args.task, static=args.static,
         verify_draws=args.verify_draws, seed=args.seed, allow_traced_control_flow=args.allow_traced_control_flow,
         calibration_data=args.calibration_data, accuracy_budget=args.accuracy_budget, int8_mode=args.int8_mode, progress=progress,
+        skip_fusions=args.skip_fusion,
     )
     warning = (result.report.quantization or {}).get("warning")
     if warning:
