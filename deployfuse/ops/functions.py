@@ -86,6 +86,7 @@ def attach_functions(model: onnx.ModelProto) -> None:
             if present < len(spec.inputs) - len(spec.optional) or present > len(spec.inputs):
                 raise ValueError(f"{spec.name} node {node.name!r} has {present} inputs; expects {spec.inputs}")
             del node.input[present:]
+            node.output.extend([""] * (len(spec.outputs) - len(node.output)))  # ORT inlines a function only with every output named
             node.overload = spec.variant_key(attrs, present)
             variant = {k: v for k, v in attrs.items() if spec.attrs[k].variant}
             variant.update({n: i < present for i, n in enumerate(spec.inputs) if n in spec.optional})

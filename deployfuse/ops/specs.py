@@ -13,10 +13,10 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from deployfuse.ops.defs import bias_act, fp8_gemm_act, fp8_mlp, fused_mha, gemm_act, group_norm_act, layer_norm_gelu
+from deployfuse.ops.defs import bias_act, fp8_gemm_act, fp8_mlp, fused_mha, gemm_act, group_norm_act, layer_norm_gelu, skip_layer_norm_fp8
 from deployfuse.ops.schema import OpSpec
 
-OP_MODULES: tuple[ModuleType, ...] = (layer_norm_gelu, group_norm_act, bias_act, fused_mha, gemm_act, fp8_gemm_act, fp8_mlp)
+OP_MODULES: tuple[ModuleType, ...] = (layer_norm_gelu, group_norm_act, bias_act, fused_mha, gemm_act, fp8_gemm_act, fp8_mlp, skip_layer_norm_fp8)
 """Each defines SPEC, torch_op (``deployfuse::<module name>``) and to_onnx (its translation);
 the module name is also the op's folder under plugins/."""
 

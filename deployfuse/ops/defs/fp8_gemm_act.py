@@ -59,16 +59,27 @@ def body(b: Body, variant: dict[str, Any]) -> str:
     The rounding to float8 is a Cast (saturate=1, round to nearest even), not QuantizeLinear /
     DequantizeLinear: ONNX Runtime's CPU optimizer turns an inlined DQ -> MatMul into its integer
     kernels (ORT 1.31: MatMulIntegerToFloat fed float8, an invalid graph; 1.32: a uint8
-    QuantizeLinear inserted past a Reshape), and ONNX Runtime has no bfloat16 QuantizeLinear."""
-    y = gemm_float(b, b.to_float("X"), "XScale", "W", "WScale", "Bias", variant["activation"])
-    return b.op("CastLike", y, "X")
+    QuantizeLinear inserted past a Reshape), and ONNX Runtime has no bfloat16 QuantizeLinear.
+    Y takes T from Bias, X being T or already float8 (`quantize_divisor`)."""
+    y = gemm_float(b, b.to_float("X"), "XScale", "W", "WScale", "Bias", variant["activation"], quantize_divisor(b, "X", "XScale"))
+    return b.op("CastLike", y, "Bias")
 
 
-def gemm_float(b: Body, x: str, x_scale: str, w: str, w_scale: str, bias: str, activation: str) -> str:
+def quantize_divisor(b: Body, x: str, x_scale: str) -> str:
+    """What q divides X by: XScale for an X in T, 1 for an X already in float8e4m3fn (q(X) = X: e.g. a SkipLayerNormFp8's
+    YQ, XScale still its scale). One body for both: the element type is probed by a saturating CastLike of 1000 to
+    X's type, which float8e4m3fn alone saturates to 448 (float16, bfloat16 and float32 hold 1000 exactly)."""
+    probe = b.op("Cast", b.op("CastLike", b.op("Constant", value_float=1000.0), x, saturate=1), to=onnx.TensorProto.FLOAT)
+    is_fp8 = b.op("Less", probe, b.op("Constant", value_float=500.0))
+    return b.op("Where", is_fp8, b.op("Constant", value_float=1.0), x_scale)
+
+
+def gemm_float(b: Body, x: str, x_scale: str, w: str, w_scale: str, bias: str, activation: str, x_divisor: str | None = None) -> str:
     """act(dq(q(x, x_scale)) @ dq(w, w_scale)^T + bias) in float32, x already float32 (the body's
-    pieces, which Fp8Mlp chains: its hidden activation quantized from float32, never rounded to T)."""
+    pieces, which Fp8Mlp chains: its hidden activation quantized from float32, never rounded to T).
+    x_divisor: what x is divided by before the rounding to float8 (`quantize_divisor`; x_scale by default)."""
     f8, f32 = onnx.TensorProto.FLOAT8E4M3FN, onnx.TensorProto.FLOAT
-    x_q = b.op("Cast", b.op("Div", x, x_scale), to=f8, saturate=1)
+    x_q = b.op("Cast", b.op("Div", x, x_divisor or x_scale), to=f8, saturate=1)
     x_dq = b.op("Mul", b.op("Cast", x_q, to=f32), x_scale)
     w_dq = b.op("Transpose", b.op("Mul", b.op("Cast", w, to=f32), w_scale), perm=[1, 0])
     return b.activation(b.op("Add", b.op("MatMul", x_dq, w_dq), b.to_float(bias)), activation)
@@ -94,7 +105,8 @@ SPEC = OpSpec(
     attrs={**gemm_act.SPEC.attrs, "fast_accum": Attr("int", 1, (0, 1))},
     doc="Y = act(dq(q(X, XScale)) @ dq(W, WScale)^T + Bias), q(x, s) = saturate_e4m3(round_nearest_even(x / s)) "
     "(QuantizeLinear with a float8e4m3fn zero point), dq(v, s) = float(v) * s; X [..., K] and Bias [N] in T, "
-    "XScale and WScale float32 scalars, W float8e4m3fn [N, K] (the weight transposed); computed in float32, "
+    "XScale and WScale float32 scalars, W float8e4m3fn [N, K] (the weight transposed); X may also be float8e4m3fn, "
+    "already q(., XScale) (no quantize pass; Y's type T is then Bias's); computed in float32, "
     "Y [..., N] in T. algo: -1 = the cuBLASLt heuristic's first choice, k >= 0 = its k-th candidate, never "
     "a change of the math. fast_accum: 1 = cuBLASLt's fast fp8 accumulation (coarser rounding of the sum over K), "
     "0 = full float32 accumulation; the rounding only, never the math. Needs opset 19 (float8 types, Cast's saturate).",

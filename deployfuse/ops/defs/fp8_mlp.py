@@ -9,7 +9,7 @@ FC2 (none), with FC1's output quantized straight from float32 instead of rounded
 and quantized again by FC2's own pass: on CUDA FC1's GEMM writes H in float8 (cuBLASLt's D scale
 1/HScale), so the [tokens, N1] hidden activation crosses memory once, in one byte an element.
 
-X [..., K], B1 [N1], B2 [N2] in T; XScale, W1Scale, HScale, W2Scale float32 scalars; W1 [N1, K] and
+X [..., K] (in T, or already q(X, XScale) in float8e4m3fn as Fp8GemmAct's X may be), B1 [N1], B2 [N2] in T; XScale, W1Scale, HScale, W2Scale float32 scalars; W1 [N1, K] and
 W2 [N2, N1] float8e4m3fn (the weights transposed, as Fp8GemmAct's W); Y [..., N2] in T. algo1 and algo2
 pick FC1's and FC2's cuBLASLt candidate as Fp8GemmAct's algo does (each GEMM has its own heuristic ranking;
 `--autotune` sets them), never the math.
@@ -43,8 +43,9 @@ def reference(
 
 def body(b: Body, variant: dict[str, Any]) -> str:
     """Fp8GemmAct's float32 pieces chained: the hidden activation stays float32 up to its Cast to float8."""
-    h = fp8_gemm_act.gemm_float(b, b.to_float("X"), "XScale", "W1", "W1Scale", "B1", variant["activation"])
-    return b.op("CastLike", fp8_gemm_act.gemm_float(b, h, "HScale", "W2", "W2Scale", "B2", "none"), "X")
+    divisor = fp8_gemm_act.quantize_divisor(b, "X", "XScale")  # X in T or already in float8, as Fp8GemmAct's
+    h = fp8_gemm_act.gemm_float(b, b.to_float("X"), "XScale", "W1", "W1Scale", "B1", variant["activation"], divisor)
+    return b.op("CastLike", fp8_gemm_act.gemm_float(b, h, "HScale", "W2", "W2Scale", "B2", "none"), "B2")
 
 
 def example_inputs(shape: Sequence[int], rand: RandFn, attrs: dict[str, Any]) -> list[Any]:
