@@ -5,7 +5,8 @@ weights from its config with `anchors.trained_like` biases and norms), seq 128; 
 GPT-2 (124M, seq 128, whose Conv1D GEMMs export as Gemm).
 
 deployfuse's variants: its default (dynamic int8, GPTQ-rounded weights, the accuracy gate at
-`--budget`), the same with ONNX Runtime's nearest rounding (the default before GPTQ: its gate
+`--budget`), the same gated as before issue 19 (the most sensitive layers back in fp32, whatever
+they cost: `_gate_search`), the same with ONNX Runtime's nearest rounding (the default before GPTQ: its gate
 puts layers back in fp32, ranked and searched on the switchboard), and `--int8-mode static`
 (not gated: Q/DQ scales fitted on the random calibration samples).
 
@@ -19,6 +20,7 @@ all-ones attention masks and one padded (BERT), or the timed input and another d
     python bench/cpu_int8.py --batches 8,1 --rounds 30      # bench/results/cpu_int8.md
     python bench/cpu_int8.py --model vit --batches 1,8 --rounds 15 --default-only
     python bench/cpu_int8.py --model gpt2 --batches 1,8 --rounds 15 --default-only
+    python bench/cpu_int8.py --model gpt2-lm --batches 1 --rounds 10 --default-only   # the gate's two searches
 """
 
 from __future__ import annotations
@@ -107,6 +109,22 @@ def _rounding(kind: str) -> Iterator[None]:
         lowering.rounded_weights = default
 
 
+@contextmanager
+def _gate_search(kind: str) -> Iterator[None]:
+    """deployfuse's gate choosing its fp32 layers as `kind` says: "cost" (its default: the passing
+    choice of least GEMM cost over its searches) or "sensitivity" (as before issue 19: the fewest
+    of the most sensitive layers, whatever they cost)."""
+    from deployfuse.quantize import gate
+
+    default = gate.fallback_orders
+    if kind == "sensitivity":
+        gate.fallback_orders = lambda ranking, costs: default(ranking, costs)[:1]
+    try:
+        yield
+    finally:
+        gate.fallback_orders = default
+
+
 def bench(model: str, batches: list[int], rounds: int, threads: int, budget: str, workdir: Path, every_variant: bool = True) -> list[dict[str, object]]:
     """Export every variant once with a dynamic batch axis (at batch 1), then time each batch;
     without `every_variant`, only ORT's fp32 and int8 and deployfuse's default."""
@@ -127,17 +145,19 @@ def bench(model: str, batches: list[int], rounds: int, threads: int, budget: str
     if every_variant:
         paths["ORT quantize_dynamic, then deployfuse fusions"] = _fuse_after_quantize(plain, workdir / f"{model}_q_then_fuse.onnx", feed1)
     gated: dict[str, Any] = {}
-    roundings = (("deployfuse int8 (GPTQ rounding, gated)", "gptq"), ("deployfuse int8 (nearest rounding, gated)", "nearest"))
-    for name, rounding in roundings if every_variant else roundings[:1]:
-        path = workdir / f"{model}_deployfuse_int8_{rounding}.onnx"
+    gates = (("deployfuse int8 (GPTQ rounding, gated)", "gptq", "cost"), ("deployfuse int8 (GPTQ, gated by sensitivity only)", "gptq", "sensitivity"),
+             ("deployfuse int8 (nearest rounding, gated)", "nearest", "cost"))
+    for name, rounding, search in gates if every_variant else gates[:2]:
+        path = workdir / f"{model}_deployfuse_int8_{rounding}_{search}.onnx"
         start = time.perf_counter()
-        with _rounding(rounding):
+        with _rounding(rounding), _gate_search(search):
             result = deployfuse.export(module, path, example_inputs=inputs, dynamic=batch_axis, precision="int8", accuracy_budget=budget, seed=0)
         assert result.gate is not None
         steps = {step.name: step.seconds for step in result.report.steps}
+        attempts = [(a["model"], a.get("search", ""), a["fp32_layers"], a.get("cost_share"), round(a["worst_rel"], 5), a["passed"]) for a in result.gate.attempts]
         print(f"{name}: export {time.perf_counter() - start:.0f} s, quantize step (rounding + gate) {steps.get('quantize', 0):.0f} s; "
-              f"gate attempts {[(a['model'], a['fp32_layers'], round(a['worst_rel'], 5), a['passed']) for a in result.gate.attempts]}; "
-              f"fp32 layers {[layer.node for layer in result.gate.fp32_layers]}", flush=True)
+              f"gate attempts (model, search, fp32 layers, their cost share, rel, passed) {attempts}; "
+              f"fp32 layers {[(layer.node, layer.cost_share) for layer in result.gate.fp32_layers]}, cost share {result.gate.cost_share}", flush=True)
         paths[name] = path
         gated[name] = result.gate
     if every_variant:
@@ -171,7 +191,8 @@ def bench(model: str, batches: list[int], rounds: int, threads: int, budget: str
             row = {"batch": batch, "variant": name, "median_ms": round(median, 2), "vs_ort_opt_fp32": round(median / base, 3),
                    "worst_cos": round(accuracy["cos"], 6), "worst_rel": float(f"{accuracy['rel']:.3e}")}
             if name in gated:
-                row.update(budget=budget, fp32_layers=[layer.node for layer in gated[name].fp32_layers], quantized_layers=gated[name].quantized_layers)
+                row.update(budget=budget, fp32_layers=[layer.node for layer in gated[name].fp32_layers], quantized_layers=gated[name].quantized_layers,
+                           fp32_cost_share=gated[name].cost_share)
             rows.append(row)
             print(f"batch {batch}  {name:46s} {median:9.2f} ms  x{median / base:5.3f} of ORT opt fp32   worst cos {accuracy['cos']:.6f}  "
                   f"rel {accuracy['rel']:.2e}", flush=True)
@@ -183,7 +204,7 @@ def main() -> None:
     parser.add_argument("--model", choices=("bert", "vit", "gpt2", "gpt2-lm"), default="bert",
                         help="BERT-base (seq 128), ViT-B/16 (224), GPT-2 124M (seq 128) or GPT-2 with its tied LM head")
     parser.add_argument("--batches", default="1,8")
-    parser.add_argument("--default-only", action="store_true", help="time ORT fp32, ORT int8 and deployfuse's default (GPTQ, gated) only")
+    parser.add_argument("--default-only", action="store_true", help="time ORT fp32, ORT int8 and deployfuse's GPTQ int8 gated two ways (its default, and by sensitivity only) only")
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--budget", default="cos=0.999,rel=2e-2", help="deployfuse's --accuracy-budget (the default budget)")
     parser.add_argument("--threads", type=int, default=2)

@@ -5,9 +5,10 @@ relative error max|error| / max|reference| (one number per output, unlike `--rto
 rule |a - r| <= atol + rtol * |r|) and the cosine similarity of the flattened outputs. A `Budget` bounds the worst of each over all samples;
 with `batch=N` also over the samples run N at a time as one batch (dynamic int8's activation scales
 span the batch: GPT-2 passed one sample at a time and measured 2.26e-2 at batch 8). Over budget, the
-most sensitive quantized layers go back to fp32 (fp16 for fp8 on ort-cuda): how many is searched
-for by doubling the count, then bisecting, on a `Switchboard` where the quantizer offers one, else
-on the quantized artefacts themselves, up to a quarter of the layers (at least 4).
+most sensitive quantized layers go back to fp32 (fp16 for fp8 on ort-cuda), the choice that keeps
+the least GEMM cost in float among two searches (`cheapest_fallback`), on a `Switchboard` where the
+quantizer offers one, else on the quantized artefacts themselves; the gate gives up when a quarter
+of the layers (at least 4), the most sensitive, are not enough.
 
 A layer's sensitivity is the gate's own measure with that layer alone quantized, on the first
 calibration samples: how far over (or how close to) the budget the model outputs get, as the
@@ -21,10 +22,35 @@ instead of ~143 s; its 12 most sensitive GEMMs 9 of the artefacts' 12). A cheape
 error each layer adds to its own output tensor (one fp32 pass), ranks badly: on a tiny BERT it put the query and key projections first, whose error softmax
 all but removes; on BERT-base every layer's own error is 1.0-1.4 %, and falling back by that order
 was still over budget at the bound of 18 layers where this ranking needs 10 (nearest rounding, bench/results/cpu_int8.md).
+
+A layer's cost (`layer_costs`) is the multiply-adds of its GEMM per row (per token): K·N for a
+MatMul or Gemm, the weight's size for Attention and packed layers, and for a Conv K·K·Cin/groups·Cout
+per output position times the output positions where the graph declares them. Which layers go back
+is a covering knapsack: with s_i the sensitivity and c_i the cost of layer i, and S the score with
+every layer quantized, find the set R that minimises sum(c_i, i in R) subject to the score with R
+in float <= 1. To first order the layers' errors add (1 - cosine is ||e||^2 / 2||y||^2 for a small
+error e, and independent errors' squared norms add), so the constraint reads
+sum(s_i, i in R) >= S - 1. Its fractional relaxation is solved exactly by taking layers in
+decreasing s_i / c_i, and that prefix costs at most one layer (the last taken) more than the best
+set; the classic repair is to also consider the most valuable items alone, which here is the
+prefix by sensitivity alone (what the gate searched before: the fewest layers). So the gate
+searches both orders' prefixes by doubling then bisecting, the second only up to the first's cost,
+and keeps the passing choice of least cost (`cheapest_fallback`). The errors do not add exactly, so
+each prefix is measured, not predicted. GPT2LMHeadModel int8 (bench/results/cpu_int8.md): the
+sensitivity order kept the LM head (768 x 50257, 7x a layer's GEMM) and 6 layers in fp32; the
+per-cost order kept cheap layers only.
+
+The give-up bound stays a count (a quarter of the layers, at least 4, on the sensitivity order):
+a bound on cost would refuse models that pass today (the LM head alone is 31 % of GPT-2's GEMM
+cost), and the bound's other task, capping how many measurements a hopeless search takes, is a
+matter of counts. The per-cost search is bounded by the cost of the choice to beat (or of the
+count bound's layers), and the report gives the share of GEMM cost kept in float, so an export
+that passes with most of its cost in float says so.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -154,12 +180,14 @@ def output_error(name: str, samples: str, references: Sequence[np.ndarray], outp
 
 @dataclass
 class Layer:
-    """A layer kept in fp32 by the gate, with its sensitivity: the share of the budget the model
-    outputs used with this layer alone quantized."""
+    """A layer kept in fp32 by the gate, with its sensitivity (the share of the budget the model
+    outputs used with this layer alone quantized) and its cost share (its `layer_costs` over
+    that of every quantizable layer)."""
 
     node: str
     op_type: str
     sensitivity: float
+    cost_share: float = 0.0
 
 
 @dataclass
@@ -175,10 +203,17 @@ class GateResult:
     attempts: list[dict[str, Any]] = field(default_factory=list)  # per attempt: layers in fp32, worst cos and rel
     passed: bool = False
     kept_in: str = "fp32"  # the float precision of the layers left unquantized (fp8 on ort-cuda: fp16)
+    search: str = ""  # the order whose prefix went back: "sensitivity" or "sensitivity per cost" (`fallback_orders`)
+
+    @property
+    def cost_share(self) -> float:
+        """The share of the quantizable layers' GEMM cost kept in float."""
+        return round(sum(layer.cost_share for layer in self.fp32_layers), 6)
 
     def to_dict(self) -> dict[str, Any]:
         return {"budget": self.budget.to_dict(), "calibration": self.calibration, "random_calibration": self.random_calibration,
                 "quantized_layers": self.quantized_layers, f"{self.kept_in}_layers": [asdict(layer) for layer in self.fp32_layers],
+                f"{self.kept_in}_cost_share": self.cost_share, "search": self.search,
                 "errors": [asdict(e) for e in self.errors], "attempts": self.attempts, "passed": self.passed}
 
 
@@ -316,14 +351,17 @@ class Switchboard:
 
 def run_gate(quantize: Callable[[set[str]], onnx.ModelProto], layers: Mapping[str, onnx.NodeProto], calibration: Calibration,
              references: Mapping[str, Sequence[dict[str, torch.Tensor]]], budget: Budget,
-             switchboard: Callable[[], Switchboard | None] | None = None, kept_in: str = "fp32") -> tuple[onnx.ModelProto, GateResult]:
+             switchboard: Callable[[], Switchboard | None] | None = None, kept_in: str = "fp32",
+             costs: Mapping[str, float] | None = None) -> tuple[onnx.ModelProto, GateResult]:
     """Quantize with `quantize(names of layers to keep in float)` and check the result against
-    `budget`; over budget, keep the most sensitive of `layers` (the nodes `quantize` quantizes, by
-    name) in float (`kept_in`: fp32, or fp16 for fp8 on ort-cuda; the report and messages say it)
-    and try again: how many is searched for (`_fewest`) on the quantized artefacts. When
+    `budget`; over budget, keep some of `layers` (the nodes `quantize` quantizes, by name) in float
+    (`kept_in`: fp32, or fp16 for fp8 on ort-cuda; the report and messages say it) and try again:
+    the passing choice of least cost (`costs`, from `layer_costs`; None: every layer costs the
+    same, and the fewest go back) that `cheapest_fallbacks` finds on the quantized artefacts. When
     `switchboard()` gives a `Switchboard` of the same layers (it is built the first time the gate
-    fails), the ranking and that search run on one session of it instead, and only the choice found
-    within budget is quantized and measured for real (then one layer more at a time, should that one fail).
+    fails), the ranking and that search run on one session of it instead, and only the choices
+    found within budget are quantized and measured for real, cheapest first (then the sensitivity
+    order's one layer more at a time, should they fail).
 
     Returns:
         The quantized model that passed, and what the gate measured.
@@ -342,44 +380,139 @@ def run_gate(quantize: Callable[[set[str]], onnx.ModelProto], layers: Mapping[st
     max_fallback = max(4, len(layers) // 4)
     board = switchboard() if switchboard is not None else None
     ranking = sensitivity_ranking(quantize, layers, calibration, references, budget, board)
-    # the artefact within budget with the fewest layers kept so far (the search only lowers that count)
-    best: tuple[int, onnx.ModelProto, list[OutputError]] | None = None
+    cost = {name: float(costs[name]) if costs is not None else 1.0 for name in layers}
+    share = {name: c / (sum(cost.values()) or 1.0) for name, c in cost.items()}
+    scores = dict(ranking)
+    artefacts: dict[frozenset[str], tuple[onnx.ModelProto, list[OutputError]]] = {}  # those within budget, measured for real
 
-    def within(count: int) -> bool:
-        nonlocal best
-        kept = {name for name, _ in ranking[:count]}
+    def within(search: str, kept: frozenset[str]) -> bool:
         if board is not None:
             result.errors = board.measure(set(layers) - kept, calibration, references, batch=batch)
-            return _judge(result, kept, "switchboard")
-        model = quantize(kept)
+            return _judge(result, kept, "switchboard", search, share)
+        model = quantize(set(kept))
         result.errors = measure(model, calibration, references, batch=batch)
-        if not _judge(result, kept, "artefact"):
+        if not _judge(result, kept, "artefact", search, share):
             return False
-        best = (count, model, result.errors)
+        artefacts[kept] = (model, result.errors)
         return True
 
-    fewest = _fewest(within, min(max_fallback, len(ranking)))
-    result.fp32_layers = [_layer(layers[name], score) for name, score in ranking[:fewest]]
-    if best is not None and best[0] == fewest:
-        _, quantized, result.errors = best
-        result.passed = True
-        return quantized, result
-    while board is not None:  # the switchboard's count on the artefact, then one layer more at a time
-        kept = {layer.node for layer in result.fp32_layers}
+    orders = fallback_orders(ranking, cost)
+    fallbacks = cheapest_fallbacks(orders, cost, within, max_fallback)
+
+    def keep(search: str, names: Sequence[str]) -> set[str]:
+        result.search = search
+        result.fp32_layers = [_layer(layers[name], scores[name], share[name]) for name in names]
+        return set(names)
+
+    for fallback in fallbacks:  # cheapest first
+        kept = keep(fallback.search, fallback.layers)
+        if frozenset(kept) in artefacts:
+            quantized, result.errors = artefacts[frozenset(kept)]
+            result.passed = True
+            return quantized, result
         quantized = quantize(kept)
         result.errors = measure(quantized, calibration, references, batch=batch)
-        if _judge(result, kept, "artefact"):
+        if _judge(result, kept, "artefact", fallback.search, share):
             return quantized, result
-        if not _fall_back(result, layers, ranking, max_fallback):
-            break
+    # none within budget for real: the sensitivity order's prefix, one layer more at a time up to the bound (on a switchboard)
+    search, by_sensitivity = orders[0]
+    bound = min(max_fallback, len(by_sensitivity))
+    count = next((len(f.layers) for f in fallbacks if f.search == search), bound)
+    tried = {frozenset(f.layers) for f in fallbacks}
+    keep(search, by_sensitivity[:count])
+    while board is not None and count <= bound:
+        kept = keep(search, by_sensitivity[:count])
+        if frozenset(kept) not in tried:
+            quantized = quantize(kept)
+            result.errors = measure(quantized, calibration, references, batch=batch)
+            if _judge(result, kept, "artefact", search, share):
+                return quantized, result
+        count += 1
     broken = [f"{e.name} ({e.samples}) {', '.join(b)}" for e in result.errors if (b := budget.exceeded(e))]
     raise GateFailed(result, f"the quantized model is over the accuracy budget ({budget.text()}) even with {len(result.fp32_layers)} of {len(layers)} layers "
                              f"back in {kept_in} (the bound is {max_fallback}): {broken[0]}; loosen --accuracy-budget, give representative "
                              "--calibration-data, or export in fp16/fp32")
 
 
+@dataclass(frozen=True)
+class Fallback:
+    """A choice of layers back in float that brought the model within budget: a prefix of the
+    order `search` names (`fallback_orders`), and its cost."""
+
+    search: str
+    layers: tuple[str, ...]
+    cost: float
+
+
+def fallback_orders(ranking: Sequence[tuple[str, float]], costs: Mapping[str, float]) -> list[tuple[str, list[str]]]:
+    """The orders whose prefixes the gate tries, by name: "sensitivity" (`ranking`'s, most
+    sensitive first), then, where it differs, "sensitivity per cost" (decreasing s_i / c_i, ties
+    in sensitivity order; a layer of no cost first)."""
+    by_sensitivity = [name for name, _ in ranking]
+    per_cost = [name for name, _ in sorted(ranking, key=lambda item: -(item[1] / costs[item[0]] if costs[item[0]] > 0 else math.inf))]
+    return [("sensitivity", by_sensitivity)] + ([("sensitivity per cost", per_cost)] if per_cost != by_sensitivity else [])
+
+
+def cheapest_fallbacks(orders: Sequence[tuple[str, Sequence[str]]], costs: Mapping[str, float],
+                       within: Callable[[str, frozenset[str]], bool], bound: int) -> list[Fallback]:
+    """The passing choices the searches find, cheapest first (at most one per order): for each of
+    `orders` (`fallback_orders`), the shortest prefix within budget (`within(search, layers back)`,
+    each choice measured once), found by doubling then bisecting its length (`_fewest`). The first
+    order's prefixes go up to `bound` layers; a later order's only while cheaper than the cheapest
+    choice found so far (or, with none, no dearer than the first order's `bound` layers): it costs
+    nothing when it cannot win, and its doubling from 1 layer finds a cheap choice in few steps.
+    Measured on GPT2LMHeadModel int8 (2 cores): the per-cost search took 9 switchboard measurements
+    beside the sensitivity search's 6 (bench/results/cpu_int8.md)."""
+    measured: dict[frozenset[str], bool] = {}
+
+    def passes(search: str, kept: frozenset[str]) -> bool:
+        if kept not in measured:
+            measured[kept] = within(search, kept)
+        return measured[kept]
+
+    found: list[Fallback] = []
+    ceiling = sum(costs[name] for name in orders[0][1][:bound]) if orders else 0.0
+    for index, (search, order) in enumerate(orders):
+        spent = list(itertools.accumulate(costs[name] for name in order))
+        if index == 0:
+            limit = min(bound, len(order))
+        else:
+            cheapest = min((f.cost for f in found), default=None)
+            limit = sum(1 for c in spent if (c < cheapest if cheapest is not None else c <= ceiling))
+        if limit == 0:
+            continue
+        count = _fewest(lambda n: passes(search, frozenset(order[:n])), limit)  # noqa: B023 (called before the loop moves on)
+        if passes(search, frozenset(order[:count])):
+            found.append(Fallback(search, tuple(order[:count]), spent[count - 1]))
+    return sorted(found, key=lambda f: f.cost)
+
+
+def layer_costs(model: onnx.ModelProto, layers: Mapping[str, onnx.NodeProto]) -> dict[str, float]:
+    """Each layer's multiply-adds per row (per token): the size of its weights (its initializer
+    inputs of 2 or more dimensions), which is K·N for a MatMul or Gemm and the packed weights of
+    an Attention node; a Conv's is per output position (Cout·Cin/groups·kh·kw), times the output
+    positions where the graph declares that shape. A layer without a weight initializer gets the
+    mean of the others (1 when none has one).
+
+    The units differ where Convs and GEMMs mix: ViT's patch embedding counts for every patch
+    while its GEMMs count per token."""
+    dims = {t.name: list(t.dims) for t in model.graph.initializer}
+    shapes = {v.name: [d.dim_value if d.HasField("dim_value") else 0 for d in v.type.tensor_type.shape.dim]
+              for v in (*model.graph.value_info, *model.graph.output) if v.type.tensor_type.HasField("shape")}
+    known: dict[str, float] = {}
+    for name, node in layers.items():
+        weights = [dims[i] for i in node.input if len(dims.get(i, ())) >= 2]
+        if not weights:
+            continue
+        cost = sum(math.prod(w) for w in weights)
+        positions = shapes.get(node.output[0], [])[2:] if node.op_type == "Conv" else []
+        known[name] = float(cost * (math.prod(positions) if positions and all(positions) else 1))
+    fallback = sum(known.values()) / len(known) if known else 1.0
+    return {name: known.get(name, fallback) for name in layers}
+
+
 def _fewest(within: Callable[[int], bool], bound: int) -> int:
-    """The fewest of the most sensitive layers (up to `bound`) whose return to float brings the
+    """The shortest prefix of an order (up to `bound` layers) whose return to float brings the
     model within budget (`within(count)`, on the switchboard or the artefact), found by doubling
     the count from 1, then bisecting (1 measurement when one layer does, 8 for 10 of BERT-base's
     bound of 18, where one layer at a time took 11; 6 to learn that 18 are not enough);
@@ -396,29 +529,24 @@ def _fewest(within: Callable[[int], bool], bound: int) -> int:
     return high
 
 
-def _judge(result: GateResult, kept: set[str], model: str) -> bool:
+def _judge(result: GateResult, kept: Iterable[str], model: str, search: str = "", share: Mapping[str, float] | None = None) -> bool:
     """Whether `result.errors` (measured on `model`, "artefact" or "switchboard", with `kept` in
-    `result.kept_in`) are within budget; records the attempt."""
+    `result.kept_in`, a prefix of the order `search`) are within budget; records the attempt, with
+    the share of the cost `kept` holds in float where `share` gives each layer's."""
+    kept = set(kept)
     broken = {f"{e.name} ({e.samples})": b for e in result.errors if (b := result.budget.exceeded(e))}
-    result.attempts.append({"model": model, f"{result.kept_in}_layers": len(kept), "worst_cos": min((e.cos for e in result.errors), default=1.0),
+    attempt: dict[str, Any] = {"model": model, f"{result.kept_in}_layers": len(kept)}
+    if search:
+        attempt.update(search=search, cost_share=round(sum((share or {}).get(name, 0.0) for name in kept), 6))
+    result.attempts.append({**attempt, "worst_cos": min((e.cos for e in result.errors), default=1.0),
                             "worst_rel": max((e.rel for e in result.errors), default=0.0), "passed": not broken})
     log.info("accuracy gate (%s), %d layer(s) in %s: %s", model, len(kept), result.kept_in, "; ".join(f"{k} {', '.join(v)}" for k, v in broken.items()) or "within budget")
     result.passed = not broken and model == "artefact"
     return not broken
 
 
-def _fall_back(result: GateResult, layers: Mapping[str, onnx.NodeProto], ranking: Sequence[tuple[str, float]], bound: int) -> bool:
-    """Put the most sensitive layer still quantized back in fp32; False at the bound or with none left."""
-    kept = {layer.node for layer in result.fp32_layers}
-    candidates = [item for item in ranking if item[0] not in kept]
-    if len(kept) >= bound or not candidates:
-        return False
-    result.fp32_layers.append(_layer(layers[candidates[0][0]], candidates[0][1]))
-    return True
-
-
-def _layer(node: onnx.NodeProto, sensitivity: float) -> Layer:
-    return Layer(node.name, node.op_type, round(sensitivity, 6))
+def _layer(node: onnx.NodeProto, sensitivity: float, cost_share: float) -> Layer:
+    return Layer(node.name, node.op_type, round(sensitivity, 6), round(cost_share, 6))
 
 
 def sensitivity_ranking(quantize: Callable[[set[str]], onnx.ModelProto], layers: Mapping[str, onnx.NodeProto], calibration: Calibration,
@@ -440,8 +568,10 @@ def table(result: GateResult) -> str:
     """The gate's summary as the CLI prints it: budget, calibration, layers in fp32, errors per output."""
     lines = [f"accuracy gate ({'passed' if result.passed else 'FAILED'}): budget {result.budget.text()} per output vs PyTorch fp32",
              f"  calibration: {result.calibration}"]
-    kept = ", ".join(f"{layer.node} ({layer.op_type})" for layer in result.fp32_layers) or "none"
+    kept = ", ".join(f"{layer.node} ({layer.op_type}, {100 * layer.cost_share:.1f} %)" for layer in result.fp32_layers) or "none"
     lines.append(f"  layers kept in {result.kept_in}: {len(result.fp32_layers)} of {result.quantized_layers} ({kept})")
+    if result.fp32_layers:
+        lines.append(f"  GEMM cost kept in {result.kept_in}: {100 * result.cost_share:.1f} % (the layers' multiply-adds; prefix of the {result.search} order)")
     lines.append(f"  {'output':<28} {'samples':<12} {'max abs':>10} {'p99 abs':>10} {'rel':>10} {'cosine':>10}")
     lines += [f"  {e.name:<28} {e.samples:<12} {e.max_abs:>10.3e} {e.p99_abs:>10.3e} {e.rel:>10.3e} {e.cos:>10.6f}" for e in result.errors]
     return "\n".join(lines)
@@ -460,5 +590,5 @@ def budget_of(text: str | None) -> Budget:
     return Budget() if text is None else Budget.parse(text)
 
 
-__all__ = ["BUDGET_HELP", "Budget", "GateFailed", "GateResult", "Layer", "OutputError", "budget_of", "measure", "output_error", "recorded_budget", "run_gate",
-           "sensitivity_ranking", "Switchboard", "table"]
+__all__ = ["BUDGET_HELP", "Budget", "Fallback", "GateFailed", "GateResult", "Layer", "OutputError", "budget_of", "cheapest_fallbacks", "fallback_orders",
+           "layer_costs", "measure", "output_error", "recorded_budget", "run_gate", "sensitivity_ranking", "Switchboard", "table"]

@@ -42,7 +42,7 @@ import torch
 from deployfuse.errors import UsageError
 from deployfuse.quantize import fp8_switchboard, ort_int8
 from deployfuse.quantize.calibration import Calibration
-from deployfuse.quantize.gate import Budget, GateResult, Switchboard, budget_of, run_gate
+from deployfuse.quantize.gate import Budget, GateResult, Switchboard, budget_of, layer_costs, run_gate
 from deployfuse.quantize.qdq import MIN_OPSET, PRECISIONS as QUANTIZED, place_qdq, quantizable_nodes, retransposed_weights, untransposed_weights
 from deployfuse.quantize.rounding import rounded_weights
 from deployfuse.rewrite.rules import fp8_gemm
@@ -141,7 +141,8 @@ def quantize(model: onnx.ModelProto, options: QuantizeOptions, calibration: Cali
         quantized = quantizer(set())
         result = None
     else:
-        quantized, result = run_gate(quantizer, layers, calibration, references, options.budget, switchboard, options.float_precision)
+        quantized, result = run_gate(quantizer, layers, calibration, references, options.budget, switchboard, options.float_precision,
+                                     layer_costs(model, layers))
     quantized = retransposed_weights(quantized, copies)  # a head the gate keeps in float: one copy of its table
     quantized.metadata_props.clear()
     quantized.metadata_props.extend(model.metadata_props)  # the export's facts, whatever the quantizer kept
