@@ -42,12 +42,28 @@ struct Kernel {
   }
 };
 
+// An adapter with `static constexpr size_t kOutputs` and `static ElemType output_type(size_t, ElemType)` has that many outputs, each
+// optional, of those types (SkipLayerNormFp8); the others one output Y in T.
+template <typename Adapter, typename = void>
+struct Outputs {
+  static constexpr size_t count = 1;
+  static ElemType type(size_t, ElemType t) { return t; }
+  static constexpr bool optional = false;
+};
+template <typename Adapter>
+struct Outputs<Adapter, std::void_t<decltype(Adapter::kOutputs)>> {
+  static constexpr size_t count = Adapter::kOutputs;
+  static ElemType type(size_t i, ElemType t) { return Adapter::output_type(i, t); }
+  static constexpr bool optional = true;
+};
+
 template <typename Adapter>
 struct Op : Ort::CustomOpBase<Op<Adapter>, Kernel<Adapter>, true> {
   using Spec = typename Adapter::Spec;
   const char* ep;
   ElemType type;
-  Op(const char* provider, ElemType elem) : ep(provider), type(elem) {}
+  bool fp8_x;  // X registered as float8e4m3fn instead of T (an adapter with kTakesFp8X: Fp8GemmAct, Fp8Mlp)
+  Op(const char* provider, ElemType elem, bool float8_x = false) : ep(provider), type(elem), fp8_x(float8_x) {}
   OrtStatusPtr CreateKernelV2(const OrtApi& api, const OrtKernelInfo* info, void** kernel) const {
     try {
       *kernel = new Kernel<Adapter>{Adapter(read_attrs<Spec>(Ort::ConstKernelInfo(info))), type, std::strcmp(ep, kCuda) == 0};
@@ -60,6 +76,7 @@ struct Op : Ort::CustomOpBase<Op<Adapter>, Kernel<Adapter>, true> {
   const char* GetExecutionProviderType() const { return ep; }
   size_t GetInputTypeCount() const { return Spec::kInputs; }
   ElemType GetInputType(size_t i) const {
+    if (i == 0 && fp8_x) return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT8E4M3FN;
     switch (Spec::kInputTypes[i]) {
       case InputType::kFloat: return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
       case InputType::kFloat8E4M3FN: return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT8E4M3FN;
@@ -69,8 +86,11 @@ struct Op : Ort::CustomOpBase<Op<Adapter>, Kernel<Adapter>, true> {
   OrtCustomOpInputOutputCharacteristic GetInputCharacteristic(size_t i) const {
     return i < static_cast<size_t>(Spec::kRequiredInputs) ? INPUT_OUTPUT_REQUIRED : INPUT_OUTPUT_OPTIONAL;
   }
-  size_t GetOutputTypeCount() const { return 1; }
-  ElemType GetOutputType(size_t) const { return type; }
+  size_t GetOutputTypeCount() const { return Outputs<Adapter>::count; }
+  ElemType GetOutputType(size_t i) const { return Outputs<Adapter>::type(i, type); }
+  OrtCustomOpInputOutputCharacteristic GetOutputCharacteristic(size_t) const {
+    return Outputs<Adapter>::optional ? INPUT_OUTPUT_OPTIONAL : INPUT_OUTPUT_REQUIRED;
+  }
 };
 
 // An adapter with `static bool takes_on_cuda(ElemType)` runs on the CUDA EP only in the types it accepts.
@@ -78,11 +98,17 @@ template <typename Adapter, typename = void>
 struct Restricted : std::false_type {};
 template <typename Adapter>
 struct Restricted<Adapter, std::void_t<decltype(Adapter::takes_on_cuda(ElemType{}))>> : std::true_type {};
+// An adapter with `static constexpr bool kTakesFp8X = true` is registered a second time with X in float8e4m3fn (already quantized).
+template <typename Adapter, typename = void>
+struct TakesFp8X : std::false_type {};
+template <typename Adapter>
+struct TakesFp8X<Adapter, std::void_t<decltype(Adapter::kTakesFp8X)>> : std::bool_constant<Adapter::kTakesFp8X> {};
 template <typename Adapter>
 void add_op(std::vector<std::unique_ptr<OrtCustomOp>>& ops, const char* ep, ElemType type) {
   if constexpr (Restricted<Adapter>::value)
     if (std::strcmp(ep, kCuda) == 0 && !Adapter::takes_on_cuda(type)) return;
   ops.emplace_back(new Op<Adapter>(ep, type));
+  if constexpr (TakesFp8X<Adapter>::value) ops.emplace_back(new Op<Adapter>(ep, type, true));
 }
 
 template <typename... Adapters>

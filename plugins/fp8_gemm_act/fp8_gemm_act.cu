@@ -219,8 +219,9 @@ size_t fp8_gemm_act_scratch_bytes(int64_t m, int64_t n, int64_t k, size_t elem_b
 std::shared_ptr<Fp8GemmActRunner> make_fp8_gemm_act_runner() { return std::make_shared<Fp8GemmActRunner>(); }
 
 template <typename T>
-cudaError_t launch_fp8_gemm_act(Fp8GemmActRunner& runner, cudaStream_t stream, const Fp8GemmActProblem& p, const T* x, const float* x_scale,
-                                const uint8_t* w, const float* w_scale, const T* bias, T* y, GemmActScratch& scratch) {
+cudaError_t launch_fp8_gemm_act(Fp8GemmActRunner& runner, cudaStream_t stream, const Fp8GemmActProblem& p, const void* x,
+                                const float* x_scale, const uint8_t* w, const float* w_scale, const T* bias, T* y,
+                                GemmActScratch& scratch) {
   return runner.launch<T>(stream, p, x, x_scale, w, w_scale, bias, y, nullptr, scratch);
 }
 
@@ -246,7 +247,7 @@ int fp8_gemm_candidates(Fp8GemmActRunner& runner, const Fp8GemmActProblem& p, co
   template cudaError_t fp8_quantize_e4m3<T>(cudaStream_t, const T*, const float*, uint8_t*, int64_t, int64_t, const float*, float*); \
   template cudaError_t launch_fp8_gemm<T>(Fp8GemmActRunner&, cudaStream_t, const Fp8GemmActProblem&, const void*, const float*,      \
                                           const uint8_t*, const float*, const T*, void*, const float*, GemmActScratch&);             \
-  template cudaError_t launch_fp8_gemm_act<T>(Fp8GemmActRunner&, cudaStream_t, const Fp8GemmActProblem&, const T*, const float*,     \
+  template cudaError_t launch_fp8_gemm_act<T>(Fp8GemmActRunner&, cudaStream_t, const Fp8GemmActProblem&, const void*, const float*,  \
                                               const uint8_t*, const float*, const T*, T*, GemmActScratch&);                          \
   template int fp8_gemm_act_candidates<T>(Fp8GemmActRunner&, const Fp8GemmActProblem&, const float*, const uint8_t*, const float*,   \
                                           const T*, const T*);                                                                       \

@@ -56,14 +56,15 @@ size_t fp8_gemm_scratch_bytes(const Fp8GemmActProblem& p, size_t elem_bytes);
 class Fp8GemmActRunner;
 std::shared_ptr<Fp8GemmActRunner> make_fp8_gemm_act_runner();
 
+// x: T [m, k], or float8e4m3fn [m, fp8_gemm_act_k_padded(k)] when p.x_fp8 (already q(X, x_scale): SkipLayerNormFp8's YQ).
 // x_scale, w_scale: device pointers to one float each. cudaErrorSharedObjectInitFailed when cuBLASLt
 // is missing (gemm_act_unavailable says why), cudaErrorInvalidValue for K = 0, an activation no
 // epilogue computes or a scratch not 256-byte aligned, cudaErrorNotSupported when cuBLASLt has no fp8 algorithm for the
 // problem (fp32, a GPU before sm_89, misaligned pointers), cudaErrorMemoryAllocation when scratch
 // gives no memory.
 template <typename T>
-cudaError_t launch_fp8_gemm_act(Fp8GemmActRunner& runner, cudaStream_t stream, const Fp8GemmActProblem& p, const T* x, const float* x_scale,
-                                const uint8_t* w, const float* w_scale, const T* bias, T* y, GemmActScratch& scratch);
+cudaError_t launch_fp8_gemm_act(Fp8GemmActRunner& runner, cudaStream_t stream, const Fp8GemmActProblem& p, const void* x,
+                                const float* x_scale, const uint8_t* w, const float* w_scale, const T* bias, T* y, GemmActScratch& scratch);
 
 // The runner's general form, which launch_fp8_gemm_act is with X and Y in T: x is T [m, k], or float8e4m3fn [m, kp] when p.x_fp8;
 // y is T [m, n], or float8e4m3fn [m, n] scaled by *d_scale (a device float) when p.d_fp8. The errors of launch_fp8_gemm_act, and

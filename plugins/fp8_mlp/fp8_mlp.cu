@@ -30,7 +30,7 @@ Fp8GemmActProblem fc2(const Fp8MlpProblem& p) {
 struct MlpScratch {
   size_t xq, recip, h, gemm;
   MlpScratch(const Fp8MlpProblem& p, size_t elem_bytes)
-      : xq(aligned(static_cast<size_t>(p.m * fp8_gemm_act_k_padded(p.k)))),
+      : xq(p.x_fp8 ? 0 : aligned(static_cast<size_t>(p.m * fp8_gemm_act_k_padded(p.k)))),
         recip(aligned(sizeof(float))),
         h(aligned(static_cast<size_t>(p.m * p.n1))),
         gemm(std::max(fp8_gemm_scratch_bytes(fc1(p), elem_bytes), fp8_gemm_scratch_bytes(fc2(p), elem_bytes))) {}
@@ -39,16 +39,19 @@ struct MlpScratch {
 
 // What the shape alone refuses, before any CUDA call: N1 off H's float8 rows of 16 bytes, no K or no N1.
 cudaError_t refusal(const Fp8MlpProblem& p) {
-  if (p.n1 % kFp8GemmActKMultiple != 0) return cudaErrorNotSupported;
+  if (p.n1 % kFp8GemmActKMultiple != 0 || (p.x_fp8 && p.k % kFp8GemmActKMultiple != 0)) return cudaErrorNotSupported;
   return p.k <= 0 || p.n1 == 0 ? cudaErrorInvalidValue : cudaSuccess;
 }
+
+// *recip = 1 / *of: FC1's D scale where no quantize pass writes it (X given in float8).
+__global__ void reciprocal_kernel(const float* __restrict__ of, float* __restrict__ recip) { *recip = 1.f / *of; }
 
 }  // namespace
 
 size_t fp8_mlp_scratch_bytes(const Fp8MlpProblem& p, size_t elem_bytes) { return MlpScratch(p, elem_bytes).bytes(); }
 
 template <typename T>
-cudaError_t launch_fp8_mlp(Fp8GemmActRunner& runner, cudaStream_t stream, const Fp8MlpProblem& p, const T* x, const float* x_scale,
+cudaError_t launch_fp8_mlp(Fp8GemmActRunner& runner, cudaStream_t stream, const Fp8MlpProblem& p, const void* x, const float* x_scale,
                            const uint8_t* w1, const float* w1_scale, const T* b1, const float* h_scale, const uint8_t* w2,
                            const float* w2_scale, const T* b2, T* y, GemmActScratch& scratch) {
   DF_RETURN_IF_ERROR(refusal(p));
@@ -60,8 +63,13 @@ cudaError_t launch_fp8_mlp(Fp8GemmActRunner& runner, cudaStream_t stream, const 
   auto* recip = reinterpret_cast<float*>(xq + at.xq);
   uint8_t* h = xq + at.xq + at.recip;
   FixedScratch gemm(h + at.h, at.gemm);
-  DF_RETURN_IF_ERROR(fp8_quantize_e4m3(stream, x, x_scale, xq, p.m, p.k, h_scale, recip));
-  DF_RETURN_IF_ERROR(launch_fp8_gemm<T>(runner, stream, fc1(p), xq, x_scale, w1, w1_scale, b1, h, recip, gemm));
+  if (p.x_fp8) {
+    reciprocal_kernel<<<1, 1, 0, stream>>>(h_scale, recip);
+    DF_RETURN_IF_ERROR(cudaGetLastError());
+  } else {
+    DF_RETURN_IF_ERROR(fp8_quantize_e4m3(stream, static_cast<const T*>(x), x_scale, xq, p.m, p.k, h_scale, recip));
+  }
+  DF_RETURN_IF_ERROR(launch_fp8_gemm<T>(runner, stream, fc1(p), p.x_fp8 ? x : xq, x_scale, w1, w1_scale, b1, h, recip, gemm));
   return launch_fp8_gemm<T>(runner, stream, fc2(p), h, h_scale, w2, w2_scale, b2, y, nullptr, gemm);
 }
 
@@ -81,11 +89,11 @@ cudaError_t fp8_mlp_candidates(Fp8GemmActRunner& runner, const Fp8MlpProblem& p,
   return cudaSuccess;
 }
 
-#define DF_INSTANTIATE(T)                                                                                                               \
-  template cudaError_t launch_fp8_mlp<T>(Fp8GemmActRunner&, cudaStream_t, const Fp8MlpProblem&, const T*, const float*, const uint8_t*, \
-                                         const float*, const T*, const float*, const uint8_t*, const float*, const T*, T*,              \
-                                         GemmActScratch&);                                                                              \
-  template cudaError_t fp8_mlp_candidates<T>(Fp8GemmActRunner&, const Fp8MlpProblem&, const float*, const uint8_t*, const float*,       \
+#define DF_INSTANTIATE(T)                                                                                                                  \
+  template cudaError_t launch_fp8_mlp<T>(Fp8GemmActRunner&, cudaStream_t, const Fp8MlpProblem&, const void*, const float*, const uint8_t*, \
+                                         const float*, const T*, const float*, const uint8_t*, const float*, const T*, T*,                 \
+                                         GemmActScratch&);                                                                                 \
+  template cudaError_t fp8_mlp_candidates<T>(Fp8GemmActRunner&, const Fp8MlpProblem&, const float*, const uint8_t*, const float*,          \
                                              const T*, const float*, const uint8_t*, const float*, const T*, const T*, int*, int*);
 DF_INSTANTIATE(float)
 DF_INSTANTIATE(__half)

@@ -21,16 +21,19 @@ struct Fp8MlpProblem {
   bool fast_accum = true;
   // FC1's and FC2's candidate, each as Fp8GemmActProblem::algo (-1: the heuristic's first choice; k >= 0: its k-th candidate)
   int algo1 = -1, algo2 = -1;
+  // X already in float8e4m3fn [m, k] (k a multiple of 16; SkipLayerNormFp8's YQ): no quantize pass, x_scale is its scale
+  bool x_fp8 = false;
 };
 
 // The scratch bytes one launch asks for: X in float8, 1/h_scale, H, and the larger of the two GEMMs' scratch (padded copies,
 // the workspace at most kGemmActWorkspaceBytes); each part rounded up to 256 bytes.
 size_t fp8_mlp_scratch_bytes(const Fp8MlpProblem& p, size_t elem_bytes);
 
-// Scales: device pointers to one float each; w1 float8e4m3fn [n1, k], w2 [n2, n1]. The runner is one kernel instance's (its
-// plans: FC1's and FC2's). cudaErrorNotSupported for n1 not a multiple of 16, else launch_fp8_gemm_act's errors.
+// x: T [m, k], or float8e4m3fn [m, k] when p.x_fp8. Scales: device pointers to one float each; w1 float8e4m3fn [n1, k], w2 [n2, n1]. The
+// runner is one kernel instance's (its plans: FC1's and FC2's). cudaErrorNotSupported for n1 (or, with p.x_fp8, k) not a multiple of 16,
+// else launch_fp8_gemm_act's errors.
 template <typename T>
-cudaError_t launch_fp8_mlp(Fp8GemmActRunner& runner, cudaStream_t stream, const Fp8MlpProblem& p, const T* x, const float* x_scale,
+cudaError_t launch_fp8_mlp(Fp8GemmActRunner& runner, cudaStream_t stream, const Fp8MlpProblem& p, const void* x, const float* x_scale,
                            const uint8_t* w1, const float* w1_scale, const T* b1, const float* h_scale, const uint8_t* w2,
                            const float* w2_scale, const T* b2, T* y, GemmActScratch& scratch);
 

@@ -1,4 +1,5 @@
-// Fp8Mlp for ONNX Runtime (see common/ort_adapter.h): X, B1, B2 and Y in T, the scales float32, W1 and W2 float8e4m3fn; Y is
+// Fp8Mlp for ONNX Runtime (see common/ort_adapter.h): X (or X already in float8e4m3fn, as Fp8GemmAct's), B1, B2 and Y in T, the scales
+// float32, W1 and W2 float8e4m3fn; Y is
 // [..., N2]. On the CUDA EP each kernel instance keeps its own cuBLASLt runner (Fp8GemmAct's: the plans of FC1 and FC2, each GEMM
 // launched with its own candidate, algo1 and algo2) and takes its scratch (X and H in float8, 1/HScale, the GEMMs' workspace) from
 // ONNX Runtime's allocator (CUDA-graph capture safe).
@@ -19,13 +20,16 @@ namespace ort {
 struct Fp8Mlp : Fp8MlpAttrs {
   using Fp8MlpAttrs::Fp8MlpAttrs;
   static bool takes_on_cuda(ElemType type) { return Fp8GemmAct::takes_on_cuda(type); }  // fp32 nodes run on the CPU EP
+  static constexpr bool kTakesFp8X = true;                                              // as Fp8GemmAct's X
 
   void Run(Call& c, bool on_cuda) const {
     Sizes s;
     const Inputs in = sized_inputs(*this, c, &s);
     auto y = gemm_output(c, in[0], s.n2);
+    const bool x_fp8 = fp8_x(c);
     if (!on_cuda) {
-      fp8_mlp_cpu(in[0].as<float>(), in[1].as<float>()[0], in[2].as<uint8_t>(), in[3].as<float>()[0], in[4].as<float>(),
+      const std::vector<float> xd = x_fp8 ? dequantized(in[0], in[1].as<float>()[0]) : std::vector<float>();
+      fp8_mlp_cpu(x_fp8 ? xd.data() : in[0].as<float>(), in[1].as<float>()[0], in[2].as<uint8_t>(), in[3].as<float>()[0], in[4].as<float>(),
                   in[5].as<float>()[0], in[6].as<uint8_t>(), in[7].as<float>()[0], in[8].as<float>(), y.GetTensorMutableData<float>(), s,
                   act);
       return;
@@ -33,11 +37,12 @@ struct Fp8Mlp : Fp8MlpAttrs {
 #ifdef DEPLOYFUSE_WITH_CUDA
     if (s.n1 % kFp8GemmActKMultiple != 0)
       fail(Spec::kName, "N1 (W1's rows) must be a multiple of 16 on CUDA: the hidden activation is kept in float8 rows of 16 bytes");
+    if (x_fp8) check_fp8_x_rows(Spec::kName, s.k);
     launch_cublaslt(Spec::kName, c, s.k, [&](auto* tag, GemmActScratch& scratch) {
       using T = std::remove_pointer_t<decltype(tag)>;
       return fp8_gemm_refusal(Spec::kName, launch_fp8_mlp<T>(*runner, static_cast<cudaStream_t>(c.stream),
-                                                             Fp8MlpProblem{s.m, s.k, s.n1, s.n2, act, fast_accum, algo1, algo2},
-                                                             in[0].as<T>(), in[1].as<float>(), in[2].as<uint8_t>(), in[3].as<float>(),
+                                                             Fp8MlpProblem{s.m, s.k, s.n1, s.n2, act, fast_accum, algo1, algo2, x_fp8},
+                                                             in[0].data, in[1].as<float>(), in[2].as<uint8_t>(), in[3].as<float>(),
                                                              in[4].as<T>(), in[5].as<float>(), in[6].as<uint8_t>(), in[7].as<float>(),
                                                              in[8].as<T>(), static_cast<T*>(y.GetTensorMutableRawData()), scratch));
     });

@@ -1,0 +1,245 @@
+// SkipLayerNormFp8's kernels. Rows of whole 16-byte vectors (cols % (16 / sizeof(T)) == 0, every pointer 16-byte aligned) keep the
+// row's float32 sum in registers and read X (and Skip) once:
+// - up to 32 * kWarpVecs vectors (2048 fp16/bf16, 1024 fp32 columns: BERT's 768 and 1024 among them): a warp per row,
+//   kRowsPerBlock rows a block, statistics by warp shuffles only (no shared memory, no block barrier), as LayerNormGelu's;
+// - longer rows, up to kMaxThreads * kBlockVecs vectors: a block per row, block reductions.
+// Both: the sum, then the mean, then the sum of squared deviations from it (exact two-pass statistics from registers), then per
+// element y = fma(fma(s, rstd, -mean rstd), gamma, beta) rounded to T, and the float8 copy from that rounded y: y / y_scale
+// (correctly rounded division, as the CPU kernel and the function body's Div) -> e4m3 with saturation, two elements a
+// conversion, one 8-byte (16-bit T) or 4-byte (fp32) store a vector. Any other row: a block per row that recomputes the sum in
+// each of its three sweeps (from L1/L2).
+#include <cuda_fp8.h>
+
+#include "common/cuda_check.h"
+#include "common/dtype.cuh"
+#include "common/vec_math.cuh"
+#include "skip_layer_norm_fp8/skip_layer_norm_fp8.cuh"
+
+namespace deployfuse {
+namespace {
+
+constexpr int kRowsPerBlock = 4;  // warp-per-row path: 128-thread blocks
+constexpr int kWarpVecs = 8;      // vectors a lane at most on the warp path
+constexpr int kBlockVecs = 8;     // vectors a thread on the block path
+constexpr int kMaxThreads = 512;
+constexpr int kFallbackThreads = 256;
+
+// The pointers and sizes of a launch: one argument for every kernel.
+template <typename T>
+struct Rows {
+  const T *x, *skip, *gamma, *beta, *bias;
+  const float* y_scale;
+  T* y;
+  uint8_t* yq;
+  T* sum;
+  int64_t rows, cols;
+  float epsilon;
+};
+
+// The float8 bytes of elements 2k, 2k+1 of a vector.
+__device__ __forceinline__ __nv_fp8x2_storage_t e4m3_pair(float a, float b, float scale) {
+  return __nv_cvt_float2_to_fp8x2(make_float2(a / scale, b / scale), __NV_SATFINITE, __NV_E4M3);
+}
+
+// This thread's vectors of one row, c = first + j * step (j < kVecs, c < n), summed in float32.
+template <typename T, int kVecs>
+struct RowSum {
+  static constexpr int kSize = Vec<T>::kSize;
+  float v[kVecs][kSize];
+
+  // s = x [+ skip] + bias; returns this thread's share of the row total.
+  __device__ __forceinline__ float load(const Rows<T>& a, int64_t row, int first, int step, int n) {
+    const auto* x = reinterpret_cast<const Vec<T>*>(a.x) + row * n;
+    const auto* skip = a.skip ? reinterpret_cast<const Vec<T>*>(a.skip) + row * n : nullptr;
+    const auto* bias = reinterpret_cast<const Vec<T>*>(a.bias);
+    float total = 0.f;
+#pragma unroll
+    for (int j = 0; j < kVecs; ++j) {
+      const int c = first + j * step;
+      if (c < n) {
+        const Vec<T> xv = x[c], bv = bias[c];
+        Vec<T> sv{};
+        if (skip) sv = skip[c];
+#pragma unroll
+        for (int k = 0; k < kSize; k += 2) {
+          const float2 f = pair_to_float2(xv, k / 2), b = pair_to_float2(bv, k / 2);
+          float2 s = make_float2(0.f, 0.f);
+          if (skip) s = pair_to_float2(sv, k / 2);
+          v[j][k] = f.x + b.x + s.x;
+          v[j][k + 1] = f.y + b.y + s.y;
+          total += v[j][k] + v[j][k + 1];
+        }
+      }
+    }
+    return total;
+  }
+
+  __device__ __forceinline__ float squared_deviations(float mean, int first, int step, int n) const {
+    float total = 0.f;
+#pragma unroll
+    for (int j = 0; j < kVecs; ++j) {
+      if (first + j * step < n) {
+#pragma unroll
+        for (int k = 0; k < kSize; ++k) {
+          const float d = v[j][k] - mean;
+          total = fmaf(d, d, total);
+        }
+      }
+    }
+    return total;
+  }
+
+  __device__ __forceinline__ void store(const Rows<T>& a, int64_t row, float mean, float rstd, int first, int step, int n) const {
+    const float shift = -mean * rstd, scale = a.yq ? __ldg(a.y_scale) : 1.f;
+    const auto* gamma = reinterpret_cast<const Vec<T>*>(a.gamma);
+    const auto* beta = reinterpret_cast<const Vec<T>*>(a.beta);
+#pragma unroll
+    for (int j = 0; j < kVecs; ++j) {
+      const int c = first + j * step;
+      if (c >= n) continue;
+      const Vec<T> gv = gamma[c], bv = beta[c];
+      Vec<T> out, total;
+      alignas(8) __nv_fp8x2_storage_t q[kSize / 2];
+#pragma unroll
+      for (int k = 0; k < kSize; k += 2) {
+        const float2 g = pair_to_float2(gv, k / 2), b = pair_to_float2(bv, k / 2);
+        set_pair(out, k / 2, fmaf(fmaf(v[j][k], rstd, shift), g.x, b.x), fmaf(fmaf(v[j][k + 1], rstd, shift), g.y, b.y));
+        const float2 rounded = pair_to_float2(out, k / 2);  // YQ from Y as rounded to T
+        q[k / 2] = e4m3_pair(rounded.x, rounded.y, scale);
+        set_pair(total, k / 2, v[j][k], v[j][k + 1]);
+      }
+      const int64_t at = row * n + c;
+      if (a.y) reinterpret_cast<Vec<T>*>(a.y)[at] = out;
+      if (a.sum) reinterpret_cast<Vec<T>*>(a.sum)[at] = total;
+      if (a.yq) {
+        if constexpr (kSize == 8) {
+          reinterpret_cast<uint2*>(a.yq)[at] = *reinterpret_cast<const uint2*>(q);
+        } else {
+          reinterpret_cast<uint32_t*>(a.yq)[at] = *reinterpret_cast<const uint32_t*>(q);
+        }
+      }
+    }
+  }
+};
+
+// A warp per row (n <= 32 * kVecs vectors), kRowsPerBlock rows a block.
+template <typename T, int kVecs>
+__global__ void __launch_bounds__(kRowsPerBlock * 32) warp_kernel(Rows<T> a, int n, float inv_cols) {
+  const int64_t r = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + (threadIdx.x >> 5);
+  if (r >= a.rows) return;  // the whole warp: only warp shuffles follow
+  const int lane = threadIdx.x & 31;
+  RowSum<T, kVecs> s;
+  const float mean = warp_sum(s.load(a, r, lane, 32, n)) * inv_cols;
+  const float rstd = rsqrtf(warp_sum(s.squared_deviations(mean, lane, 32, n)) * inv_cols + a.epsilon);
+  s.store(a, r, mean, rstd, lane, 32, n);
+}
+
+// A block per row (n <= blockDim.x * kBlockVecs vectors).
+template <typename T>
+__global__ void __launch_bounds__(kMaxThreads) block_kernel(Rows<T> a, int n, float inv_cols) {
+  const int64_t r = blockIdx.x;
+  RowSum<T, kBlockVecs> s;
+  const float mean = block_sum(s.load(a, r, threadIdx.x, blockDim.x, n)) * inv_cols;
+  const float rstd = rsqrtf(block_sum(s.squared_deviations(mean, threadIdx.x, blockDim.x, n)) * inv_cols + a.epsilon);
+  s.store(a, r, mean, rstd, threadIdx.x, blockDim.x, n);
+}
+
+// Any row: element by element, the sum recomputed in each sweep.
+template <typename T>
+__global__ void __launch_bounds__(kFallbackThreads) row_kernel(Rows<T> a, float inv_cols) {
+  const int64_t at = static_cast<int64_t>(blockIdx.x) * a.cols;
+  const auto total = [&](int64_t c) { return to_float(a.x[at + c]) + to_float(a.bias[c]) + (a.skip ? to_float(a.skip[at + c]) : 0.f); };
+  float part = 0.f;
+  for (int64_t c = threadIdx.x; c < a.cols; c += blockDim.x) part += total(c);
+  const float mean = block_sum(part) * inv_cols;
+  part = 0.f;
+  for (int64_t c = threadIdx.x; c < a.cols; c += blockDim.x) {
+    const float d = total(c) - mean;
+    part = fmaf(d, d, part);
+  }
+  const float rstd = rsqrtf(block_sum(part) * inv_cols + a.epsilon);
+  const float scale = a.yq ? __ldg(a.y_scale) : 1.f;
+  for (int64_t c = threadIdx.x; c < a.cols; c += blockDim.x) {
+    const float s = total(c);
+    const T y = from_float<T>(fmaf((s - mean) * rstd, to_float(a.gamma[c]), to_float(a.beta[c])));
+    if (a.y) a.y[at + c] = y;
+    if (a.sum) a.sum[at + c] = from_float<T>(s);
+    if (a.yq) a.yq[at + c] = __nv_cvt_float_to_fp8(to_float(y) / scale, __NV_SATFINITE, __NV_E4M3);
+  }
+}
+
+template <typename T>
+bool vectorisable(const Rows<T>& a) {
+  const auto ok = [](const void* p) { return p == nullptr || aligned16(p); };
+  // YQ's rows: 8 bytes a vector of 16-bit T, 4 of fp32 (its base as ORT allocates it, 256-byte aligned)
+  return a.cols % Vec<T>::kSize == 0 && ok(a.x) && ok(a.skip) && ok(a.gamma) && ok(a.beta) && ok(a.bias) && ok(a.y) && ok(a.sum) &&
+         ok(a.yq);
+}
+
+// Rows r0 .. r0 + count of a: the part of a launch within the grid's limits.
+template <typename T>
+Rows<T> rows_from(const Rows<T>& a, int64_t r0, int64_t count) {
+  Rows<T> part = a;
+  const int64_t off = r0 * a.cols;
+  part.rows = count;
+  part.x += off;
+  part.skip = a.skip ? a.skip + off : nullptr;
+  part.y = a.y ? a.y + off : nullptr;
+  part.sum = a.sum ? a.sum + off : nullptr;
+  part.yq = a.yq ? a.yq + off : nullptr;
+  return part;
+}
+
+template <typename T, int kVecs>
+cudaError_t launch_warp(cudaStream_t stream, const Rows<T>& a, int n) {
+  constexpr int64_t kMaxRows = int64_t{0x7fffffff} * kRowsPerBlock;  // grid.x limit
+  for (int64_t r0 = 0; r0 < a.rows; r0 += kMaxRows) {
+    const Rows<T> part = rows_from(a, r0, a.rows - r0 < kMaxRows ? a.rows - r0 : kMaxRows);
+    const auto blocks = static_cast<unsigned>((part.rows + kRowsPerBlock - 1) / kRowsPerBlock);
+    warp_kernel<T, kVecs><<<blocks, kRowsPerBlock * 32, 0, stream>>>(part, n, 1.f / static_cast<float>(a.cols));
+    DF_RETURN_IF_ERROR(cudaGetLastError());
+  }
+  return cudaSuccess;
+}
+
+}  // namespace
+
+template <typename T>
+cudaError_t launch_skip_layer_norm_fp8(cudaStream_t stream, const T* x, const T* skip, const T* gamma, const T* beta, const T* bias,
+                                       const float* y_scale, T* y, uint8_t* yq, T* sum, int64_t rows, int64_t cols, float epsilon) {
+  if (rows == 0 || cols == 0) return cudaSuccess;
+  const Rows<T> a{x, skip, gamma, beta, bias, y_scale, y, yq, sum, rows, cols, epsilon};
+  const float inv_cols = 1.f / static_cast<float>(cols);
+  if (vectorisable(a)) {
+    const int64_t n = cols / Vec<T>::kSize;
+    if (n <= 32) return launch_warp<T, 1>(stream, a, static_cast<int>(n));
+    if (n <= 64) return launch_warp<T, 2>(stream, a, static_cast<int>(n));
+    if (n <= 128) return launch_warp<T, 4>(stream, a, static_cast<int>(n));
+    if (n <= 32 * kWarpVecs) return launch_warp<T, kWarpVecs>(stream, a, static_cast<int>(n));
+    if (n <= int64_t{kMaxThreads} * kBlockVecs) {
+      const int threads = static_cast<int>(((n + kBlockVecs - 1) / kBlockVecs + 31) / 32 * 32);
+      for (int64_t r0 = 0; r0 < rows; r0 += 0x7fffffff) {
+        const int64_t count = rows - r0 < 0x7fffffff ? rows - r0 : 0x7fffffff;
+        block_kernel<T><<<static_cast<unsigned>(count), threads, 0, stream>>>(rows_from(a, r0, count), static_cast<int>(n), inv_cols);
+        DF_RETURN_IF_ERROR(cudaGetLastError());
+      }
+      return cudaSuccess;
+    }
+  }
+  for (int64_t r0 = 0; r0 < rows; r0 += 0x7fffffff) {
+    const int64_t count = rows - r0 < 0x7fffffff ? rows - r0 : 0x7fffffff;
+    row_kernel<T><<<static_cast<unsigned>(count), kFallbackThreads, 0, stream>>>(rows_from(a, r0, count), inv_cols);
+    DF_RETURN_IF_ERROR(cudaGetLastError());
+  }
+  return cudaSuccess;
+}
+
+#define DF_INSTANTIATE(T)                                                                                                              \
+  template cudaError_t launch_skip_layer_norm_fp8<T>(cudaStream_t, const T*, const T*, const T*, const T*, const T*, const float*, T*, \
+                                                     uint8_t*, T*, int64_t, int64_t, float);
+DF_INSTANTIATE(float)
+DF_INSTANTIATE(__half)
+DF_INSTANTIATE(__nv_bfloat16)
+#undef DF_INSTANTIATE
+
+}  // namespace deployfuse
