@@ -490,18 +490,22 @@ def cheapest_fallbacks(orders: Sequence[tuple[str, Sequence[str]]], costs: Mappi
 def layer_costs(model: onnx.ModelProto, layers: Mapping[str, onnx.NodeProto]) -> dict[str, float]:
     """Each layer's multiply-adds per row (per token): the size of its weights (its initializer
     inputs of 2 or more dimensions), which is K·N for a MatMul or Gemm and the packed weights of
-    an Attention node; a Conv's is per output position (Cout·Cin/groups·kh·kw), times the output
-    positions where the graph declares that shape. A layer without a weight initializer gets the
-    mean of the others (1 when none has one).
+    an Attention node; a MatMul of two activations (attention's QK^T and its product with V), the
+    size of B less its batch axis where the graph declares it (heads·d·S per token); a Conv's is
+    per output position (Cout·Cin/groups·kh·kw), times the output positions where the graph
+    declares that shape. A layer whose weight size is not known gets the mean of the others (1
+    when none is known).
 
     The units differ where Convs and GEMMs mix: ViT's patch embedding counts for every patch
     while its GEMMs count per token."""
     dims = {t.name: list(t.dims) for t in model.graph.initializer}
     shapes = {v.name: [d.dim_value if d.HasField("dim_value") else 0 for d in v.type.tensor_type.shape.dim]
-              for v in (*model.graph.value_info, *model.graph.output) if v.type.tensor_type.HasField("shape")}
+              for v in (*model.graph.input, *model.graph.value_info, *model.graph.output) if v.type.tensor_type.HasField("shape")}
     known: dict[str, float] = {}
     for name, node in layers.items():
         weights = [dims[i] for i in node.input if len(dims.get(i, ())) >= 2]
+        if not weights and node.op_type == "MatMul" and len(node.input) > 1:  # activations both: B per batch item (QK^T: heads x d x S)
+            weights = [shape[1:]] if len(shape := shapes.get(node.input[1], [])) >= 3 and all(shape[1:]) else []
         if not weights:
             continue
         cost = sum(math.prod(w) for w in weights)
