@@ -147,6 +147,7 @@ ORT_CUDA = Target(
         "attention": _MHA,
         "gemm_act": (Lowering(DEPLOYFUSE, "GemmAct"),),
         "fp8_gemm": (Lowering(DEPLOYFUSE, "Fp8GemmAct"),),  # float8 Q/DQ'd GEMMs (--precision fp8); tensorrt keeps the Q/DQ
+        "fp8_norm": (Lowering(DEPLOYFUSE, "SkipLayerNormFp8"),),  # a norm quantizing its fp8 GEMMs' X (after fp8_gemm)
         **_NORM_ACT,
     },
     # gemm_act, fp8_gemm: cuBLASLt's epilogues
