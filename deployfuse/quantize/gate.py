@@ -419,7 +419,7 @@ def run_gate(quantize: Callable[[set[str]], onnx.ModelProto], layers: Mapping[st
     bound = min(max_fallback, len(by_sensitivity))
     count = next((len(f.layers) for f in fallbacks if f.search == search), bound)
     tried = {frozenset(f.layers) for f in fallbacks}
-    keep(search, by_sensitivity[:count])
+    keep(search, by_sensitivity[:count])  # what the report names when nothing passes
     while board is not None and count <= bound:
         kept = keep(search, by_sensitivity[:count])
         if frozenset(kept) not in tried:

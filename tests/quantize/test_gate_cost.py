@@ -97,21 +97,23 @@ def test_the_choice_passes_and_costs_at_most_one_layer_more_than_the_best(seed):
     assert best.cost <= _cheapest_by_brute_force(sensitivity, costs, allowed) + max(costs.values()) + 1e-9
 
 
-class ConvThenMlp(torch.nn.Module):
+class GroupedConvThenLinear(torch.nn.Module):
+    """A strided, grouped 3x3 Conv (its positions fewer than its input's) feeding a Linear per position."""
+
     def __init__(self) -> None:
         super().__init__()
-        self.conv = torch.nn.Conv1d(8, 32, 3, padding=1)
-        self.up, self.down = torch.nn.Linear(32, 64), torch.nn.Linear(64, 16)
+        self.conv = torch.nn.Conv2d(8, 32, 3, stride=2, padding=1, groups=2)
+        self.head = torch.nn.Linear(32, 10)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down(torch.nn.functional.gelu(self.up(self.conv(x).transpose(1, 2))))
+        return self.head(self.conv(x).flatten(2).transpose(1, 2))
 
 
 def test_layer_costs_are_the_multiply_adds_torch_counts(tmp_path):
-    """A Conv's cost per sample (its output positions declared), a Linear's per token: PyTorch's
-    flop counter's figures over 2, per sample and per token."""
+    """A Conv's cost per sample (its output positions declared), a Linear's per row: PyTorch's
+    flop counter's figures over 2, per sample and per row."""
     torch.manual_seed(0)
-    model, example = ConvThenMlp().eval(), {"x": torch.randn(2, 8, 24)}
+    model, example = GroupedConvThenLinear().eval(), {"x": torch.randn(2, 8, 12, 10)}
     deployfuse.export(model, tmp_path / "m.onnx", example_inputs=example, fuse=False, verify=False)
     graph = onnx.load(tmp_path / "m.onnx")
     layers = ort_int8.layers(graph)
@@ -119,10 +121,9 @@ def test_layer_costs_are_the_multiply_adds_torch_counts(tmp_path):
     with FlopCounterMode(display=False) as counter:
         model(**example)
     flops = {name: sum(ops.values()) for name, ops in counter.get_flop_counts().items()}
-    samples, tokens = 2, 2 * 24
+    samples, rows = 2, 2 * 6 * 5
     by_op = sorted((layers[name].op_type, cost) for name, cost in costs.items())
-    assert by_op == sorted([("Conv", flops["ConvThenMlp.conv"] / 2 / samples), ("MatMul", flops["ConvThenMlp.up"] / 2 / tokens),
-                            ("MatMul", flops["ConvThenMlp.down"] / 2 / tokens)])
+    assert by_op == [("Conv", flops["GroupedConvThenLinear.conv"] / 2 / samples), ("MatMul", flops["GroupedConvThenLinear.head"] / 2 / rows)]
 
 
 @pytest.fixture(scope="module")
