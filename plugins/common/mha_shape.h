@@ -5,11 +5,17 @@
 namespace deployfuse {
 
 struct MhaShape {
-  int64_t batch, q_seq, k_seq, heads, head_dim;  // Q: [batch, q_seq, heads*head_dim]; K, V: [batch, k_seq, ...]
-  float scale;                                   // already resolved (never 0)
-  bool causal;                                   // key j > query i masked (top-left aligned)
-  int64_t mask_stride[4];                        // element strides of the additive mask over [b, h, q, k]; 0 = broadcast
+  int64_t batch, q_seq, k_seq, heads, head_dim;        // Q: [batch, q_seq, heads*head_dim]; K, V: [batch, k_seq, ...]
+  float scale;                                         // already resolved (never 0)
+  bool causal;                                         // key j > query i masked (top-left aligned)
+  int64_t mask_stride[4];                              // element strides of the additive mask over [b, h, q, k]; 0 = broadcast
+  int64_t q_ld, k_ld, v_ld;                            // elements between consecutive sequence positions of Q, K, V
+                                                       // (heads*head_dim, or 3x that when they sit in one packed [Q | K | V])
+  int64_t hidden() const { return heads * head_dim; }  // Y's row: Y is always [batch, q_seq, hidden] (host code)
 };
+
+// Sets Q, K and V's row strides: each its own [.., hidden] tensor, or the thirds of one packed [.., 3*hidden] row.
+inline void set_row_strides(bool packed, MhaShape* s) { s->q_ld = s->k_ld = s->v_ld = (packed ? 3 : 1) * s->hidden(); }
 
 // Sets s->mask_stride for a contiguous additive mask of `rank` dims, right-aligned and broadcast
 // to [batch, heads, q_seq, k_seq]; false when it is not broadcastable (or rank > 4).

@@ -39,14 +39,13 @@ __global__ void __launch_bounds__(kWarps * 32) fused_mha_kernel(const T* __restr
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t bh = blockIdx.y, b = bh / s.heads, h = bh % s.heads;
   const int64_t q0 = static_cast<int64_t>(blockIdx.x) * kQueries;
-  const int64_t row = s.heads * s.head_dim;  // elements between consecutive sequence positions
-  const T* q_base = q + b * s.q_seq * row + h * s.head_dim;
-  const T* k_base = k + b * s.k_seq * row + h * s.head_dim;
-  const T* v_base = v + b * s.k_seq * row + h * s.head_dim;
+  const T* q_base = q + b * s.q_seq * s.q_ld + h * s.head_dim;
+  const T* k_base = k + b * s.k_seq * s.k_ld + h * s.head_dim;
+  const T* v_base = v + b * s.k_seq * s.v_ld + h * s.head_dim;
 
   for (int i = threadIdx.x; i < kQueries * d; i += blockDim.x) {
     const int64_t qi = q0 + i / d;
-    s_q[i] = qi < s.q_seq ? to_float(q_base[qi * row + i % d]) * s.scale : 0.f;
+    s_q[i] = qi < s.q_seq ? to_float(q_base[qi * s.q_ld + i % d]) * s.scale : 0.f;
   }
   float m[kQueriesPerWarp], l[kQueriesPerWarp], acc[kQueriesPerWarp][kDimsPerLane];
 #pragma unroll
@@ -64,8 +63,8 @@ __global__ void __launch_bounds__(kWarps * 32) fused_mha_kernel(const T* __restr
     for (int i = threadIdx.x; i < kKeys * d; i += blockDim.x) {
       const int j = i / d, c = i % d;
       const bool in = k0 + j < s.k_seq;
-      s_k[j * (d + 1) + c] = in ? to_float(k_base[(k0 + j) * row + c]) : 0.f;
-      s_v[j * d + c] = in ? to_float(v_base[(k0 + j) * row + c]) : 0.f;
+      s_k[j * (d + 1) + c] = in ? to_float(k_base[(k0 + j) * s.k_ld + c]) : 0.f;
+      s_v[j * d + c] = in ? to_float(v_base[(k0 + j) * s.v_ld + c]) : 0.f;
     }
     __syncthreads();
     const int64_t key = k0 + lane;
@@ -111,7 +110,7 @@ __global__ void __launch_bounds__(kWarps * 32) fused_mha_kernel(const T* __restr
     const int64_t qi = q0 + warp * kQueriesPerWarp + t;
     if (qi >= s.q_seq) break;
     const float inv = l[t] > 0.f ? 1.f / l[t] : 0.f;
-    T* out = y + (b * s.q_seq + qi) * row + h * s.head_dim;
+    T* out = y + (b * s.q_seq + qi) * s.heads * s.head_dim + h * s.head_dim;
 #pragma unroll
     for (int c = 0; c < kDimsPerLane; ++c) {
       const int col = lane + 32 * c;

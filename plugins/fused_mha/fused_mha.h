@@ -17,32 +17,47 @@ struct FusedMHAAttrs {
   int64_t heads;
   float scale;
   bool causal;
+  bool packed;  // packed_qkv: Q, K, V each [batch, seq, 3*hidden]; the op reads Q's first, K's second, V's last third
   explicit FusedMHAAttrs(const AttrValues& a)
-      : heads(a.integer(Spec::kNumHeads)), scale(a.real(Spec::kScale)), causal(a.integer(Spec::kCausal) != 0) {
+      : heads(a.integer(Spec::kNumHeads)),
+        scale(a.real(Spec::kScale)),
+        causal(a.integer(Spec::kCausal) != 0),
+        packed(a.integer(Spec::kPackedQkv) != 0) {
     if (heads <= 0) throw std::invalid_argument("num_heads must be positive");
   }
 
-  using Sizes = MhaShape;  // scale resolved; mask strides set when the Mask input is present
+  using Sizes = MhaShape;  // scale resolved; row strides set; mask strides set when the Mask input is present
   Sizes sizes(const Inputs& in) const {
     const Tensor &q = in[0], &k = in[1], &v = in[2];
     bool same_kv = v.rank == k.rank;
     for (int i = 0; same_kv && i < k.rank; ++i) same_kv = v.dims[i] == k.dims[i];
     if (q.rank != 3 || k.rank != 3 || !same_kv || k.dims[2] != q.dims[2] || k.dims[0] != q.dims[0])
-      throw std::invalid_argument("Q, K, V must be [batch, seq, heads*head_dim] with equal hidden sizes");
-    if (q.dims[2] % heads != 0) throw std::invalid_argument("hidden size not divisible by num_heads");
-    MhaShape s{q.dims[0], q.dims[1], k.dims[1], heads, q.dims[2] / heads, scale, causal, {0, 0, 0, 0}};
+      throw std::invalid_argument(packed ? "packed_qkv: Q, K, V must be [batch, seq, 3*heads*head_dim] with equal last dims"
+                                         : "Q, K, V must be [batch, seq, heads*head_dim] with equal hidden sizes");
+    if (packed && q.dims[2] % 3 != 0) throw std::invalid_argument("packed_qkv: the last dim of Q, K, V is not 3*hidden");
+    const int64_t hidden = packed ? q.dims[2] / 3 : q.dims[2];
+    if (hidden % heads != 0) throw std::invalid_argument("hidden size not divisible by num_heads");
+    MhaShape s{q.dims[0], q.dims[1], k.dims[1], heads, hidden / heads, scale, causal, {0, 0, 0, 0}, 0, 0, 0};
+    set_row_strides(packed, &s);
     if (s.scale == 0.f) s.scale = 1.f / std::sqrt(static_cast<float>(s.head_dim));
     if (in.count() > 3 && !set_mask_strides(in[3].dims, in[3].rank, &s))
       throw std::invalid_argument("Mask is not broadcastable to [batch, heads, q_seq, k_seq]");
     return s;
   }
+
+  // Input i's (0 = Q, 1 = K, 2 = V) first element of head 0: its i-th third when packed.
+  template <typename T>
+  const T* qkv(const Inputs& in, int i, const MhaShape& s) const {
+    return in[i].as<T>() + (packed ? i * s.hidden() : 0);
+  }
 };
 
-// mask may be null.
+// mask may be null. Q, K, V rows are s.q_ld, s.k_ld, s.v_ld elements apart; Y is [batch, q_seq, hidden].
 void fused_mha_cpu(const float* q, const float* k, const float* v, const float* mask, float* y, const MhaShape& s);
 
-inline void run_cpu(const FusedMHAAttrs&, const MhaShape& s, const Inputs& in, float* y) {
-  fused_mha_cpu(in[0].as<float>(), in[1].as<float>(), in[2].as<float>(), in.count() > 3 ? in[3].as<float>() : nullptr, y, s);
+inline void run_cpu(const FusedMHAAttrs& op, const MhaShape& s, const Inputs& in, float* y) {
+  fused_mha_cpu(op.qkv<float>(in, 0, s), op.qkv<float>(in, 1, s), op.qkv<float>(in, 2, s), in.count() > 3 ? in[3].as<float>() : nullptr, y,
+                s);
 }
 
 }  // namespace deployfuse

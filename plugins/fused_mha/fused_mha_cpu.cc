@@ -8,17 +8,17 @@
 namespace deployfuse {
 
 void fused_mha_cpu(const float* q, const float* k, const float* v, const float* mask, float* y, const MhaShape& s) {
-  const int64_t row = s.heads * s.head_dim;
+  const int64_t row = s.hidden();  // Y's
   std::vector<float> p(static_cast<size_t>(s.k_seq));
   for (int64_t b = 0; b < s.batch; ++b)
     for (int64_t h = 0; h < s.heads; ++h)
       for (int64_t i = 0; i < s.q_seq; ++i) {
-        const float* qr = q + (b * s.q_seq + i) * row + h * s.head_dim;
+        const float* qr = q + (b * s.q_seq + i) * s.q_ld + h * s.head_dim;
         float max = -std::numeric_limits<float>::infinity();
         for (int64_t j = 0; j < s.k_seq; ++j) {
           float score = -std::numeric_limits<float>::infinity();
           if (!(s.causal && j > i)) {
-            const float* kr = k + (b * s.k_seq + j) * row + h * s.head_dim;
+            const float* kr = k + (b * s.k_seq + j) * s.k_ld + h * s.head_dim;
             float dot = 0.f;
             for (int64_t c = 0; c < s.head_dim; ++c) dot += qr[c] * kr[c];
             score = dot * s.scale;
@@ -32,7 +32,7 @@ void fused_mha_cpu(const float* q, const float* k, const float* v, const float* 
         float* out = y + (b * s.q_seq + i) * row + h * s.head_dim;
         for (int64_t c = 0; c < s.head_dim; ++c) out[c] = 0.f;
         for (int64_t j = 0; j < s.k_seq; ++j) {
-          const float* vr = v + (b * s.k_seq + j) * row + h * s.head_dim;
+          const float* vr = v + (b * s.k_seq + j) * s.v_ld + h * s.head_dim;
           const float w = sum > 0.f ? p[j] / sum : 0.f;
           for (int64_t c = 0; c < s.head_dim; ++c) out[c] += w * vr[c];
         }

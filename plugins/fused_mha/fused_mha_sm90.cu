@@ -257,7 +257,7 @@ __global__ void __launch_bounds__(Sm90Tile<D, kConsumers, kMask>::kThreads, 1)
   }
 
   // Epilogue: Y = O / l from registers (each quad writes 16 contiguous bytes of a row per column tile).
-  const int64_t ld = static_cast<int64_t>(p.heads) * D;
+  const int64_t ld = static_cast<int64_t>(p.heads) * D;  // Y's row
   T* y_base = y + static_cast<int64_t>(b) * p.q_seq * ld + h * D + 2 * t;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -301,11 +301,13 @@ bool encode_map(CUtensorMap* map, const T* base, const cuuint64_t (&dims)[4], co
                         CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-// Q, K or V, [batch, seq, heads, D], as [D, seq, heads, batch]: a box is 64 head values of `rows`
-// sequence positions of one head.
+// Q, K or V, [batch, seq, heads, D] with rows `ld` elements apart, as [D, seq, heads, batch]: a box
+// is 64 head values of `rows` sequence positions of one head. False when TMA cannot read it (a row
+// stride that is not a multiple of 16 bytes).
 template <typename T>
-bool make_map(CUtensorMap* map, const T* base, const MhaShape& s, int64_t seq, int rows) {
-  const cuuint64_t row_bytes = static_cast<cuuint64_t>(s.heads * s.head_dim) * sizeof(T);
+bool make_map(CUtensorMap* map, const T* base, const MhaShape& s, int64_t seq, int64_t ld, int rows) {
+  const cuuint64_t row_bytes = static_cast<cuuint64_t>(ld) * sizeof(T);
+  if (row_bytes % 16 != 0) return false;
   const cuuint64_t dims[4] = {static_cast<cuuint64_t>(s.head_dim), static_cast<cuuint64_t>(seq), static_cast<cuuint64_t>(s.heads),
                               static_cast<cuuint64_t>(s.batch)};
   const cuuint64_t strides[3] = {row_bytes, static_cast<cuuint64_t>(s.head_dim) * sizeof(T), row_bytes * seq};
@@ -341,7 +343,8 @@ cudaError_t launch_with(cudaStream_t stream, int device, const T* q, const T* k,
     configured.fetch_or(bit);
   }
   CUtensorMap maps[4] = {};
-  if (!make_map(&maps[0], q, s, s.q_seq, Tile::kBlockM) || !make_map(&maps[1], k, s, s.k_seq, kBlockN) || !make_map(&maps[2], v, s, s.k_seq, kBlockN) ||
+  if (!make_map(&maps[0], q, s, s.q_seq, s.q_ld, Tile::kBlockM) || !make_map(&maps[1], k, s, s.k_seq, s.k_ld, kBlockN) ||
+      !make_map(&maps[2], v, s, s.k_seq, s.v_ld, kBlockN) ||
       (kMask != Sm90Mask::kNone && !make_mask_map(&maps[3], mask, s, Tile::kMaskRows))) {
     return cudaErrorNotSupported;
   }

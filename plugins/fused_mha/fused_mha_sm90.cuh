@@ -9,7 +9,7 @@ namespace deployfuse {
 
 // Same contract as launch_fused_mha for T = __half or __nv_bfloat16. Returns cudaErrorNotSupported,
 // launching nothing, when this path cannot take the call (not a 9.0 GPU, head_dim not 64/128, a
-// negative scale, Q/K/V/Y not 16-byte aligned, a mask TMA cannot read — keys not contiguous, strides
+// negative scale, Q/K/V/Y or their row strides not 16-byte aligned, a mask TMA cannot read — keys not contiguous, strides
 // or base not 16-byte aligned —, no cuTensorMapEncodeTiled in the driver); the caller then tries the
 // next path.
 template <typename T>

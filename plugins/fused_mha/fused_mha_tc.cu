@@ -32,6 +32,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <algorithm>
 #include <climits>
 #include <cmath>
 #include <cstdint>
@@ -181,10 +182,9 @@ __global__ void __launch_bounds__(kWarps * 32, kWarps == 8 ? 2 : 1) fused_mha_tc
   const int q_seq = static_cast<int>(s.q_seq), k_seq = static_cast<int>(s.k_seq);
   const int q0 = static_cast<int>(gridDim.x - 1 - blockIdx.x) * kBlockM;  // longest causal blocks start first
   const int qw = q0 + warp * 16;                                           // first row of this warp
-  const int64_t ld = s.heads * D;
-  const T* q_base = q + b * s.q_seq * ld + h * D;
-  const T* k_base = k + b * s.k_seq * ld + h * D;
-  const T* v_base = v + b * s.k_seq * ld + h * D;
+  const T* q_base = q + b * s.q_seq * s.q_ld + h * D;
+  const T* k_base = k + b * s.k_seq * s.k_ld + h * D;
+  const T* v_base = v + b * s.k_seq * s.v_ld + h * D;
   // Mask offsets within one (batch, head) fit in int (checked by the launcher).
   const T* m_base = kMask ? mask + b * s.mask_stride[0] + h * s.mask_stride[1] : nullptr;
   const int ms_q = static_cast<int>(s.mask_stride[2]), ms_k = static_cast<int>(s.mask_stride[3]);
@@ -205,8 +205,8 @@ __global__ void __launch_bounds__(kWarps * 32, kWarps == 8 ? 2 : 1) fused_mha_tc
     return val;
   };
 
-  load_tile<T, D, kBlockM, kThreads>(s_q, q_base, q0, q_seq, ld);
-  if (n_tiles > 0) load_tile<T, D, kBlockN, kThreads>(s_k, k_base, 0, k_seq, ld);
+  load_tile<T, D, kBlockM, kThreads>(s_q, q_base, q0, q_seq, s.q_ld);
+  if (n_tiles > 0) load_tile<T, D, kBlockN, kThreads>(s_k, k_base, 0, k_seq, s.k_ld);
   cp_async_wait_all();
   __syncthreads();
 
@@ -243,7 +243,7 @@ __global__ void __launch_bounds__(kWarps * 32, kWarps == 8 ? 2 : 1) fused_mha_tc
   for (int j = 0; j < n_tiles; ++j) {
     const int k0 = j * kBlockN;
     const T m_val = stage_mask(k0);
-    load_tile<T, D, kBlockN, kThreads>(s_v, v_base, k0, k_seq, ld);
+    load_tile<T, D, kBlockN, kThreads>(s_v, v_base, k0, k_seq, s.v_ld);
 
     float sc[kBlockN / 8][4];
 #pragma unroll
@@ -261,7 +261,7 @@ __global__ void __launch_bounds__(kWarps * 32, kWarps == 8 ? 2 : 1) fused_mha_tc
     if (mask_scalar) s_m[threadIdx.x] = m_val;
     cp_async_wait_all();
     __syncthreads();  // V_j and the mask tile have landed; every warp is done with K_j
-    if (j + 1 < n_tiles) load_tile<T, D, kBlockN, kThreads>(s_k, k_base, k0 + kBlockN, k_seq, ld);
+    if (j + 1 < n_tiles) load_tile<T, D, kBlockN, kThreads>(s_k, k_base, k0 + kBlockN, k_seq, s.k_ld);
 
     // Mask, online softmax. Only the last tile and tiles crossing the diagonal need the
     // bounds/causal test (warp-uniform). Without a mask sc stays raw and the scale is folded into
@@ -327,6 +327,7 @@ __global__ void __launch_bounds__(kWarps * 32, kWarps == 8 ? 2 : 1) fused_mha_tc
     }
   }
   __syncwarp();
+  const int64_t ld = s.heads * D;  // Y's row
   T* y_base = y + b * s.q_seq * ld + h * D;
 #pragma unroll
   for (int it = 0; it < D / 16; ++it) {  // 16 rows x D / 8 chunks over 32 lanes
@@ -381,10 +382,12 @@ cudaError_t launch_dim(cudaStream_t stream, const T* q, const T* k, const T* v, 
 
 template <typename T>
 cudaError_t launch_fused_mha_tc(cudaStream_t stream, const T* q, const T* k, const T* v, const T* mask, T* y, const MhaShape& s) {
-  // 16-byte aligned bases suffice: head_dim % 16 == 0 keeps every row and head offset aligned.
+  // 16-byte aligned bases and row strides suffice: head_dim % 16 == 0 keeps every head offset aligned.
   if (!aligned16(q) || !aligned16(k) || !aligned16(v) || !aligned16(y)) return cudaErrorNotSupported;
+  if (s.q_ld % 8 != 0 || s.k_ld % 8 != 0 || s.v_ld % 8 != 0) return cudaErrorNotSupported;
   if (s.q_seq > INT_MAX - 128 || s.k_seq > INT_MAX - 128) return cudaErrorNotSupported;
-  if (s.heads * s.head_dim > INT_MAX / 256) return cudaErrorNotSupported;  // load_tile's 32-bit row offsets
+  const int64_t max_ld = std::max({s.q_ld, s.k_ld, s.v_ld, s.hidden()});
+  if (max_ld > INT_MAX / 256) return cudaErrorNotSupported;  // load_tile's 32-bit row offsets
   if (mask && (s.q_seq - 1) * s.mask_stride[2] + (s.k_seq - 1) * s.mask_stride[3] > INT_MAX) return cudaErrorNotSupported;
   int device = 0, major = 0;
   DF_RETURN_IF_ERROR(cudaGetDevice(&device));

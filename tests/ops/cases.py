@@ -25,6 +25,11 @@ CASES: list[tuple[str, tuple[int, ...], dict[str, Any]]] = [
     ("FusedMHA", (2, 5, 9, 24), {"num_heads": 2, "causal": 1, "mask": True, "scale": 0.3}),
     ("FusedMHA", (1, 9, 9, 16), {"num_heads": 4, "causal": 1}),
     ("FusedMHA", (2, 1, 13, 40), {"num_heads": 5, "mask": True}),
+    # packed_qkv: Q, K, V each [b, s, 3·hidden], read from their first, second and last thirds
+    ("FusedMHA", (2, 7, 7, 24), {"num_heads": 3, "packed_qkv": 1}),
+    ("FusedMHA", (2, 5, 9, 24), {"num_heads": 2, "causal": 1, "mask": True, "scale": 0.3, "packed_qkv": 1}),
+    ("FusedMHA", (1, 9, 9, 16), {"num_heads": 4, "causal": 1, "packed_qkv": 1}),
+    ("FusedMHA", (2, 1, 13, 40), {"num_heads": 5, "mask": True, "packed_qkv": 1}),
     *[("GemmAct", (3, 5, 37, 19), {"activation": a}) for a in ("none", "relu", "gelu_tanh")],
     *[("GemmAct", (6, 24, 1 if a == "relu" else 9), {"activation": a, "mask": True, "algo": 1}) for a in ("none", "relu", "gelu_tanh")],
     # Fp8GemmAct (shape = X's dims + N): rank-3 X with odd K and N, a one-row rank-2 X, N = 1, fast_accum off

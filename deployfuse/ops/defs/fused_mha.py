@@ -1,4 +1,11 @@
-"""FusedMHA: Y = softmax(Q Kᵀ · s + Mask [+ causal]) V per head; Q/K/V are [B, S, H·D]."""
+"""FusedMHA: Y = softmax(Q Kᵀ · s + Mask [+ causal]) V per head; Q/K/V are [B, S, H·D].
+
+packed_qkv=1 reads Q, K and V out of one packed QKV projection, [B, S, 3·H·D] laid out [Q | K | V],
+in place (no Split copies): each of the three inputs is such a tensor (a graph passes the same one
+three times) and the op takes Q from input Q's first third, K from input K's second third and V
+from input V's last third. Three inputs rather than one with K and V absent: optional inputs may
+only end a spec's input list (the function-body overloads, the native adapters and TensorRT's
+parser count them from the end), and naming a tensor three times costs nothing."""
 
 from __future__ import annotations
 
@@ -14,12 +21,17 @@ from deployfuse.ops.defs._onnxscript import DF, TFloat
 from deployfuse.ops.schema import Attr, OpSpec, RandFn
 
 
-def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None, *, num_heads: int, scale: float, causal: int) -> torch.Tensor:
-    """Y = softmax(Q Kᵀ · s + Mask [+ causal]) V per head; Q/K/V are [B, S, H·D].
+def reference(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None, *, num_heads: int, scale: float, causal: int, packed_qkv: int = 0
+) -> torch.Tensor:
+    """Y = softmax(Q Kᵀ · s + Mask [+ causal]) V per head; Q/K/V are [B, S, H·D] (packed_qkv:
+    [B, S, 3·H·D], Q, K and V the first, second and last thirds of their inputs).
 
     s = scale, or 1/sqrt(D) when scale is 0. causal masks key j > query i (top-left aligned,
     as `torch.nn.functional.scaled_dot_product_attention(is_causal=True)`).
     """
+    if packed_qkv:
+        q, k, v = (t.chunk(3, dim=-1)[i] for i, t in enumerate((q, k, v)))
     b, sq, _ = q.shape
     sk = k.shape[1]
     qh, kh, vh = (t.reshape(b, t.shape[1], num_heads, -1).transpose(1, 2) for t in (q, k, v))
@@ -34,12 +46,20 @@ def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Ten
     return y.transpose(1, 2).reshape(b, sq, -1)
 
 
+def _thirds(b: Body) -> tuple[str, str, str]:
+    """packed_qkv: Q's first, K's second and V's last third along the last axis."""
+    third = b.op("Div", b.op("Slice", b.op("Shape", "Q"), b.ints(2), b.ints(3)), b.ints(3))
+    bounds = [b.ints(0), third, b.op("Add", third, third), b.op("Mul", third, b.ints(3))]
+    return tuple(b.op("Slice", name, bounds[i], bounds[i + 1], b.ints(2)) for i, name in enumerate("QKV"))  # type: ignore[return-value]
+
+
 def body(b: Body, variant: dict[str, Any]) -> str:
+    q_in, k_in, v_in = _thirds(b) if variant["packed_qkv"] else ("Q", "K", "V")
     heads = b.op("Unsqueeze", b.int_attr("num_heads"), b.ints(0))
     split = b.op("Concat", b.ints(0), b.ints(0), heads, b.ints(-1), axis=0)
-    q = b.op("Transpose", b.op("Reshape", "Q", split), perm=[0, 2, 1, 3])  # [B, H, Sq, D]
-    kt = b.op("Transpose", b.op("Reshape", "K", split), perm=[0, 2, 3, 1])  # [B, H, D, Sk]
-    v = b.op("Transpose", b.op("Reshape", "V", split), perm=[0, 2, 1, 3])  # [B, H, Sk, D]
+    q = b.op("Transpose", b.op("Reshape", q_in, split), perm=[0, 2, 1, 3])  # [B, H, Sq, D]
+    kt = b.op("Transpose", b.op("Reshape", k_in, split), perm=[0, 2, 3, 1])  # [B, H, D, Sk]
+    v = b.op("Transpose", b.op("Reshape", v_in, split), perm=[0, 2, 1, 3])  # [B, H, Sk, D]
     q_shape = b.op("Shape", q)
     head_dim = b.to_float(b.op("Slice", q_shape, b.ints(3), b.ints(4)))
     scale = b.float_attr("scale")
@@ -60,10 +80,12 @@ def body(b: Body, variant: dict[str, Any]) -> str:
 
 
 def example_inputs(shape: Sequence[int], rand: RandFn, attrs: dict[str, Any]) -> list[Any]:
-    """shape = (batch, q_seq, k_seq, hidden); a [batch, 1, 1, k_seq] mask when attrs["mask"]."""
+    """shape = (batch, q_seq, k_seq, hidden); a [batch, 1, 1, k_seq] mask when attrs["mask"];
+    packed_qkv: Q, K, V of 3·hidden (three independent tensors: each third read counts)."""
     batch, q_seq, k_seq, hidden = shape
+    width = 3 * hidden if attrs.get("packed_qkv") else hidden
     mask = rand(batch, 1, 1, k_seq) if attrs.get("mask") else None
-    return [rand(batch, q_seq, hidden), rand(batch, k_seq, hidden), rand(batch, k_seq, hidden), mask]
+    return [rand(batch, q_seq, width), rand(batch, k_seq, width), rand(batch, k_seq, width), mask]
 
 
 SPEC = OpSpec(
@@ -75,10 +97,12 @@ SPEC = OpSpec(
         "num_heads": Attr("int"),
         "scale": Attr("float", 0.0),
         "causal": Attr("int", 0, (0, 1), variant=True),
+        "packed_qkv": Attr("int", 0, (0, 1), variant=True),
     },
     doc="Y = softmax(Q Kᵀ·s + Mask [+ causal -inf above the diagonal]) V per head; "
     "Q, K, V are [batch, seq, heads·head_dim]; s = scale or 1/sqrt(head_dim) when 0; "
-    "Mask is additive, broadcastable to [batch, heads, q_seq, k_seq].",
+    "Mask is additive, broadcastable to [batch, heads, q_seq, k_seq]; packed_qkv=1: Q, K, V are each "
+    "[batch, seq, 3·heads·head_dim] laid out [Q | K | V] (usually one tensor three times), read in place.",
     reference_fn=reference,
     body_fn=body,
     example_fn=example_inputs,
@@ -86,19 +110,30 @@ SPEC = OpSpec(
 
 
 @torch.library.custom_op("deployfuse::fused_mha", mutates_args=())
-def torch_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None, num_heads: int = 1, scale: float = 0.0, causal: int = 0) -> torch.Tensor:
-    """softmax(q kᵀ·s + mask [+ causal]) v per head on [batch, seq, heads·head_dim]."""
-    return SPEC.reference(q, k, v, mask, num_heads=num_heads, scale=scale, causal=causal)
+def torch_op(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None, num_heads: int = 1, scale: float = 0.0, causal: int = 0, packed_qkv: int = 0
+) -> torch.Tensor:
+    """softmax(q kᵀ·s + mask [+ causal]) v per head on [batch, seq, heads·head_dim] (packed_qkv: 3x that, see the module)."""
+    return SPEC.reference(q, k, v, mask, num_heads=num_heads, scale=scale, causal=causal, packed_qkv=packed_qkv)
 
 
 @torch_op.register_fake
-def _(q, k, v, mask=None, num_heads=1, scale=0.0, causal=0):
-    return q.new_empty(q.shape[0], q.shape[1], v.shape[2])
+def _(q, k, v, mask=None, num_heads=1, scale=0.0, causal=0, packed_qkv=0):
+    return q.new_empty(q.shape[0], q.shape[1], v.shape[2] // 3 if packed_qkv else v.shape[2])
 
 
 @onnxscript.script(opset=DF)
-def fused_mha_onnx(q: TFloat, k: TFloat, v: TFloat, mask: Optional[TFloat] = None, num_heads: int = 1, scale: float = 0.0, causal: int = 0) -> TFloat:  # noqa: UP045 (onnxscript reads the annotation)
-    return DF.FusedMHA(q, k, v, mask, num_heads=num_heads, scale=scale, causal=causal)
+def fused_mha_onnx(
+    q: TFloat,
+    k: TFloat,
+    v: TFloat,
+    mask: Optional[TFloat] = None,  # noqa: UP045 (onnxscript reads the annotation)
+    num_heads: int = 1,
+    scale: float = 0.0,
+    causal: int = 0,
+    packed_qkv: int = 0,
+) -> TFloat:
+    return DF.FusedMHA(q, k, v, mask, num_heads=num_heads, scale=scale, causal=causal, packed_qkv=packed_qkv)
 
 
 to_onnx = fused_mha_onnx  # the exporter inlines it by name: one name per op
