@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
+import onnx_ir as ir
 import onnxscript.optimizer
 from onnx import numpy_helper
 
@@ -23,12 +24,11 @@ def clean(model: onnx.ModelProto) -> onnx.ModelProto:
     tiny = _tiny_constant_adds(model)
     if tiny:
         model = _shielded(model, tiny)
-    # inline=False keeps deployfuse nodes (and their function bodies) as the single nodes they are.
-    model = onnxscript.optimizer.optimize(model, inline=False)
+    model = _optimize(model)
     inferred = onnx.shape_inference.infer_shapes(model, data_prop=True)
     changed = False
     if _fold_static_shape_reads(inferred, into=model):  # e.g. SDPA's scale 1/√(head size)
-        model, changed = onnxscript.optimizer.optimize(model, inline=False), True
+        model, changed = _optimize(model), True
     if tiny:
         _unshield(model)
         changed = True
@@ -36,6 +36,28 @@ def clean(model: onnx.ModelProto) -> onnx.ModelProto:
         inferred = onnx.shape_inference.infer_shapes(model, data_prop=True)
     inferred.ir_version = min(inferred.ir_version, MAX_IR_VERSION)
     return inferred
+
+
+def _optimize(model: onnx.ModelProto) -> onnx.ModelProto:
+    """onnxscript's optimizer, then its lost constants put back.
+
+    Its ReshapeReshape rule names each new shape after the output it rewrites; when two
+    rewrites pick the same name, the second shape is renamed (`<name>/shape_1`) but never
+    registered as an initializer, and its Reshape reads a value nothing defines: ONNX Runtime
+    refuses the model (onnxscript 0.7.2, seen on the TorchScript export of T5; microsoft/onnxscript#2945).
+    Such a value still holds its tensor, so it is registered here.
+    """
+    graph_model = ir.serde.deserialize_model(model)
+    # inline=False keeps deployfuse nodes (and their function bodies) as the single nodes they are.
+    onnxscript.optimizer.optimize_ir(graph_model, inline=False)
+    graph = graph_model.graph
+    defined = {id(v) for v in graph.inputs} | {id(v) for v in graph.initializers.values()}
+    for node in graph:
+        for value in node.inputs:
+            if value is not None and value.producer() is None and id(value) not in defined and value.const_value is not None:
+                graph.register_initializer(value)
+                defined.add(id(value))
+    return ir.serde.serialize_model(graph_model)
 
 
 def _static_dims(model: onnx.ModelProto) -> dict[str, list[int | None]]:

@@ -42,6 +42,7 @@ _SHAPE_OPS = frozenset({"aten::size", "aten::sizes", "prim::shape", "aten::dim",
 _VALUE_SHAPED_OPS = frozenset({"aten::nonzero", "aten::nonzero_numpy", "aten::argwhere", "aten::masked_select",
                                "aten::unique", "aten::_unique", "aten::_unique2", "aten::unique_consecutive", "aten::unique_dim"})
 _TORCH_DIR = os.path.dirname(torch.__file__)
+_THIS_DIR = os.path.dirname(__file__)
 
 
 @dataclass(frozen=True)
@@ -77,9 +78,9 @@ def _depends_on_values(value: torch._C.Value, inputs: set[int]) -> bool:
 
 
 def _model_frame() -> tuple[str, str]:
-    """file:line and source of the innermost frame outside torch and this module."""
+    """file:line and source of the innermost frame outside torch and this package (its torch function modes)."""
     frame: FrameType | None = sys._getframe(1)
-    while frame is not None and (frame.f_code.co_filename.startswith(_TORCH_DIR) or frame.f_code.co_filename == __file__):
+    while frame is not None and frame.f_code.co_filename.startswith((_TORCH_DIR, _THIS_DIR)):
         frame = frame.f_back
     if frame is None:
         return "?", ""
