@@ -13,6 +13,7 @@
 #include "fp8_gemm_act/fp8_gemm_act.cuh"
 #include "fp8_mlp/fp8_mlp.cuh"
 #include "fused_mha/fused_mha.cuh"
+#include "skip_layer_norm_fp8/skip_layer_norm_fp8.cuh"
 
 namespace {
 
@@ -160,10 +161,13 @@ DF_EXPORT int df_gemm_act_candidates(int dtype, const void* x, const void* w, co
 
 // Fp8GemmAct (an ONNX Runtime op only: no TensorRT plugin, so not behind df_run) on the process's
 // runner, as bench/fp8_gemm_gpu.py checks and times it. x_scale, w_scale: device pointers to one
-// float32 each; w: float8e4m3fn [n, k]; fast_accum: the attribute (1 fast, 0 full fp32 accumulation);
-// scratch: scratch_bytes of 256-byte aligned device memory (at least df_fp8_gemm_act_scratch_bytes: X's
+// float32 each; w: float8e4m3fn [n, k]; options: bit 0 the fast_accum attribute (1 fast, 0 full fp32 accumulation), bit 1
+// (kOptionFp8X) X given in float8e4m3fn [m, k], already q(X, x_scale) (SkipLayerNormFp8's YQ; k a multiple of 16, else
+// cudaErrorNotSupported); scratch: scratch_bytes of 256-byte aligned device memory (at least df_fp8_gemm_act_scratch_bytes: X's
 // float8 copy, the padded copies of W, Bias and Y where needed, the workspace).
 namespace {
+constexpr int kOptionFastAccum = 1, kOptionFp8X = 2;
+
 Fp8GemmActRunner& process_fp8_gemm_act_runner() {
   static const auto runner = make_fp8_gemm_act_runner();
   return *runner;
@@ -171,15 +175,31 @@ Fp8GemmActRunner& process_fp8_gemm_act_runner() {
 }  // namespace
 
 DF_EXPORT int df_fp8_gemm_act(int dtype, void* stream, const void* x, const void* x_scale, const void* w, const void* w_scale,
-                              const void* bias, void* y, int64_t m, int64_t n, int64_t k, int act, int algo, int fast_accum, void* scratch,
+                              const void* bias, void* y, int64_t m, int64_t n, int64_t k, int act, int algo, int options, void* scratch,
                               size_t scratch_bytes) {
   FixedScratch fixed(scratch, scratch_bytes);
+  Fp8GemmActProblem p{m, n, k, static_cast<Act>(act), algo, (options & kOptionFastAccum) != 0};
+  p.x_fp8 = (options & kOptionFp8X) != 0;
+  if (p.x_fp8 && k % kFp8GemmActKMultiple != 0) return static_cast<int>(cudaErrorNotSupported);
   return static_cast<int>(with_dtype(static_cast<DType>(dtype), [&](auto* t) {
     using T = std::remove_pointer_t<decltype(t)>;
-    return launch_fp8_gemm_act<T>(process_fp8_gemm_act_runner(), static_cast<cudaStream_t>(stream),
-                                  Fp8GemmActProblem{m, n, k, static_cast<Act>(act), algo, fast_accum != 0}, static_cast<const T*>(x),
+    return launch_fp8_gemm_act<T>(process_fp8_gemm_act_runner(), static_cast<cudaStream_t>(stream), p, x,
                                   static_cast<const float*>(x_scale), static_cast<const uint8_t*>(w), static_cast<const float*>(w_scale),
                                   static_cast<const T*>(bias), static_cast<T*>(y), fixed);
+  }));
+}
+
+// SkipLayerNormFp8 (ONNX Runtime only) as bench/skip_layer_norm_fp8_gpu.py checks and times it: x, skip, y, sum [rows, cols] and
+// gamma, beta, bias [cols] in dtype, yq float8e4m3fn [rows, cols], y_scale a device float32; skip, y, yq, sum may be null.
+DF_EXPORT int df_skip_layer_norm_fp8(int dtype, void* stream, const void* x, const void* skip, const void* gamma, const void* beta,
+                                     const void* bias, const void* y_scale, void* y, void* yq, void* sum, int64_t rows, int64_t cols,
+                                     float epsilon) {
+  return static_cast<int>(with_dtype(static_cast<DType>(dtype), [&](auto* t) {
+    using T = std::remove_pointer_t<decltype(t)>;
+    return launch_skip_layer_norm_fp8<T>(static_cast<cudaStream_t>(stream), static_cast<const T*>(x), static_cast<const T*>(skip),
+                                         static_cast<const T*>(gamma), static_cast<const T*>(beta), static_cast<const T*>(bias),
+                                         static_cast<const float*>(y_scale), static_cast<T*>(y), static_cast<uint8_t*>(yq),
+                                         static_cast<T*>(sum), rows, cols, epsilon);
   }));
 }
 
@@ -221,18 +241,18 @@ DF_EXPORT int df_fp8_gemm_act_candidates(int dtype, const void* x_scale, const v
 // x [m, k] and y [m, n2] in dtype, the scales device pointers to one float32 each, w1 float8e4m3fn [n1, k], w2 [n2, n1], b1 [n1]
 // and b2 [n2] in dtype; act: FC1's activation; scratch: scratch_bytes of 256-byte aligned device memory (at least
 // df_fp8_mlp_scratch_bytes); algo1, algo2: FC1's and FC2's candidate (-1: the heuristic's choice; df_fp8_mlp_candidates counts
-// them). cudaErrorNotSupported for n1 not a multiple of 16.
+// them); options as df_fp8_gemm_act's (fast accumulation, X given in float8). cudaErrorNotSupported for n1 not a multiple of 16.
 DF_EXPORT int df_fp8_mlp(int dtype, void* stream, const void* x, const void* x_scale, const void* w1, const void* w1_scale, const void* b1,
                          const void* h_scale, const void* w2, const void* w2_scale, const void* b2, void* y, int64_t m, int64_t k,
-                         int64_t n1, int64_t n2, int act, int algo1, int algo2, int fast_accum, void* scratch, size_t scratch_bytes) {
+                         int64_t n1, int64_t n2, int act, int algo1, int algo2, int options, void* scratch, size_t scratch_bytes) {
   FixedScratch fixed(scratch, scratch_bytes);
+  const Fp8MlpProblem p{m, k, n1, n2, static_cast<Act>(act), (options & kOptionFastAccum) != 0, algo1, algo2, (options & kOptionFp8X) != 0};
   return static_cast<int>(with_dtype(static_cast<DType>(dtype), [&](auto* t) {
     using T = std::remove_pointer_t<decltype(t)>;
-    return launch_fp8_mlp<T>(process_fp8_gemm_act_runner(), static_cast<cudaStream_t>(stream),
-                             Fp8MlpProblem{m, k, n1, n2, static_cast<Act>(act), fast_accum != 0, algo1, algo2}, static_cast<const T*>(x),
-                             static_cast<const float*>(x_scale), static_cast<const uint8_t*>(w1), static_cast<const float*>(w1_scale),
-                             static_cast<const T*>(b1), static_cast<const float*>(h_scale), static_cast<const uint8_t*>(w2),
-                             static_cast<const float*>(w2_scale), static_cast<const T*>(b2), static_cast<T*>(y), fixed);
+    return launch_fp8_mlp<T>(process_fp8_gemm_act_runner(), static_cast<cudaStream_t>(stream), p, x, static_cast<const float*>(x_scale),
+                             static_cast<const uint8_t*>(w1), static_cast<const float*>(w1_scale), static_cast<const T*>(b1),
+                             static_cast<const float*>(h_scale), static_cast<const uint8_t*>(w2), static_cast<const float*>(w2_scale),
+                             static_cast<const T*>(b2), static_cast<T*>(y), fixed);
   }));
 }
 

@@ -23,6 +23,7 @@ other's, which stage 2 checks (the search has not run on a GPU yet).
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import math
 import statistics
 from collections import Counter
@@ -98,6 +99,7 @@ class GemmProblem(_Gemm):
 
     op_type: ClassVar[str] = "GemmAct"
     weight_inputs: ClassVar[tuple[int, ...]] = (1,)
+    bias_input: ClassVar[int] = 2
     algo_attrs: ClassVar[tuple[str, ...]] = ("algo",)
 
     @classmethod
@@ -137,9 +139,12 @@ class Fp8GemmProblem(_Gemm):
     `fast_accum`. Float32 nodes have none: ONNX Runtime's CUDA EP leaves them to the CPU kernel."""
 
     fast_accum: int
+    x_fp8: int = 0
+    """1: X comes already in float8e4m3fn (a SkipLayerNormFp8's YQ): no quantize pass, as the ORT adapter then runs it."""
 
     op_type: ClassVar[str] = "Fp8GemmAct"
     weight_inputs: ClassVar[tuple[int, ...]] = (2,)
+    bias_input: ClassVar[int] = 4  # in T: the problem's type where X is in float8
     algo_attrs: ClassVar[tuple[str, ...]] = ("algo",)
 
     @classmethod
@@ -159,11 +164,11 @@ class Fp8GemmProblem(_Gemm):
 
         dtype, code, act = _torch_dtype(self.dtype), _DTYPES[self.dtype], ACT_CODES[self.activation]
         x, x_scale, w, w_scale, bias = _cuda_example(SPEC, (self.m, self.k, self.n))
-        x, bias = x.to(dtype), bias.to(dtype)
+        x, bias = _x_operand(x, x_scale, dtype, self.x_fp8), bias.to(dtype)
         y = torch.empty(self.m, self.n, device="cuda", dtype=dtype)
         scratch_bytes = lib.df_fp8_gemm_act_scratch_bytes(code, self.m, self.n, self.k)
         scratch = torch.empty(scratch_bytes, dtype=torch.uint8, device="cuda")
-        fast = self.fast_accum
+        fast = self.fast_accum | (FP8_X_OPTION if self.x_fp8 else 0)
 
         def launch(setting: Setting) -> None:
             _checked("df_fp8_gemm_act", lib.df_fp8_gemm_act(code, torch.cuda.current_stream().cuda_stream, x.data_ptr(), x_scale.data_ptr(), w.data_ptr(),
@@ -171,8 +176,19 @@ class Fp8GemmProblem(_Gemm):
                                                             scratch.data_ptr(), scratch_bytes), self, setting)
 
         count = lib.df_fp8_gemm_act_candidates(code, x_scale.data_ptr(), w.data_ptr(), w_scale.data_ptr(), bias.data_ptr(), y.data_ptr(),
-                                               self.m, self.n, self.k, act, fast)
+                                               self.m, self.n, self.k, act, self.fast_accum)
         return (count,), launch
+
+
+FP8_X_OPTION = 2
+"""df_fp8_gemm_act's / df_fp8_mlp's `options` bit for an X given in float8 (bit 0: fast_accum)."""
+
+
+def _x_operand(x: Any, x_scale: Any, dtype: Any, x_fp8: int) -> Any:
+    """The example X in `dtype`, or quantized to float8e4m3fn (q(X, XScale)) for a problem whose X comes in float8."""
+    from deployfuse.ops.schema import to_element_type
+
+    return to_element_type(x / x_scale, "float8e4m3fn") if x_fp8 else x.to(dtype)
 
 
 def _fp8_cuda(x_elem: int, *weight_elems: int) -> bool:
@@ -193,9 +209,12 @@ class Fp8MlpProblem:
     dtype: int
     activation: str
     fast_accum: int
+    x_fp8: int = 0
+    """As Fp8GemmProblem's."""
 
     op_type: ClassVar[str] = "Fp8Mlp"
     weight_inputs: ClassVar[tuple[int, ...]] = (2, 6)
+    bias_input: ClassVar[int] = 8
     algo_attrs: ClassVar[tuple[str, ...]] = ("algo1", "algo2")
 
     @classmethod
@@ -216,16 +235,18 @@ class Fp8MlpProblem:
 
         dtype, code, act = _torch_dtype(self.dtype), _DTYPES[self.dtype], ACT_CODES[self.activation]
         inputs = _cuda_example(SPEC, (self.m, self.k, self.n1, self.n2))
-        for i in (0, 4, 8):  # X, B1, B2 in T
+        inputs[0] = _x_operand(inputs[0], inputs[1], dtype, self.x_fp8)
+        for i in (4, 8):  # B1, B2 in T
             inputs[i] = inputs[i].to(dtype)
         y = torch.empty(self.m, self.n2, device="cuda", dtype=dtype)
         scratch_bytes = lib.df_fp8_mlp_scratch_bytes(code, self.m, self.k, self.n1, self.n2)
         scratch = torch.empty(scratch_bytes, dtype=torch.uint8, device="cuda")
         shape, fast = (self.m, self.k, self.n1, self.n2), self.fast_accum
+        options = fast | (FP8_X_OPTION if self.x_fp8 else 0)
 
         def launch(setting: Setting) -> None:  # the closure keeps the tensors alive as long as the launch
             _checked("df_fp8_mlp", lib.df_fp8_mlp(code, torch.cuda.current_stream().cuda_stream, *(t.data_ptr() for t in inputs), y.data_ptr(), *shape,
-                                                  act, *setting, fast, scratch.data_ptr(), scratch_bytes), self, setting)
+                                                  act, *setting, options, scratch.data_ptr(), scratch_bytes), self, setting)
 
         counts = (ctypes.c_int(), ctypes.c_int())
         err = lib.df_fp8_mlp_candidates(code, *(t.data_ptr() for t in inputs[1:]), y.data_ptr(), *shape, act, fast, *(ctypes.byref(c) for c in counts))
@@ -276,7 +297,14 @@ def gemm_problems(model: onnx.ModelProto, feed: Mapping[str, np.ndarray]) -> dic
     for node in nodes:
         kind = PROBLEM_TYPES[node.op_type]
         x = values[node.input[0]]
-        problem = kind.of(node, list(x.shape), helper.np_dtype_to_tensor_dtype(x.dtype), [weights[node.input[i]] for i in kind.weight_inputs])
+        x_elem = helper.np_dtype_to_tensor_dtype(x.dtype)
+        # ORT hands a float8 X (a SkipLayerNormFp8's YQ) over as uint8: the fp8 op's problem is then in T (its bias's type), X as it is
+        x_fp8 = x.dtype == np.uint8 and kind is not GemmProblem and node.input[kind.bias_input] in weights
+        if x_fp8:
+            x_elem = weights[node.input[kind.bias_input]][1]
+        problem = kind.of(node, list(x.shape), x_elem, [weights[node.input[i]] for i in kind.weight_inputs])
+        if isinstance(problem, Fp8GemmProblem | Fp8MlpProblem) and x_fp8:
+            problem = dataclasses.replace(problem, x_fp8=1) if problem.k % 16 == 0 else None  # the CUDA GEMM reads X's rows as they are
         if problem is not None:
             out[node.output[0]] = problem
     return out

@@ -20,6 +20,7 @@ import deployfuse
 from deployfuse.backends.ort import run, session
 from deployfuse.ops import attach_functions
 from deployfuse.ops.defs import fp8_gemm_act
+from deployfuse.rewrite.gemm_tuning import gemm_problems
 from deployfuse.rewrite.rules import fp8_norm
 from deployfuse.targets import MS
 
@@ -132,6 +133,9 @@ def test_fp8_export_norms_quantize_the_gemm_inputs(name, tmp_path):
     yq = {n.output[1] for n in artefact.graph.node if n.op_type == "SkipLayerNormFp8"}
     gemms = [n for n in artefact.graph.node if n.op_type in ("Fp8GemmAct", "Fp8Mlp")]
     assert sum(n.input[0] in yq for n in gemms) == 2 * model.config.num_hidden_layers  # QKV and the MLP of each layer: no quantize pass
+    problems = gemm_problems(artefact, {k: v.numpy() for k, v in example.items()})  # --autotune times them as they run: X in float8
+    assert {name for name, p in problems.items() if getattr(p, "x_fp8", 0)} == {n.output[0] for n in gemms if n.input[0] in yq}
+    assert {p.dtype for p in problems.values()} == {onnx.TensorProto.FLOAT16}
     ids = torch.randint(0, 500, (2, 16))  # fresh inputs at the exported (static) shape
     inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
     with torch.inference_mode():
