@@ -32,6 +32,9 @@ cudaErrorNotSupported), every candidate of FC1 and of FC2 (algo1, algo2; df_fp8_
 other GEMM's last one, a CUDA-graph replay = the eager launch, and through ONNX Runtime's CUDA EP, plain and with its CUDA
 graph; and timed against its two Fp8GemmAct calls (FC1 writing H in fp16, FC2 quantizing it again) at BERT's MLP shapes.
 
+SkipLayerNormFp8 (the norm writing the float8 X of the GEMMs it feeds) and Fp8GemmAct / Fp8Mlp fed that float8 X: the stages and
+the timing table of bench/skip_layer_norm_fp8_gpu.py.
+
     python bench/fp8_gemm_gpu.py plugins/build/gpu/libdeployfuse_ops_cuda.so [--ort plugins/build/gpu/libdeployfuse_ort.so]
     python bench/fp8_gemm_gpu.py LIB --check-only --small    # the small checks (under compute-sanitizer)
     python bench/fp8_gemm_gpu.py --dry-run                   # no GPU: every check through the CPU kernel (ORT CPU EP)
@@ -55,6 +58,7 @@ from onnx import helper, numpy_helper
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
+import skip_layer_norm_fp8_gpu as norm_gpu  # noqa: E402 (SkipLayerNormFp8 and the float8-X launches: stages of this check)
 from gemm_gpu import gpu_ms  # noqa: E402 (GemmAct's check: median GPU ms per call from CUDA-graph replays)
 
 from deployfuse.ops.defs import fp8_mlp  # noqa: E402
@@ -245,6 +249,19 @@ class CApi:
         return self.lib.df_fp8_gemm_act(DT[p.dtype], torch.cuda.current_stream().cuda_stream, p.x.data_ptr(), p.x_scale.data_ptr(), p.w.data_ptr(),
                                         p.w_scale.data_ptr(), p.bias.data_ptr(), p.y.data_ptr(), p.m, p.n, p.k, ACT_CODES[p.act], algo,
                                         p.fast_accum, s.data_ptr(), s.numel())
+
+    def run_options(self, p: Problem, algo: int, options: int, x: torch.Tensor) -> int:
+        """df_fp8_gemm_act with extra `options` bits (bench/skip_layer_norm_fp8_gpu.py: X given in float8) on the X tensor `x`."""
+        s = self._scratch(p)
+        return self.lib.df_fp8_gemm_act(DT[p.dtype], torch.cuda.current_stream().cuda_stream, x.data_ptr(), p.x_scale.data_ptr(), p.w.data_ptr(),
+                                        p.w_scale.data_ptr(), p.bias.data_ptr(), p.y.data_ptr(), p.m, p.n, p.k, ACT_CODES[p.act], algo,
+                                        p.fast_accum | options, s.data_ptr(), s.numel())
+
+    def run_mlp_options(self, p: MlpProblem, algos: tuple[int, int], options: int, x: torch.Tensor) -> int:
+        """df_fp8_mlp with extra `options` bits on the X tensor `x`."""
+        s = self._scratch(p)
+        return self.lib.df_fp8_mlp(DT[p.dtype], torch.cuda.current_stream().cuda_stream, x.data_ptr(), *(t.data_ptr() for t in p.inputs[1:]),
+                                   p.y.data_ptr(), p.m, p.k, p.n1, p.n2, ACT_CODES[p.act], *algos, p.fast_accum | options, s.data_ptr(), s.numel())
 
     def run_mlp(self, p: MlpProblem, algos: tuple[int, int] = (-1, -1)) -> int:
         s = self._scratch(p)
@@ -667,8 +684,10 @@ def main() -> int:
     api = CApi(args.lib)
     print(torch.cuda.get_device_name(), "torch", torch.__version__)
     ok = True
+    norm_tol = {"Fp8GemmAct": TOL_FAST[torch.float16], "Fp8Mlp": TOL_MLP_FAST[torch.float16]}  # the readers' default fast accumulation
     for stage in (lambda: check_gpu(api, args.small), lambda: check_tuning(api, args.lib, args.small), lambda: check_ort(args.ort) if args.ort else True,
-                  lambda: check_ort_mlp(args.ort) if args.ort else True):
+                  lambda: check_ort_mlp(args.ort) if args.ort else True, lambda: norm_gpu.check_norm(api.lib, args.small),
+                  lambda: norm_gpu.check_fp8_x(api, Problem, MlpProblem, TOL, TOL_MLP), lambda: norm_gpu.check_ort(args.ort, norm_tol) if args.ort else True):
         try:
             ok &= stage()
         except Exception:  # noqa: BLE001 (reported whole, and the later stages still run)
@@ -678,6 +697,7 @@ def main() -> int:
     if not args.check_only:
         bench(api)
         bench_mlp(api)
+        norm_gpu.bench(api.lib, args.ort, gpu_ms)
     print("all checks passed" if ok else "SOME CHECKS FAILED")
     return 0 if ok else 1
 

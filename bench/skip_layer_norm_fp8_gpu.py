@@ -1,0 +1,284 @@
+"""GPU check and timing of SkipLayerNormFp8 (a skip LayerNorm writing Y, its float8 copy YQ = e4m3(Y / YScale) and the sum) and
+of Fp8GemmAct / Fp8Mlp fed that float8 X (no quantize pass), run by bench/fp8_gemm_gpu.py as its stages.
+
+Checks (outputs poisoned before each launch: NaN in Y and Sum, 0x7F = e4m3 NaN in YQ): fp32, fp16, bf16; hidden 768 and 1024
+(the warp-per-row path), 4096 (a block per row), 771 and a misaligned X (the element-wise fallback); rows 1024 and 8192; with and
+without Skip; every output, YQ + Sum (GPT-2's pre-LN), YQ alone. Y and Sum against a float64 reference (relative L2 within T's
+rounding); YQ bit for bit against e4m3(Y / YScale) of the Y the kernel wrote (what Fp8GemmAct's own pass computes, division
+correctly rounded) or, where Y is not written, against the launch that writes it; dq(YQ) against the float64 Y within a float8 step.
+Fp8GemmAct / Fp8Mlp with X given in float8 (df_fp8_gemm_act / df_fp8_mlp, options bit 1) against the float64 reference of the same
+quantization, and K off a multiple of 16 refused (cudaErrorNotSupported). Through ONNX Runtime's CUDA EP with the library:
+SkipLayerNormFp8 -> Fp8GemmAct and -> Fp8Mlp (their float8-X kernels), fp16, against the reference.
+
+Timing (fp16, GPU ms per call from CUDA-graph replays): SkipLayerNormFp8 (Y, YQ, Sum) against the same kernel without YQ plus
+Fp8GemmAct's quantize pass alone (df_fp8_quantize_e4m3), and ONNX Runtime's com.microsoft.SkipLayerNormalization (its own CUDA
+graph, per run) plus that pass, at (1024, 768), (8192, 768), (8192, 1024).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import itertools
+import math
+import time
+from typing import Any
+
+import numpy as np
+import onnx
+import torch
+import torch.nn.functional as F
+from onnx import helper, numpy_helper
+
+from deployfuse.ops.defs.fp8_gemm_act import quantize_e4m3
+from deployfuse.ops.schema import DOMAIN, E4M3_MAX
+
+DT = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
+ONNX_TYPE = {torch.float32: onnx.TensorProto.FLOAT, torch.float16: onnx.TensorProto.FLOAT16, torch.bfloat16: onnx.TensorProto.BFLOAT16}
+TOL = {torch.float32: 1e-5, torch.float16: 1e-3, torch.bfloat16: 8e-3}  # relative L2 of Y, Sum: T's own rounding
+TOL_YQ = 0.05  # dq(YQ) against the float64 Y: e4m3 keeps 3 mantissa bits (a step is 6-12 % of the value, rel L2 ~3 %)
+EPS = 1e-5
+OPTION_FP8_X = 2  # df_fp8_gemm_act / df_fp8_mlp options bit: X given in float8 (bit 0: fast accumulation)
+NOT_SUPPORTED = 801  # cudaErrorNotSupported
+
+
+def declare(lib: ctypes.CDLL) -> None:
+    """df_skip_layer_norm_fp8's and the quantize pass's signatures."""
+    P, I64, INT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+    lib.df_skip_layer_norm_fp8.argtypes = [INT, P, P, P, P, P, P, P, P, P, P, I64, I64, ctypes.c_float]
+    lib.df_fp8_quantize_e4m3.argtypes = [INT, P, P, P, P, I64, I64]
+
+
+class Norm:
+    """One SkipLayerNormFp8 call on [rows, cols] in dtype: inputs as the spec's example makes them, the outputs, the reference."""
+
+    def __init__(self, rows: int, cols: int, dtype: torch.dtype, skip: bool, misalign: bool = False) -> None:
+        self.rows, self.cols, self.dtype = rows, cols, dtype
+
+        def rand(*shape: int, scale: float = 1.0, shift: float = 0.0) -> torch.Tensor:
+            return (torch.randn(*shape, device="cuda") * scale + shift).to(dtype)
+
+        self.x = rand(rows, cols, scale=2.0, shift=0.5)
+        if misalign:  # storage one element off 16-byte alignment: the element-wise path
+            self.x = torch.cat([self.x.new_zeros(1), self.x.flatten()])[1:].view(rows, cols)
+        self.skip = rand(rows, cols) if skip else None
+        self.gamma, self.beta, self.bias = rand(cols, shift=1.0), rand(cols), rand(cols)
+        self.y_scale = (self.gamma.float().abs().max() * (4.0 * 0.8 / E4M3_MAX)).reshape(())
+        self.y = torch.empty(rows, cols, device="cuda", dtype=dtype)
+        self.sum = torch.empty_like(self.y)
+        self.yq = torch.empty(rows, cols, device="cuda", dtype=torch.uint8)
+
+    def reference(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(Y, Sum) in float64."""
+        total = self.x.double() + self.bias.double() + (0 if self.skip is None else self.skip.double())
+        return F.layer_norm(total, (self.cols,), self.gamma.double(), self.beta.double(), EPS), total
+
+    def launch(self, lib: ctypes.CDLL, outputs: tuple[str, ...] = ("Y", "YQ", "Sum")) -> int:
+        ptr = {name: t.data_ptr() if name in outputs else None for name, t in (("Y", self.y), ("YQ", self.yq), ("Sum", self.sum))}
+        return lib.df_skip_layer_norm_fp8(DT[self.dtype], torch.cuda.current_stream().cuda_stream, self.x.data_ptr(),
+                                          None if self.skip is None else self.skip.data_ptr(), self.gamma.data_ptr(), self.beta.data_ptr(),
+                                          self.bias.data_ptr(), self.y_scale.data_ptr(), ptr["Y"], ptr["YQ"], ptr["Sum"], self.rows, self.cols, EPS)
+
+
+def _rel_l2(got: torch.Tensor, ref: torch.Tensor) -> float:
+    return float(torch.linalg.vector_norm(got.double() - ref) / torch.linalg.vector_norm(ref).clamp_min(1e-30))
+
+
+def _check_norm_case(lib: ctypes.CDLL, rows: int, cols: int, dtype: torch.dtype, skip: bool, misalign: bool) -> bool:
+    n = Norm(rows, cols, dtype, skip, misalign)
+    ref_y, ref_sum = n.reference()
+    full: torch.Tensor | None = None
+    ok, notes = True, []
+    for outputs in (("Y", "YQ", "Sum"), ("YQ", "Sum"), ("YQ",)):
+        n.y.fill_(float("nan"))
+        n.sum.fill_(float("nan"))
+        n.yq.fill_(0x7F)
+        rc = n.launch(lib, outputs)
+        torch.cuda.synchronize()
+        if rc != 0:
+            ok = False
+            notes.append(f"{'+'.join(outputs)}: CUDA error {rc}")
+            continue
+        yq = n.yq.clone()
+        if "Y" in outputs:
+            err_y, err_sum = _rel_l2(n.y, ref_y), _rel_l2(n.sum, ref_sum)
+            requant = quantize_e4m3(n.y, n.y_scale).to(torch.float8_e4m3fn).view(torch.uint8)  # Fp8GemmAct's own pass on this Y
+            mismatched = int((requant != yq).sum())
+            err_q = _rel_l2(yq.view(torch.float8_e4m3fn).double() * n.y_scale.double(), ref_y)
+            good = err_y <= TOL[dtype] and err_sum <= TOL[dtype] and mismatched == 0 and err_q <= TOL_YQ
+            notes.append(f"Y {err_y:.1e} Sum {err_sum:.1e} YQ≠q(Y) {mismatched} dq(YQ) {err_q:.1e}")
+            full = yq
+        else:
+            same = full is not None and torch.equal(yq, full)
+            sum_ok = "Sum" not in outputs or _rel_l2(n.sum, ref_sum) <= TOL[dtype]
+            untouched = bool(torch.isnan(n.y).all()) and ("Sum" in outputs or bool(torch.isnan(n.sum).all()))  # absent outputs unwritten
+            good = same and sum_ok and untouched
+            notes.append(f"{'+'.join(outputs)}: YQ {'=' if same else '≠'} full launch{'' if untouched else ', an absent output written'}")
+        ok &= good
+    where = f"{rows}x{cols} {str(dtype)[6:]}{' skip' if skip else ''}{' misaligned' if misalign else ''}"
+    print(f"{'ok  ' if ok else 'FAIL'} SkipLayerNormFp8 {where}: " + "; ".join(notes))
+    return ok
+
+
+def check_norm(lib: ctypes.CDLL, small: bool) -> bool:
+    """Every dtype, path and output subset against the float64 reference (see the module docstring)."""
+    declare(lib)
+    ok = True
+    for dtype, cols, rows, skip in itertools.product((torch.float16, torch.bfloat16), (768, 1024, 771, 4096), (1024, 8192), (True, False)):
+        if small and (rows > 1024 or cols == 4096):
+            continue
+        ok &= _check_norm_case(lib, rows, cols, dtype, skip, False)
+    for dtype, cols, skip in ((torch.float32, 768, True), (torch.float32, 37, False), (torch.float16, 768, True), (torch.bfloat16, 64, False)):
+        ok &= _check_norm_case(lib, 3 if cols == 37 else 33, cols, dtype, skip, dtype == torch.float16)
+    return ok
+
+
+def check_fp8_x(api: Any, problem: type, mlp_problem: type, tol: dict, tol_mlp: dict) -> bool:
+    """Fp8GemmAct and Fp8Mlp (bench/fp8_gemm_gpu.py's Problem / MlpProblem) with X handed over already in float8."""
+    ok = True
+    for dtype, (lead, k, n, act), fast in itertools.product((torch.float16, torch.bfloat16), (((8, 128), 768, 2304, "none"), ((37,), 64, 24, "relu"),
+                                                                                                ((5,), 1024, 4096, "gelu_tanh")), (0, 1)):
+        p = problem(lead, k, n, act, dtype, "cuda", fast_accum=fast)
+        xq = quantize_e4m3(p.x, p.x_scale).to(torch.float8_e4m3fn)  # what the op's own pass would write; the reference quantizes p.x
+        rc, err, nans = p.error(lambda q, algo, xq=xq: api.run_options(q, algo, OPTION_FP8_X, xq))
+        good = rc == 0 and nans == 0 and err <= tol[dtype]
+        ok &= good
+        print(f"{'ok  ' if good else 'FAIL'} Fp8GemmAct float8 X {str(dtype)[6:]} X{list(lead) + [k]} N={n} {act} fast_accum={fast}: rc={rc} rel_l2={err:.2e}")
+    p = problem((3,), 40, 16, "none", torch.float16, "cuda")
+    rc = api.run_options(p, -1, OPTION_FP8_X, quantize_e4m3(p.x, p.x_scale).to(torch.float8_e4m3fn))
+    ok &= rc == NOT_SUPPORTED
+    print(f"{'ok  ' if rc == NOT_SUPPORTED else 'FAIL'} Fp8GemmAct float8 X with K=40 refused: rc={rc} (want {NOT_SUPPORTED})")
+    for dtype, (lead, k, n1, n2, act) in itertools.product((torch.float16, torch.bfloat16), (((8, 128), 768, 3072, 768, "gelu_tanh"), ((9,), 32, 64, 24, "relu"))):
+        m = mlp_problem(lead, k, n1, n2, act, dtype, "cuda")
+        xq = quantize_e4m3(m.inputs[0], m.inputs[1]).to(torch.float8_e4m3fn)
+        rc, err, nans = m.error(lambda q, algos, xq=xq: api.run_mlp_options(q, algos, OPTION_FP8_X, xq))
+        good = rc == 0 and nans == 0 and err <= tol_mlp[dtype]
+        ok &= good
+        print(f"{'ok  ' if good else 'FAIL'} Fp8Mlp float8 X {str(dtype)[6:]} X{list(lead) + [k]} N1={n1} N2={n2} {act}: rc={rc} rel_l2={err:.2e}")
+    return ok
+
+
+def _tensor(name: str, t: torch.Tensor) -> onnx.TensorProto:
+    if t.dtype == torch.float8_e4m3fn:
+        return helper.make_tensor(name, onnx.TensorProto.FLOAT8E4M3FN, list(t.shape), t.view(torch.uint8).cpu().numpy().tobytes(), raw=True)
+    if t.dtype == torch.float32:
+        return numpy_helper.from_array(np.asarray(t.cpu().numpy(), np.float32), name)
+    return numpy_helper.from_array(t.cpu().numpy(), name)
+
+
+def norm_gemm_model(n: Norm, reader: str, weights: dict[str, torch.Tensor], act: str, n_out: int) -> onnx.ModelProto:
+    """X, Skip -> SkipLayerNormFp8 (Y, YQ, Sum) -> `reader` (Fp8GemmAct or Fp8Mlp) on YQ; fp16; outputs G, Y and Sum; no function bodies."""
+    inits = [_tensor(k, v) for k, v in {"gamma": n.gamma, "beta": n.beta, "bias": n.bias, "y_scale": n.y_scale, **weights}.items()]
+    gemm_inputs = ["yq", "y_scale", *weights]
+    nodes = [helper.make_node("SkipLayerNormFp8", ["x", "gamma", "beta", "bias", "y_scale", "skip"], ["y", "yq", "sum"], domain=DOMAIN, epsilon=EPS),
+             helper.make_node(reader, gemm_inputs, ["g"], domain=DOMAIN, activation=act)]
+    half = onnx.TensorProto.FLOAT16
+    graph = helper.make_graph(nodes, "norm_fp8", [helper.make_tensor_value_info(name, half, [n.rows, n.cols]) for name in ("x", "skip")],
+                              [helper.make_tensor_value_info("g", half, [n.rows, n_out]), helper.make_tensor_value_info("y", half, [n.rows, n.cols]),
+                               helper.make_tensor_value_info("sum", half, [n.rows, n.cols])], initializer=inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20), helper.make_opsetid(DOMAIN, 1)], ir_version=10)
+
+
+def _fp8_weight(n: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A random [n, k] weight (scaled by 1/sqrt(k)) in float8 and its scale amax/448, as the spec's example makes them."""
+    weight = torch.randn(n, k, device="cuda") / math.sqrt(k)
+    scale = (weight.abs().max() / E4M3_MAX).reshape(())
+    return (weight / scale).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn), scale
+
+
+def check_ort(library: str, tol: dict[str, float]) -> bool:
+    """SkipLayerNormFp8 feeding Fp8GemmAct and Fp8Mlp through ONNX Runtime's CUDA EP (fp16), against the float64 reference of
+    the same quantization (the GEMM on q(Y) of the Y the session returned, which is checked too)."""
+    import onnxruntime as ort
+
+    ok = True
+    for reader in ("Fp8GemmAct", "Fp8Mlp"):
+        n = Norm(8 * 128, 768, torch.float16, skip=True)
+        k, n1, n2 = 768, 3072, 768
+        w1, w1s = _fp8_weight(n1 if reader == "Fp8Mlp" else 2304, k)
+        b1 = torch.randn(w1.shape[0], device="cuda").half()
+        weights = {"w1": w1, "w1s": w1s, "b1": b1}
+        if reader == "Fp8Mlp":
+            w2, w2s = _fp8_weight(n2, n1)
+            weights = {**weights, "hs": torch.tensor(8.0 / E4M3_MAX, device="cuda"), "w2": w2, "w2s": w2s, "b2": torch.randn(n2, device="cuda").half()}
+        model = norm_gemm_model(n, reader, weights, "gelu_tanh", n2 if reader == "Fp8Mlp" else w1.shape[0])
+        options = ort.SessionOptions()
+        options.register_custom_ops_library(library)
+        sess = ort.InferenceSession(model.SerializeToString(), options, providers=["CUDAExecutionProvider"])
+        assert n.skip is not None
+        g, y, total = (torch.from_numpy(v).cuda() for v in sess.run(None, {"x": n.x.cpu().numpy(), "skip": n.skip.cpu().numpy()}))
+        ref_y, ref_sum = n.reference()
+        x_dq = quantize_e4m3(y, n.y_scale).double() * n.y_scale.double()
+        ref = F.gelu(x_dq @ (w1.double() * w1s.double()).T + b1.double(), approximate="tanh")
+        if reader == "Fp8Mlp":
+            hs = weights["hs"].double()
+            ref = (quantize_e4m3(ref, weights["hs"]).double() * hs) @ (weights["w2"].double() * weights["w2s"].double()).T + weights["b2"].double()
+        errs = (_rel_l2(g, ref), _rel_l2(y, ref_y), _rel_l2(total, ref_sum))
+        good = errs[0] <= tol[reader] and errs[1] <= TOL[torch.float16] and errs[2] <= TOL[torch.float16]
+        ok &= good
+        print(f"{'ok  ' if good else 'FAIL'} ORT CUDA EP SkipLayerNormFp8 -> {reader} (float8 X) fp16 1024x768: rel_l2 G {errs[0]:.2e} Y {errs[1]:.2e} "
+              f"Sum {errs[2]:.2e}")
+    return ok
+
+
+def _ort_ms(library: str, model: onnx.ModelProto, feeds: dict[str, torch.Tensor], outputs: dict[str, torch.Tensor], runs: int = 200) -> float:
+    """ms per run of a session on ONNX Runtime's CUDA EP with its CUDA graph (inputs and outputs bound on the device)."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.register_custom_ops_library(library)
+    sess = ort.InferenceSession(model.SerializeToString(), options, providers=[("CUDAExecutionProvider", {"enable_cuda_graph": "1"})])
+    binding = sess.io_binding()
+    for name, t in feeds.items():
+        binding.bind_input(name, "cuda", 0, np.float16, tuple(t.shape), t.data_ptr())
+    for name, t in outputs.items():
+        binding.bind_output(name, "cuda", 0, np.float16, tuple(t.shape), t.data_ptr())
+    for _ in range(5):
+        sess.run_with_iobinding(binding)
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(runs):
+        sess.run_with_iobinding(binding)
+    torch.cuda.synchronize()
+    return (time.perf_counter() - start) * 1e3 / runs
+
+
+def _norm_model(n: Norm, op: str) -> onnx.ModelProto:
+    """One fp16 node: com.microsoft.SkipLayerNormalization (Y, Sum) or SkipLayerNormFp8 (Y, YQ, Sum) on X, Skip."""
+    inits = [_tensor(k, v) for k, v in {"gamma": n.gamma, "beta": n.beta, "bias": n.bias, "y_scale": n.y_scale}.items()]
+    half, shape = onnx.TensorProto.FLOAT16, [n.rows, n.cols]
+    if op == "SkipLayerNormalization":
+        node = helper.make_node(op, ["x", "skip", "gamma", "beta", "bias"], ["y", "", "", "sum"], domain="com.microsoft", epsilon=EPS)
+        outs = [helper.make_tensor_value_info("y", half, shape), helper.make_tensor_value_info("sum", half, shape)]
+    else:  # YQ written but no graph output (a float8 output has no numpy type to bind)
+        node = helper.make_node(op, ["x", "gamma", "beta", "bias", "y_scale", "skip"], ["y", "yq", "sum"], domain=DOMAIN, epsilon=EPS)
+        outs = [helper.make_tensor_value_info("y", half, shape), helper.make_tensor_value_info("sum", half, shape)]
+    graph = helper.make_graph([node], "norm", [helper.make_tensor_value_info(name, half, shape) for name in ("x", "skip")], outs, initializer=inits)
+    imports = [helper.make_opsetid("", 20), helper.make_opsetid(DOMAIN, 1), helper.make_opsetid("com.microsoft", 1)]
+    return helper.make_model(graph, opset_imports=imports, ir_version=10)
+
+
+def bench(lib: ctypes.CDLL, library: str | None, gpu_ms: Any) -> None:
+    """The timing table (see the module docstring)."""
+    declare(lib)
+    print("\nSkipLayerNormFp8 vs a norm + Fp8GemmAct's separate quantize pass (fp16, with Skip; kernels: GPU ms per call from CUDA-graph "
+          "replays; ORT: ms per run of a one-node session with ORT's CUDA graph, launch included)")
+    print("| rows x hidden | SkipLayerNormFp8 (Y, YQ, Sum) | same kernel, Y + Sum only | quantize pass alone | kernel + pass | "
+          "ORT SkipLayerNormalization (session) | ORT SkipLayerNormFp8 (session) | fused / (norm + pass) |\n|---|---|---|---|---|---|---|---|")
+    for rows, cols in ((1024, 768), (8192, 768), (8192, 1024)):
+        try:
+            n = Norm(rows, cols, torch.float16, skip=True)
+            q = torch.empty(rows, cols, device="cuda", dtype=torch.uint8)
+            fused = gpu_ms(lambda n=n: n.launch(lib))
+            plain = gpu_ms(lambda n=n: n.launch(lib, ("Y", "Sum")))
+            stream = torch.cuda.current_stream().cuda_stream
+            alone = gpu_ms(lambda n=n, q=q, s=stream: lib.df_fp8_quantize_e4m3(1, s, n.y.data_ptr(), n.y_scale.data_ptr(), q.data_ptr(), n.rows, n.cols))
+            ort_ms = ["-", "-"]
+            if library:
+                assert n.skip is not None
+                feeds = {"x": n.x, "skip": n.skip}
+                ort_ms = [f"{_ort_ms(library, _norm_model(n, 'SkipLayerNormalization'), feeds, {'y': n.y, 'sum': n.sum}):.4f}",
+                          f"{_ort_ms(library, _norm_model(n, 'SkipLayerNormFp8'), feeds, {'y': n.y, 'sum': n.sum}):.4f}"]
+            print(f"| {rows}x{cols} | {fused:.4f} | {plain:.4f} | {alone:.4f} | {plain + alone:.4f} | {ort_ms[0]} | {ort_ms[1]} | "
+                  f"{fused / (plain + alone):.2f} |")
+        except Exception as exc:  # noqa: BLE001 (one failed row does not cost the others)
+            print(f"| {rows}x{cols} | FAILED: {str(exc).splitlines()[0][:200]} |")
