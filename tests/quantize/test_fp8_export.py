@@ -57,7 +57,7 @@ def test_fp8_for_ort_cuda_is_an_fp16_graph_of_fp8_gemms(fp8_bert):
     gate = report["quantization"]["gate"]
     kept = [layer["node"] for layer in gate["fp16_layers"]]
     assert gate["passed"] and ops.count("Fp8GemmAct") + 2 * ops.count("Fp8Mlp") == gate["quantized_layers"] - len(kept) > 0  # an Fp8Mlp: 2 GEMMs
-    assert not {"QuantizeLinear", "DequantizeLinear"} & set(ops) and {"MultiHeadAttention", "SkipLayerNormalization"} <= set(ops)
+    assert not {"QuantizeLinear", "DequantizeLinear"} & set(ops) and {"FusedMHA", "SkipLayerNormalization"} <= set(ops)
     assert {o.type.tensor_type.elem_type for o in graph.graph.output} == {TensorProto.FLOAT16}
     weights = {t.name: t.data_type for t in graph.graph.initializer}
     fp8_weights = [n.input[i] for n in graph.graph.node for i in {"Fp8GemmAct": (2,), "Fp8Mlp": (2, 6)}.get(n.op_type, ())]
@@ -98,16 +98,15 @@ def _within_budget(model: torch.nn.Module, example: dict[str, torch.Tensor], art
 
 
 def test_q_k_v_are_one_fp8_gemm_per_layer(fp8_bert):
-    """Each MultiHeadAttention reads Q, K, V from one Split of one Fp8GemmAct (x quantized once), so
+    """Each FusedMHA reads Q, K, V in place from one Fp8GemmAct (x quantized once; packed_qkv=1), so
     a layer has 4 GEMMs (QKV, attention output, up, down) and the model one more (the pooler); the
     artefact, its Fp8GemmAct nodes run by the library alone, stays within the budget."""
     _, _, artefact, report = fp8_bert
     model, example = build()
     graph = onnx.load(artefact)
     producers = {o: n for n in graph.graph.node for o in n.output}
-    splits = [{producers[i].name: producers[i] for i in n.input[:3]} for n in graph.graph.node if n.op_type == "MultiHeadAttention"]
-    assert all(len(s) == 1 and next(iter(s.values())).op_type == "Split" for s in splits), splits
-    qkv = [producers[next(iter(s.values())).input[0]].op_type for s in splits]
+    packed = [n.input[0] for n in graph.graph.node if n.op_type == "FusedMHA" and n.input[0] == n.input[1] == n.input[2]]
+    qkv = [producers[p].op_type for p in packed]
     layers = model.config.num_hidden_layers
     assert qkv == ["Fp8GemmAct"] * layers and report["quantization"]["gate"]["quantized_layers"] == 4 * layers + 1, (qkv, report["quantization"]["gate"])
     functions = [f for f in graph.functions if f.name not in ("Fp8GemmAct", "Fp8Mlp")]

@@ -10,6 +10,7 @@ allows, and the artefact agrees with PyTorch fp32 on fresh inputs within the gat
   inference), NHWC-ish 4-D Linear layers, and the patch merging's bias-free reduction;
 - T5 encoder: ReLU MLP and projections without biases.
 
+Self-attentions on one packed QKV GEMM end as deployfuse.FusedMHA reading it in place (packed_mha).
 Random weights, so the budget is loose (cos=0.99,rel=0.2); the gate keeps none of these in fp16
 under it, which makes the counts exact.
 """
@@ -89,14 +90,14 @@ def _blocks(config: transformers.PretrainedConfig) -> int:
 
 CASES = {
     "bert_mlm_tied_head": Case(_text(transformers.BertForMaskedLM, _BERT),
-                               lambda c: {"quantized": 4 * _blocks(c) + 2, "Fp8GemmAct": 2 * _blocks(c) + 2, "Fp8Mlp": _blocks(c), "MultiHeadAttention": _blocks(c)},
+                               lambda c: {"quantized": 4 * _blocks(c) + 2, "Fp8GemmAct": 2 * _blocks(c) + 2, "Fp8Mlp": _blocks(c), "MultiHeadAttention": 0, "FusedMHA": _blocks(c)},
                                dynamic_batch=True),
     "llama_gated_mlp": Case(_text(transformers.LlamaModel, _LLAMA),
-                            lambda c: {"quantized": 7 * _blocks(c), "Fp8GemmAct": 7 * _blocks(c), "Fp8Mlp": 0, "MultiHeadAttention": _blocks(c)}),
+                            lambda c: {"quantized": 7 * _blocks(c), "Fp8GemmAct": 7 * _blocks(c), "Fp8Mlp": 0, "MultiHeadAttention": _blocks(c), "FusedMHA": 0}),
     "swin_window_attention": Case(_swin, lambda c: {"quantized": 4 * _blocks(c) + len(c.depths) - 1, "Fp8GemmAct": 2 * _blocks(c) + len(c.depths) - 1,
-                                                    "Fp8Mlp": _blocks(c), "MultiHeadAttention": _blocks(c)}),
+                                                    "Fp8Mlp": _blocks(c), "MultiHeadAttention": 0, "FusedMHA": _blocks(c)}),
     "t5_encoder_relu_unbiased": Case(_t5_encoder,
-                                     lambda c: {"quantized": 4 * _blocks(c), "Fp8GemmAct": 2 * _blocks(c), "Fp8Mlp": _blocks(c), "MultiHeadAttention": _blocks(c)}),
+                                     lambda c: {"quantized": 4 * _blocks(c), "Fp8GemmAct": 2 * _blocks(c), "Fp8Mlp": _blocks(c), "MultiHeadAttention": 0, "FusedMHA": _blocks(c)}),
 }
 
 

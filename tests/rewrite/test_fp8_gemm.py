@@ -231,7 +231,7 @@ def _model_feeds(module: torch.nn.Module, example: dict[str, torch.Tensor], seed
 @pytest.mark.parametrize(("name", "dynamic"), [("bert", False), ("gpt2", False), ("vit", False), ("bert", True), ("gpt2", True)])
 def test_every_qdq_gemm_becomes_fp8_gemm_act_and_attention_still_fuses(name, dynamic):
     """BERT (MatMul + Add, erf GELU), GPT-2 (Conv1D's Gemm + Reshape, tanh GELU) and ViT: no Q/DQ
-    left, one Fp8GemmAct per quantized GEMM but each layer's FC1 -> FC2, one Fp8Mlp (its GELU in FC1's epilogue), MultiHeadAttention and SkipLayerNormalization in
+    left, one Fp8GemmAct per quantized GEMM but each layer's FC1 -> FC2, one Fp8Mlp (its GELU in FC1's epilogue), FusedMHA (packed QKV) and SkipLayerNormalization in
     every layer; the lowered model is the Q/DQ model up to fp16 roundings, with ONNX Runtime's
     graph optimisations off and on (its Q/DQ propagation must not see through the bodies)."""
     float_model, qdq, module, example = _qdq_model(name, dynamic)
@@ -240,7 +240,7 @@ def test_every_qdq_gemm_becomes_fp8_gemm_act_and_attention_still_fuses(name, dyn
     layers = zoo.ZOO[name].layers
     assert _fp8_gemms(fused) == len(quantizable_nodes(float_model, "fp8")) and not {"QuantizeLinear", "DequantizeLinear"} & set(ops)
     assert ops.count("Fp8Mlp") == layers, "every layer's FC1 -> FC2 is one Fp8Mlp"
-    assert ops.count("MultiHeadAttention") == layers and ops.count("SkipLayerNormalization") == 2 * layers
+    assert ops.count("FusedMHA") == layers and ops.count("SkipLayerNormalization") == 2 * layers  # packed_mha: FusedMHA on the packed QKV
     activations = [helper.get_attribute_value(a).decode() for n in fused.graph.node if n.op_type in ("Fp8GemmAct", "Fp8Mlp") for a in n.attribute
                    if a.name == "activation"]
     assert activations.count("gelu_tanh") == layers and "Gelu" not in ops  # BERT's and ViT's exact GELU too, in the epilogue's tanh form

@@ -10,7 +10,8 @@ bias_act, whose epilogues it leaves alone when cuBLASLt cannot compute them; bia
 bias_act so ONNX Runtime gets its own BiasGelu kernel and bias_act keeps the remaining epilogues.
 split_qkv (Q, K, V as one GEMM and a Split) runs right after packed_qkv, so it only takes the
 self-attentions packed_qkv leaves: all of them where an export skips packed_qkv (fp8 on ort-cuda,
-whose Q/DQ must reach the QKV GEMM; int8 on ort-cpu skips both).
+whose Q/DQ must reach the QKV GEMM; int8 on ort-cpu skips both). packed_mha, right after it, lets
+deployfuse.FusedMHA read Q, K, V out of that Split's input in place (ort-cuda).
 
 `fp8_gemm` (float8 Q/DQ'd GEMMs -> deployfuse.Fp8GemmAct) is no family here: the guard's
 element-wise comparison cannot judge rewrites of a quantized graph, so the fp8 quantizer applies
@@ -33,6 +34,7 @@ FAMILY_MODULES: tuple[str, ...] = (
     "grouped_attention",
     "packed_qkv",
     "split_qkv",
+    "packed_mha",
     "skip_layernorm",
     "gemm_act",
     "bias_gelu",

@@ -64,7 +64,7 @@ def _split_thirds(query: ir.Value, key: ir.Value, value: ir.Value) -> ir.Value |
     if any(len(v.uses()) != 1 for v in node.outputs):
         return "a Split output of the packed projection has other consumers"
     packed, axis = node.inputs[0], node.attributes.get_int("axis", 0)
-    if rank(packed) is None or axis % rank(packed) != rank(packed) - 1:
+    if axis != -1 and (rank(packed) is None or axis % rank(packed) != rank(packed) - 1):  # -1: the last axis at any rank
         return "the Split is not over the last axis"
     sizes = node.inputs[1] if len(node.inputs) > 1 else None
     if sizes is not None:
