@@ -469,9 +469,12 @@ def _quantize_step(model: onnx.ModelProto, request: _Request, calibration: Calib
         quantized, gate = _quantized(model, request, calibration, references, report)
         step.detail = _quantize_detail(request.quantize, gate, quantized)
         if tune_feed is not None:
+            from deployfuse.backends.ort import native_library
             from deployfuse.rewrite.gemm_tuning import tune
+            from deployfuse.rewrite.rules import fp8_norm
 
-            step.detail += "; " + tune(quantized, tune_feed)
+            quantized, norms = fp8_norm.autotune(quantized, tune_feed, native_library())  # fp8: the norms quantizing the GEMMs' X, A/B
+            step.detail += "".join(f"; {line}" for line in (norms, tune(quantized, tune_feed)) if line)
     return quantized, gate
 
 

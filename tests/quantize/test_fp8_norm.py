@@ -11,6 +11,7 @@ import collections
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 import pytest
 import torch
 import transformers
@@ -96,6 +97,24 @@ def test_near_misses_are_refused_with_their_reason(change, why):
     fused, count, refused = fp8_norm.fuse(model, "ort-cuda")
     assert count == 0 and len(refused) == 1 and why in refused[0], refused
     assert not any(n.op_type == "SkipLayerNormFp8" for n in fused.graph.node)
+
+
+def test_autotune_times_the_fused_graph_against_the_gemms_own_quantize_passes():
+    """The A/B's other side reads Y again (no YQ written, the GEMMs quantize) and computes the same; on a machine without the
+    CUDA EP the family is kept, untimed, and says so."""
+    rng = np.random.default_rng()
+    fused, count, _ = fp8_norm.fuse(_graph(rng, skip=True), "ort-cuda")
+    attach_functions(fused)
+    before = fp8_norm.without_fp8_x(fused)
+    attach_functions(before)
+    norm = next(n for n in before.graph.node if n.op_type == "SkipLayerNormFp8")
+    assert count == 1 and norm.output[1] == "" and all(n.input[0] == norm.output[0] for n in before.graph.node if n.op_type == "Fp8GemmAct")
+    feed = {name: rng.standard_normal((2, 5, HIDDEN)).astype(np.float16) for name in ("x", "skip")}
+    for name, value in _run(fused, feed).items():
+        np.testing.assert_allclose(_run(before, feed)[name].astype(np.float32), value.astype(np.float32), rtol=1e-3, atol=1e-3, err_msg=name)
+    shipped, line = fp8_norm.autotune(fused, feed, None)
+    if "CUDAExecutionProvider" not in ort.get_available_providers():
+        assert shipped is fused and line == "fp8_norm kept: not timed: this onnxruntime has no CUDA EP", line
 
 
 def test_other_targets_keep_the_norm():

@@ -21,6 +21,9 @@ quantize passes in the GEMMs.
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
+
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
@@ -176,3 +179,31 @@ def fuse(model: onnx.ModelProto, target: str | Target) -> tuple[onnx.ModelProto,
             del field[:]
             field.extend(values)  # copies each message
     return model, len(replaced), refused
+
+
+def without_fp8_x(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of `model` in which the GEMMs read each SkipLayerNormFp8's Y again (their own quantize pass) and no YQ is
+    written: the same norms and GEMMs, the quantization where it was before the rule (`autotune`'s other side)."""
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    for norm in (n for n in out.graph.node if n.domain == DEPLOYFUSE and n.op_type == skip_layer_norm_fp8.SPEC.name):
+        yq, y = norm.output[1], norm.output[0] or f"{norm.name}_y"
+        norm.output[0], norm.output[1] = y, ""
+        for node in out.graph.node:
+            node.input[:] = [y if name == yq else name for name in node.input]
+    return out
+
+
+def autotune(model: onnx.ModelProto, feed: Mapping[str, np.ndarray], library: str | os.PathLike[str] | None) -> tuple[onnx.ModelProto, str]:
+    """Keep the family only if it does not make the model slower on ort-cuda (`rewrite.autotune.time_family`, the fused and
+    the `without_fp8_x` model timed on this machine's CUDA EP with the custom-op library): (the model to ship, one line; "" when
+    the model has no SkipLayerNormFp8, as an int8 or a tensorrt one)."""
+    from deployfuse.ops import attach_functions
+    from deployfuse.rewrite.autotune import time_family
+
+    if not any(n.domain == DEPLOYFUSE and n.op_type == skip_layer_norm_fp8.SPEC.name for n in model.graph.node):
+        return model, ""
+    before = without_fp8_x(model)
+    attach_functions(before)
+    decision = time_family(before, model, "ort-cuda", feed, custom_ops_library=library)
+    return (model, f"{FAMILY} kept: {decision.reason}") if decision.keep else (before, f"{FAMILY} reverted: {decision.reason}")
