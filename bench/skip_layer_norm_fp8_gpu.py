@@ -51,11 +51,11 @@ def declare(lib: ctypes.CDLL) -> None:
 class Norm:
     """One SkipLayerNormFp8 call on [rows, cols] in dtype: inputs as the spec's example makes them, the outputs, the reference."""
 
-    def __init__(self, rows: int, cols: int, dtype: torch.dtype, skip: bool, misalign: bool = False) -> None:
+    def __init__(self, rows: int, cols: int, dtype: torch.dtype, skip: bool, misalign: bool = False, device: str = "cuda") -> None:
         self.rows, self.cols, self.dtype = rows, cols, dtype
 
         def rand(*shape: int, scale: float = 1.0, shift: float = 0.0) -> torch.Tensor:
-            return (torch.randn(*shape, device="cuda") * scale + shift).to(dtype)
+            return (torch.randn(*shape, device=device) * scale + shift).to(dtype)
 
         self.x = rand(rows, cols, scale=2.0, shift=0.5)
         if misalign:  # storage one element off 16-byte alignment: the element-wise path
@@ -63,9 +63,9 @@ class Norm:
         self.skip = rand(rows, cols) if skip else None
         self.gamma, self.beta, self.bias = rand(cols, shift=1.0), rand(cols), rand(cols)
         self.y_scale = (self.gamma.float().abs().max() * (4.0 * 0.8 / E4M3_MAX)).reshape(())
-        self.y = torch.empty(rows, cols, device="cuda", dtype=dtype)
+        self.y = torch.empty(rows, cols, device=device, dtype=dtype)
         self.sum = torch.empty_like(self.y)
-        self.yq = torch.empty(rows, cols, device="cuda", dtype=torch.uint8)
+        self.yq = torch.empty(rows, cols, device=device, dtype=torch.uint8)
 
     def reference(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(Y, Sum) in float64."""
@@ -178,9 +178,9 @@ def norm_gemm_model(n: Norm, reader: str, weights: dict[str, torch.Tensor], act:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20), helper.make_opsetid(DOMAIN, 1)], ir_version=10)
 
 
-def _fp8_weight(n: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _fp8_weight(n: int, k: int, device: str = "cuda") -> tuple[torch.Tensor, torch.Tensor]:
     """A random [n, k] weight (scaled by 1/sqrt(k)) in float8 and its scale amax/448, as the spec's example makes them."""
-    weight = torch.randn(n, k, device="cuda") / math.sqrt(k)
+    weight = torch.randn(n, k, device=device) / math.sqrt(k)
     scale = (weight.abs().max() / E4M3_MAX).reshape(())
     return (weight / scale).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn), scale
 
