@@ -3,6 +3,7 @@
 # with plugins/build/ort-include and plugins/build/trt-include carried (the ORT and TensorRT
 # headers `deployfuse plugins build` fetches; the checks' C ABI runs each op's TensorRT adapter).
 #   bash bench/gpu_ops.sh      -> builds plugins/build/gpu, checks every registered op, prints the tables
+#   bash bench/gpu_ops.sh --only FusedMHA   -> the same for FusedMHA alone (arguments go to bench/ops_gpu.py)
 set -euo pipefail
 export PYTHONUNBUFFERED=1
 source bench/gpu_build.sh
@@ -15,4 +16,4 @@ if python3 -c "import onnxruntime as o, sys; sys.exit('CUDAExecutionProvider' no
 else
   echo "onnxruntime has no CUDAExecutionProvider here: ORT CUDA EP check skipped"
 fi
-PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} python3 bench/ops_gpu.py "$BUILD/libdeployfuse_ops_cuda.so" "${ORT[@]}" 2>&1 | tee "${OUT:-/tmp}/ops_gpu.log"
+PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} python3 bench/ops_gpu.py "$BUILD/libdeployfuse_ops_cuda.so" "${ORT[@]}" "$@" 2>&1 | tee "${OUT:-/tmp}/ops_gpu.log"

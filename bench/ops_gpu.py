@@ -46,7 +46,8 @@ INPUT_KEYS = ("mask", "mask_inf", "mask_layout", "misalign")  # case keys that d
 
 class MhaShape(ctypes.Structure):
     _fields_ = [("batch", ctypes.c_int64), ("q_seq", ctypes.c_int64), ("k_seq", ctypes.c_int64), ("heads", ctypes.c_int64),
-                ("head_dim", ctypes.c_int64), ("scale", ctypes.c_float), ("causal", ctypes.c_bool), ("mask_stride", ctypes.c_int64 * 4)]
+                ("head_dim", ctypes.c_int64), ("scale", ctypes.c_float), ("causal", ctypes.c_bool), ("mask_stride", ctypes.c_int64 * 4),
+                ("q_ld", ctypes.c_int64), ("k_ld", ctypes.c_int64), ("v_ld", ctypes.c_int64)]  # plugins/common/mha_shape.h
 
 
 PARSER = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog="Exit status: 0 when every check is within tolerance, 1 otherwise, 2 for bad arguments.")
@@ -97,13 +98,14 @@ def op_attrs(attrs):
 
 def native(op, xs, attrs, y):
     """y = op(xs) by the library: df_run with the attributes resolved in the spec's order; a
-    non-contiguous input (FusedMHA's strided masks, which no runtime passes) through df_fused_mha."""
+    non-contiguous input (FusedMHA's strided masks, which no runtime passes) and FusedMHA's
+    packed_qkv (which its TensorRT adapter refuses; ORT's adapter reads it so) through df_fused_mha."""
     spec = SPECS[op]
     resolved = spec.resolve(**op_attrs(attrs))
     tensors = [t for t in xs if t is not None]
-    if not all(t.is_contiguous() for t in tensors):
+    if not all(t.is_contiguous() for t in tensors) or resolved.get("packed_qkv"):
         assert op == "FusedMHA", f"{op}: only FusedMHA has an entry for strided inputs"
-        return native_mha_strided(xs, resolved, y)
+        return native_mha_direct(xs, resolved, y)
     n = len(tensors)
     dims = [(ctypes.c_int64 * t.dim())(*t.shape) for t in tensors]
     numbers = [0.0 if spec.attrs[k].kind == "string" else float(v) for k, v in resolved.items()]
@@ -115,14 +117,23 @@ def native(op, xs, attrs, y):
     assert rc == 0, f"{op}: df_run returned {rc}: {lib.df_last_error().decode() or 'CUDA error'}"
 
 
-def native_mha_strided(xs, attrs, y):
+def native_mha_direct(xs, attrs, y):
+    """FusedMHA through df_fused_mha with an explicit MhaShape: the mask's element strides (any
+    layout) and, packed_qkv, Q, K, V rows 3·hidden apart at element offsets 0, hidden, 2·hidden of
+    their inputs (as plugins/fused_mha/fused_mha.h's FusedMHAAttrs::qkv hands them over)."""
     q, k, v, mask = xs
-    heads = attrs["num_heads"]
-    hd = q.shape[2] // heads
-    m4 = mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape)) if mask.dim() < 4 else mask
-    strides = [0 if m4.shape[i] == 1 else m4.stride(i) for i in range(4)]
-    s = MhaShape(q.shape[0], q.shape[1], k.shape[1], heads, hd, attrs["scale"] or 1 / math.sqrt(hd), bool(attrs["causal"]), (ctypes.c_int64 * 4)(*strides))
-    rc = lib.df_fused_mha(DT[q.dtype], stream(), ptr(q), ptr(k), ptr(v), ptr(mask), ptr(y), ctypes.byref(s))
+    heads, packed = attrs["num_heads"], bool(attrs.get("packed_qkv"))
+    hidden = q.shape[2] // 3 if packed else q.shape[2]
+    hd = hidden // heads
+    strides = [0, 0, 0, 0]
+    if mask is not None:
+        m4 = mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape)) if mask.dim() < 4 else mask
+        strides = [0 if m4.shape[i] == 1 else m4.stride(i) for i in range(4)]
+    ld = q.shape[2]  # elements between tokens: hidden, or 3·hidden packed
+    s = MhaShape(q.shape[0], q.shape[1], k.shape[1], heads, hd, attrs["scale"] or 1 / math.sqrt(hd), bool(attrs["causal"]), (ctypes.c_int64 * 4)(*strides),
+                 ld, ld, ld)
+    third = [ctypes.c_void_p(t.data_ptr() + (i * hidden * t.element_size() if packed else 0)) for i, t in enumerate((q, k, v))]
+    rc = lib.df_fused_mha(DT[q.dtype], stream(), *third, ptr(mask), ptr(y), ctypes.byref(s))
     assert rc == 0, f"FusedMHA: CUDA error {rc}"
 
 
@@ -356,6 +367,41 @@ def bench_mha():
         print(f"| {name} | {str(dtype)[6:]} | {t_native:.3f} | {flops / t_native / 1e9:.0f} | {t_sdpa:.3f} | {flops / t_sdpa / 1e9:.0f} | {t_native / t_sdpa:.2f}x |")
 
 
+PACKED_SHAPES = [(8, 128, 12, 64, True), (64, 128, 12, 64, True), (64, 128, 12, 64, False), (8, 512, 16, 128, False)]  # (b, s, heads, head_dim, [b,1,1,s] mask)
+
+
+def bench_mha_packed():
+    """FusedMHA on a packed QKV [B, S, 3·hidden] (packed_qkv=1: Q, K, V read in place, rows 3·hidden
+    apart) against what an fp8 export ran before packed_mha: a Split into three contiguous
+    [B, S, hidden] copies (here three copy kernels; ONNX Runtime's Split is one kernel writing
+    three outputs), then FusedMHA on them. fp16, GPU ms per call from CUDA-graph replays."""
+    print("| packed QKV (b, s, heads x head_dim) | Split ms | FusedMHA ms | Split + FusedMHA ms | packed FusedMHA ms | packed / (Split + FusedMHA) |")
+    print("|---|---|---|---|---|---|")
+    for b, sq, h, d, masked in PACKED_SHAPES:
+        attrs = {"num_heads": h, "packed_qkv": 1, "mask": masked}
+        xs = inputs("FusedMHA", (b, sq, sq, h * d), torch.float16, attrs)
+        qkv, mask, hidden = xs[0], xs[3], h * d
+        packed_attrs, plain_attrs = {"num_heads": h, "packed_qkv": 1}, {"num_heads": h}
+        parts = [torch.empty(b, sq, hidden, dtype=qkv.dtype, device=qkv.device) for _ in range(3)]
+        y_packed, y_split = (torch.empty(b, sq, hidden, dtype=qkv.dtype, device=qkv.device) for _ in range(2))
+
+        def split():
+            for i, part in enumerate(parts):
+                part.copy_(qkv[..., i * hidden : (i + 1) * hidden])
+
+        def split_then_mha():
+            split()
+            native("FusedMHA", [*parts, mask], plain_attrs, y_split)
+
+        t_split = graph_ms(split)
+        t_mha = graph_ms(lambda: native("FusedMHA", [*parts, mask], plain_attrs, y_split))
+        t_both = graph_ms(split_then_mha)
+        t_packed = graph_ms(lambda: native("FusedMHA", [qkv, qkv, qkv, mask], packed_attrs, y_packed))
+        diff = (y_packed.float() - y_split.float()).abs().max().item()
+        name = f"({b}, {sq}, {h}x{d}){' mask [b,1,1,k]' if masked else ''}"
+        print(f"| {name} | {t_split:.4f} | {t_mha:.4f} | {t_both:.4f} | {t_packed:.4f} | {t_packed / t_both:.2f}x (max diff {diff:.1e}) |")
+
+
 def bench_mha_ort(ort_lib):
     """The issue's yardstick: FusedMHA through ONNX Runtime (the custom-op library's kernel)
     against ORT's own com.microsoft.MultiHeadAttention, fp16, same device tensors. Both sessions
@@ -416,6 +462,33 @@ def bench_mha_ort(ort_lib):
         diff = (y_ours.float() - y_mha.float()).abs().max().item()
         print(f"| ({b}, {sq}, {h}x{d}) fp16 | {t_mha:.3f} | {t_ours:.3f} | {t_ours / t_mha:.2f}x (max diff {diff:.1e}) |")
 
+    # What packed_mha changes in an fp8 export: ORT's Split into Q, K, V then FusedMHA, against
+    # FusedMHA reading the packed tensor in place (the library's kernels both).
+    print("| packed QKV via ORT CUDA EP | Split + FusedMHA ms | FusedMHA packed_qkv ms | packed / split |")
+    print("|---|---|---|---|")
+    for b, sq, h, d, masked in PACKED_SHAPES:
+        hidden = h * d
+        xs = inputs("FusedMHA", (b, sq, sq, hidden), torch.float16, {"num_heads": h, "packed_qkv": 1, "mask": masked})
+        qkv, mask = xs[0], xs[3]
+        shapes = [np.zeros((1, 4, 3 * hidden), np.float16)] * 3 + [None if mask is None else np.zeros((1, 1, 1, 4), np.float16)]
+        packed = single_op_model("FusedMHA", shapes, num_heads=h, packed_qkv=1)
+        split = single_op_model("FusedMHA", [np.zeros((1, 4, hidden), np.float16)] * 3 + shapes[3:], num_heads=h)
+        for model in (packed, split):
+            del model.functions[:]  # only the library's kernel can run the node
+            graph = model.graph
+            kept = [vi for vi in graph.input if vi.name == "Mask"]
+            del graph.input[:]
+            graph.input.extend([helper.make_tensor_value_info("QKV", TensorProto.FLOAT16, ["b", "s", 3 * hidden]), *kept])
+        packed.graph.node[0].input[:3] = ["QKV"] * 3
+        split.graph.initializer.append(helper.make_tensor("qkv_sizes", TensorProto.INT64, [3], [hidden] * 3))
+        split.graph.node.insert(0, helper.make_node("Split", ["QKV", "qkv_sizes"], ["Q", "K", "V"], axis=-1))
+        feeds = [qkv] + ([] if mask is None else [mask])
+        y_packed, y_split = (torch.empty(b, sq, hidden, dtype=qkv.dtype, device=qkv.device) for _ in range(2))
+        t_split = timed_session(split, True, feeds, y_split)
+        t_packed = timed_session(packed, True, feeds, y_packed)
+        diff = (y_packed.float() - y_split.float()).abs().max().item()
+        print(f"| ({b}, {sq}, {h}x{d}){' mask [b,1,1,k]' if masked else ''} fp16 | {t_split:.3f} | {t_packed:.3f} | {t_packed / t_split:.2f}x (max diff {diff:.1e}) |")
+
 
 def time_only():
     """GPU ms of the library's kernels on the benchmark shapes (no checks, no baselines): the
@@ -453,6 +526,7 @@ if __name__ == "__main__":
         bench()
         if wanted("FusedMHA"):
             bench_mha()
+            bench_mha_packed()
             if ARGS.ort:
                 bench_mha_ort(ARGS.ort)
     sys.exit(0 if worst < 1 else 1)

@@ -112,6 +112,15 @@ GPU_CASES: list[tuple[str, tuple[int, ...], dict[str, Any]]] = [
     # head_dim 128, keys past the last tile; one row per batch with -inf entries, causal, 3 warpgroups.
     ("FusedMHA", (2, 150, 264, 1024), {"num_heads": 8, "mask": "bhqk", "mask_inf": 0.3}),
     ("FusedMHA", (3, 300, 136, 512), {"num_heads": 8, "mask": True, "mask_inf": 0.2, "causal": 1}),
+    # packed_qkv (rows 3·hidden apart, K and V at offsets hidden and 2·hidden): BERT-base's attention
+    # with a [b,1,1,k] padding mask and at batch 64 (sm90), head_dim 128 causal (sm90), head_dim 96 and a
+    # negative scale (tensor-core path), head_dim 20 (3·hidden·2 bytes not a multiple of 16: CUDA cores).
+    ("FusedMHA", (8, 128, 128, 768), {"num_heads": 12, "mask": True, "packed_qkv": 1}),
+    ("FusedMHA", (64, 128, 128, 768), {"num_heads": 12, "packed_qkv": 1}),
+    ("FusedMHA", (2, 200, 200, 1024), {"num_heads": 8, "causal": 1, "mask": True, "mask_inf": 0.2, "packed_qkv": 1}),
+    ("FusedMHA", (2, 100, 100, 384), {"num_heads": 4, "causal": 1, "mask": "bhqk", "packed_qkv": 1}),
+    ("FusedMHA", (2, 77, 77, 256), {"num_heads": 4, "scale": -0.1, "packed_qkv": 1}),
+    ("FusedMHA", (2, 50, 50, 60), {"num_heads": 3, "mask": True, "packed_qkv": 1}),
     # GemmAct (shape = X's dims + N): BERT/GPT-2 sizes (8x128 and 64x128 tokens, residual), K and N
     # not multiples of 8, N = 1, one big square, storage one element off alignment (cuBLASLt's
     # heuristic then offers only the algorithms that take it), a candidate index past the first.

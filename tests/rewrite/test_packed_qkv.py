@@ -45,7 +45,7 @@ def check_packed(name: str, exporter: str, target: str, removed: dict[str, int])
     assert counts["packed_qkv"] == layers, counts
     # counted without gemm_act on both sides (ort-cuda): it would take the linear layers packing leaves, and the projections unpacked
     counted = fused_without(name, exporter, target, "gemm_act") if gemm_act.rules(target) else model
-    have, before = op_counts(counted), op_counts(fused_without(name, exporter, target, "packed_qkv", "split_qkv", "gemm_act"))
+    have, before = op_counts(counted), op_counts(fused_without(name, exporter, target, "packed_qkv", "split_qkv", "packed_mha", "gemm_act"))
     assert have.get("com.microsoft::Attention", 0) == layers and "com.microsoft::MultiHeadAttention" not in have, have
     assert {op: before.get(op, 0) - have.get(op, 0) for op in removed} == {op: n * layers for op, n in removed.items()}, (before, have)
     tags = {p.value for n in model.graph.node if n.op_type == "Attention" for p in n.metadata_props if p.key == "deployfuse.rule"}
