@@ -1,15 +1,13 @@
 """packed_mha: in an fp8 ort-cuda export every self-attention of a BERT and a GPT-2 (transformers,
 tiny configs, random weights) reads Q, K and V straight out of its packed QKV GEMM as one
-deployfuse.FusedMHA(P, P, P, mask, packed_qkv=1): no Split or MultiHeadAttention left, the
-Fp8GemmAct count unchanged, and the artefact agrees with PyTorch fp32 on fresh inputs within the
-export's budget. An fp16 ort-cuda export (packed_qkv run first) keeps com.microsoft.Attention;
+deployfuse.FusedMHA(P, P, P, mask, packed_qkv=1) on an Fp8GemmAct: no Split or MultiHeadAttention
+left, and the artefact agrees with PyTorch fp32 on fresh inputs within the export's budget. An fp16 ort-cuda export (packed_qkv run first) keeps com.microsoft.Attention;
 tensorrt gets no rule."""
 
 from __future__ import annotations
 
 import collections
 
-import numpy as np
 import onnx
 import pytest
 import torch
@@ -20,9 +18,8 @@ from test_split_qkv import _fused
 from zoo import ZOO
 
 import deployfuse
-from deployfuse.backends.ort import run, session
-from deployfuse.export import flatten_outputs
 from deployfuse.rewrite.rules import packed_mha
+from tests.quantize.test_fp8_generalise import _agreement
 
 _COS, _REL = 0.99, 0.2
 BUDGET = f"cos={_COS},rel={_REL}"
@@ -39,22 +36,6 @@ def _bert() -> tuple[torch.nn.Module, dict[str, torch.Tensor]]:
 def _gpt2() -> tuple[torch.nn.Module, dict[str, torch.Tensor]]:
     config = transformers.GPT2Config(vocab_size=500, n_embd=64, n_layer=2, n_head=4, n_positions=64, use_cache=False)
     return transformers.GPT2Model(config).eval(), {"input_ids": torch.randint(0, config.vocab_size, (2, 16))}
-
-
-def _worst_agreement(model: torch.nn.Module, example: dict[str, torch.Tensor], artefact: onnx.ModelProto) -> tuple[float, float]:
-    """The worst cosine and max|error| / max|reference| over the outputs of the artefact (ORT CPU EP,
-    the deployfuse nodes' function bodies) against PyTorch fp32, on fresh random token ids."""
-    torch.manual_seed(123)
-    fresh = {k: torch.randint(0, model.config.vocab_size, v.shape) if k == "input_ids" else v for k, v in example.items()}
-    with torch.inference_mode():
-        want = flatten_outputs(model(**fresh))
-    got = run(session(artefact), {k: v.numpy() for k, v in fresh.items()})
-    cos, rel = 1.0, 0.0
-    for name, reference in want.items():
-        w, g = reference.double().numpy().ravel(), got[name].astype(np.float64).ravel()
-        cos = min(cos, float(w @ g / np.linalg.norm(w) / np.linalg.norm(g)))
-        rel = max(rel, float(np.abs(g - w).max() / np.abs(w).max()))
-    return cos, rel
 
 
 @pytest.mark.parametrize("build", [_bert, _gpt2], ids=["bert", "gpt2"])
@@ -81,7 +62,7 @@ def test_fp8_export_reads_the_packed_qkv_in_place(build, tmp_path) -> None:
         attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
         assert attrs["packed_qkv"] == 1 and attrs["num_heads"] == model.config.num_attention_heads, attrs
         assert node.input[0] == node.input[1] == node.input[2] and gemm_behind(node.input[0]) == "Fp8GemmAct", list(node.input)
-    cos, rel = _worst_agreement(model, example, artefact)
+    cos, rel = _agreement(model, example, artefact, batch=2, seed=123)  # fresh inputs
     assert cos >= _COS and rel <= _REL, (cos, rel)
 
 
