@@ -1,6 +1,7 @@
 """Record the fp16 overflow clamp of transformers models as a graph, not as a branch.
 
-BART, Marian, PLBart, LED, DETR and ~20 more transformers models end a layer with
+BART, Marian, PLBart, LED, MVP, Informer and more transformers models end a layer with (DETR's
+family does the same, in training only)
 
     if hidden_states.dtype == torch.float16 and not torch.isfinite(hidden_states).all():
         hidden_states = torch.clamp(hidden_states, min=-clamp_value, max=clamp_value)
