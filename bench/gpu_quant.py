@@ -347,6 +347,55 @@ def _fp8_rows(model_name: str, batch: int, build: Callable, inputs32: dict, work
 
     record("deployfuse-fp8-tuned" + ("+cudagraph" if device.cuda else ""), "fp8",
            f"deployfuse export --target ort-cuda --precision fp8, {tuning}: {holds}; {runs_on}" + (", CUDA graph" if device.cuda else ""), make_tuned, fields)
+    for ablation, (undo, what) in ABLATIONS.items():  # the artefact with one of its fusions undone, to time what that fusion gives
+        def make_ablated(undo=undo, ablation=ablation):
+            if artefact is None:
+                raise RuntimeError(holds)
+            path = folder / f"{artefact.stem}_{ablation}.onnx"
+            if not path.exists():
+                import onnx
+
+                from deployfuse.pipeline import save_model
+
+                save_model(undo(onnx.load(artefact)), path)
+            return device.ort(str(path), half, cuda_graph=device.cuda, library=library and str(library))
+
+        record(f"deployfuse-fp8-{ablation}" + ("+cudagraph" if device.cuda else ""), "fp8",
+               f"the deployfuse-fp8 artefact, {what}; {runs_on}" + (", CUDA graph" if device.cuda else ""), make_ablated, fields)
+
+
+def split_mha(model):
+    """FusedMHA(P, P, P, A, packed_qkv=1) back to Split(P) -> com.microsoft.MultiHeadAttention(q, k, v, attention_bias=A), as
+    the fp8 artefact was before the packed_mha family (same attention bias, num_heads and scale)."""
+    from onnx import helper
+
+    nodes = []
+    for node in model.graph.node:
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        if node.op_type != "FusedMHA" or not attrs.get("packed_qkv"):
+            nodes.append(node)
+            continue
+        parts = [f"{node.name}_{p}" for p in "qkv"]
+        nodes.append(helper.make_node("Split", [node.input[0]], parts, name=f"{node.name}_split", axis=-1, num_outputs=3))
+        mask = node.input[3] if len(node.input) > 3 else ""
+        nodes.append(helper.make_node("MultiHeadAttention", [*parts, "", "", mask] if mask else parts, list(node.output), name=node.name, domain="com.microsoft",
+                                      num_heads=attrs["num_heads"], scale=float(attrs.get("scale", 0.0))))
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    if not any(o.domain == "com.microsoft" for o in model.opset_import):
+        model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+    return model
+
+
+def _norm_unfused(model):
+    from deployfuse.rewrite.rules.fp8_norm import without_fp8_x
+
+    return without_fp8_x(model)
+
+
+ABLATIONS = {"split-mha": (split_mha, "packed_mha undone: Split + com.microsoft.MultiHeadAttention"),
+             "norm-unfused": (_norm_unfused, "fp8_norm undone: the GEMMs quantize each SkipLayerNormFp8's Y themselves")}
+"""--fp8 rows of the artefact with one fusion of its own undone: what packed_mha and fp8_norm each give, timed in the same run."""
 
 
 def tuned_copy(artefact: Path, inputs: dict, library: str | None, folder: Path) -> tuple[Path, str]:

@@ -1,18 +1,24 @@
-"""bench/gpu_quant.py's fairness to torchao: GPT-2's Conv1D projections become the `nn.Linear`
-layers torchao's `quantize_` swaps, with the model's math unchanged."""
+"""bench/gpu_quant.py: its fairness to torchao (GPT-2's Conv1D projections become the `nn.Linear`
+layers torchao's `quantize_` swaps, with the model's math unchanged), and its ablations (the fp8
+artefact with one fusion undone computes what the artefact computes)."""
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 
+import numpy as np
+import onnx
+import onnxruntime as ort
 import torch
 import transformers
 from transformers.pytorch_utils import Conv1D
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 
-from gpu_quant import conv1d_as_linear  # noqa: E402
+from gpu_quant import ABLATIONS, conv1d_as_linear  # noqa: E402
+
+import deployfuse  # noqa: E402
 
 
 def test_gpt2_conv1d_as_linear_keeps_the_outputs():
@@ -32,3 +38,34 @@ def test_gpt2_conv1d_as_linear_keeps_the_outputs():
     assert not any(isinstance(m, Conv1D) for m in model.modules())
     assert sum(isinstance(m, torch.nn.Linear) for m in model.modules()) == 4 * config.n_layer  # c_attn, c_proj, c_fc, mlp.c_proj
     torch.testing.assert_close(after, before, rtol=1e-5, atol=1e-5)
+
+
+def test_each_ablation_undoes_its_fusion_and_keeps_the_outputs(tmp_path):
+    torch.manual_seed(0)
+    config = transformers.BertConfig(vocab_size=300, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=256, max_position_embeddings=64)
+    model = transformers.BertModel(config).eval()
+    ids = torch.randint(0, config.vocab_size, (2, 16))
+    result = deployfuse.export(model, tmp_path / "bert.onnx", example_inputs={"input_ids": ids, "attention_mask": torch.ones_like(ids)}, target="ort-cuda",
+                               precision="fp8", accuracy_budget="cos=0.99,rel=0.2", seed=0, verify_draws=1)
+    artefact = onnx.load(result.onnx_path)
+    ids = torch.randint(0, config.vocab_size, (2, 16))
+    mask = torch.ones_like(ids)
+    mask[1, 9:] = 0  # a padded row: the attention bias reaches both forms
+    feed = {"input_ids": ids.numpy(), "attention_mask": mask.numpy()}
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+
+    def run(m: onnx.ModelProto) -> np.ndarray:
+        return ort.InferenceSession(m.SerializeToString(), options, providers=["CPUExecutionProvider"]).run(None, feed)[0].astype(np.float32)
+
+    expected = run(artefact)
+    for name, (undo, _) in ABLATIONS.items():
+        copy = onnx.ModelProto()
+        copy.CopyFrom(artefact)
+        ablated = undo(copy)
+        ops = [n.op_type for n in ablated.graph.node]
+        if name == "split-mha":
+            assert ops.count("MultiHeadAttention") == ops.count("Split") == config.num_hidden_layers and "FusedMHA" not in ops, ops
+        else:
+            assert all(n.output[1] == "" for n in ablated.graph.node if n.op_type == "SkipLayerNormFp8"), "no norm writes YQ any more"
+        np.testing.assert_allclose(run(ablated), expected, atol=2e-2 * float(np.abs(expected).max()), err_msg=name)
