@@ -462,8 +462,9 @@ def cheapest_fallbacks(orders: Sequence[tuple[str, Sequence[str]]], costs: Mappi
     order's prefixes go up to `bound` layers; a later order's only while cheaper than the cheapest
     choice found so far (or, with none, no dearer than the first order's `bound` layers): it costs
     nothing when it cannot win, and its doubling from 1 layer finds a cheap choice in few steps.
-    Measured on GPT2LMHeadModel int8 (2 cores): the per-cost search took 8 switchboard measurements
-    beside the sensitivity search's 6 (bench/results/cpu_int8.md)."""
+    Its price, on the switchboard (bench/results/cpu_int8.md): GPT2LMHeadModel int8, 8 measurements
+    beside the sensitivity search's 6, +56 % of the samples the gate runs there (its ranking
+    included); BERT-base, 4 beside 6, +22 %; the rounding and the artefacts cost what they did."""
     measured: dict[frozenset[str], bool] = {}
 
     def passes(search: str, kept: frozenset[str]) -> bool:
