@@ -4,11 +4,11 @@ Per output, on the calibration samples and on the held-out ones: max |error|, p9
 relative error max|error| / max|reference| (one number per output, unlike `--rtol`'s element-wise
 rule |a - r| <= atol + rtol * |r|) and the cosine similarity of the flattened outputs. A `Budget` bounds the worst of each over all samples;
 with `batch=N` also over the samples run N at a time as one batch (dynamic int8's activation scales
-span the batch: GPT-2 passed one sample at a time and measured 2.26e-2 at batch 8). Over budget, the
-most sensitive quantized layers go back to fp32 (fp16 for fp8 on ort-cuda), the choice that keeps
-the least GEMM cost in float among two searches (`cheapest_fallback`), on a `Switchboard` where the
+span the batch: GPT-2 passed one sample at a time and measured 2.26e-2 at batch 8). Over budget,
+quantized layers go back to fp32 (fp16 for fp8 on ort-cuda): the choice that keeps the least GEMM
+cost in float among two searches (`cheapest_fallbacks`), on a `Switchboard` where the
 quantizer offers one, else on the quantized artefacts themselves; the gate gives up when a quarter
-of the layers (at least 4), the most sensitive, are not enough.
+of the layers (at least 4), the most sensitive, are not enough, nor any per-cost choice of no more cost.
 
 A layer's sensitivity is the gate's own measure with that layer alone quantized, on the first
 calibration samples: how far over (or how close to) the budget the model outputs get, as the
@@ -35,7 +35,7 @@ decreasing s_i / c_i, and that prefix costs at most one layer (the last taken) m
 set; the classic repair is to also consider the most valuable items alone, which here is the
 prefix by sensitivity alone (what the gate searched before: the fewest layers). So the gate
 searches both orders' prefixes by doubling then bisecting, the second only up to the first's cost,
-and keeps the passing choice of least cost (`cheapest_fallback`). The errors do not add exactly, so
+and keeps the passing choice of least cost (`cheapest_fallbacks`). The errors do not add exactly, so
 each prefix is measured, not predicted. GPT2LMHeadModel int8 (bench/results/cpu_int8.md): the
 sensitivity order kept the LM head (768 x 50257, 7x a layer's GEMM) and 6 layers in fp32, 40.3 %
 of the GEMM cost; the per-cost order 16 layers without the head (12 attention output projections,
