@@ -687,7 +687,7 @@ def main() -> int:
     norm_tol = {"Fp8GemmAct": TOL_FAST[torch.float16], "Fp8Mlp": TOL_MLP_FAST[torch.float16]}  # the readers' default fast accumulation
     for stage in (lambda: check_gpu(api, args.small), lambda: check_tuning(api, args.lib, args.small), lambda: check_ort(args.ort) if args.ort else True,
                   lambda: check_ort_mlp(args.ort) if args.ort else True, lambda: norm_gpu.check_norm(api.lib, args.small),
-                  lambda: norm_gpu.check_fp8_x(api, Problem, MlpProblem, (TOL, TOL_FAST), TOL_MLP), lambda: norm_gpu.check_ort(args.ort, norm_tol) if args.ort else True):
+                  lambda: norm_gpu.check_fp8_x(api, Problem, MlpProblem, (TOL, TOL_FAST), TOL_MLP_FAST), lambda: norm_gpu.check_ort(args.ort, norm_tol) if args.ort else True):
         try:
             ok &= stage()
         except Exception:  # noqa: BLE001 (reported whole, and the later stages still run)
