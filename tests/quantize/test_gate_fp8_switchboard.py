@@ -96,7 +96,10 @@ def test_switchboard_runs_any_choice_as_the_fp8_artefact_does(name, target):
                 if target == "tensorrt":
                     assert diff.max() <= 1e-5 * scale, (choice, output, diff.max())
                 else:
-                    assert diff.mean() < 0.5 * fp8_cost and diff.max() < 0.02 * scale, (choice, output, diff.mean(), fp8_cost)
+                    # fp16 roundings that differ upstream flip a few e4m3 roundings (a step is 6-12 % of a value): on the tiny GPT-2,
+                    # 3 of 2048 outputs past 2 % of the scale, the largest 2.6 %; a wrong switch moves the mean to fp8_cost and many past it
+                    far = float((diff > 0.02 * scale).mean())
+                    assert diff.mean() < 0.5 * fp8_cost and far <= 0.01 and diff.max() < 0.05 * scale, (choice, output, diff.mean(), fp8_cost, far, diff.max() / scale)
         for output, reference in floats.items():
             if target == "tensorrt":
                 np.testing.assert_array_equal(off[output], reference)
