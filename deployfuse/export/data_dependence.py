@@ -77,11 +77,18 @@ def _depends_on_values(value: torch._C.Value, inputs: set[int]) -> bool:
     return False
 
 
-def _model_frame() -> tuple[str, str]:
-    """file:line and source of the innermost frame outside torch and this package (its torch function modes)."""
+def model_frame() -> FrameType | None:
+    """The innermost frame outside torch and this package (its exporters and torch function modes):
+    the model code being traced, None where there is none."""
     frame: FrameType | None = sys._getframe(1)
     while frame is not None and frame.f_code.co_filename.startswith((_TORCH_DIR, _THIS_DIR)):
         frame = frame.f_back
+    return frame
+
+
+def _model_frame() -> tuple[str, str]:
+    """file:line and source of `model_frame`."""
+    frame = model_frame()
     if frame is None:
         return "?", ""
     import linecache

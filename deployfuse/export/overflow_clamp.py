@@ -19,13 +19,13 @@ exporters' own checks, which refuse it.
 from __future__ import annotations
 
 import linecache
-import os
-import sys
 from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch.overrides import TorchFunctionMode
+
+from deployfuse.export.data_dependence import model_frame
 
 # predicate -> (reduction, the reduction's value for which the branch is not taken: no overflow)
 _OVERFLOW_TESTS: dict[Callable[..., torch.Tensor], tuple[Callable[..., torch.Tensor], bool]] = {
@@ -37,15 +37,13 @@ _OVERFLOW_TESTS: dict[Callable[..., torch.Tensor], tuple[Callable[..., torch.Ten
     torch.Tensor.isnan: (torch.Tensor.any, False),
 }
 _CLAMPS = frozenset({torch.clamp, torch.clip, torch.Tensor.clamp, torch.Tensor.clip})
-_TORCH_DIR = os.path.dirname(torch.__file__)
-_THIS_DIR = os.path.dirname(__file__)  # this package's torch function modes
 
 
 def _branch_clamps() -> bool:
     """Whether the model code asking for the bool is an `if` whose body clamps (read from its source)."""
-    frame = sys._getframe(1)
-    while frame.f_back is not None and frame.f_code.co_filename.startswith((_TORCH_DIR, _THIS_DIR)):
-        frame = frame.f_back
+    frame = model_frame()
+    if frame is None:
+        return False
     lines = linecache.getlines(frame.f_code.co_filename)
     head = lines[frame.f_lineno - 1] if 0 < frame.f_lineno <= len(lines) else ""
     if not head.lstrip().startswith(("if ", "elif ")):
