@@ -8,6 +8,8 @@ X [..., K] in T; XScale, WScale float32 scalars (per tensor; XScale calibrated a
 W float8e4m3fn [N, K], the weight quantized offline and stored transposed (row n = output column
 n: cuBLASLt's fp8 GEMM wants A transposed, "TN"); Bias [N] in T; Y [..., N] in T. The math is
 float32 throughout (x / s, the products, the accumulation, bias and activation), rounded to T once.
+X may instead come in float8e4m3fn, already q(X, XScale) (a SkipLayerNormFp8's YQ, `rules.fp8_norm`): no
+quantize pass, XScale still its scale, T then Bias's (`quantize_divisor`; `reference` takes dq(q(X)) then).
 
 fast_accum (default 1, as torchao's float8 and torch._scaled_mm(use_fast_accum=True)) lets the CUDA GEMM
 use cuBLASLt's fast accumulation (CUBLASLT_MATMUL_DESC_FAST_ACCUM): Hopper's fp8 tensor cores keep the
