@@ -48,6 +48,9 @@ def test_each_ablation_undoes_its_fusion_and_keeps_the_outputs(tmp_path):
     result = deployfuse.export(model, tmp_path / "bert.onnx", example_inputs={"input_ids": ids, "attention_mask": torch.ones_like(ids)}, target="ort-cuda",
                                precision="fp8", accuracy_budget="cos=0.99,rel=0.2", seed=0, verify_draws=1)
     artefact = onnx.load(result.onnx_path)
+    ops = [n.op_type for n in artefact.graph.node]
+    assert ops.count("FusedMHA") == config.num_hidden_layers and "Split" not in ops, ops  # what split-mha undoes
+    assert any(n.op_type == "SkipLayerNormFp8" and n.output[1] for n in artefact.graph.node), "what norm-unfused undoes"
     ids = torch.randint(0, config.vocab_size, (2, 16))
     mask = torch.ones_like(ids)
     mask[1, 9:] = 0  # a padded row: the attention bias reaches both forms
