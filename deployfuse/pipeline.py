@@ -462,8 +462,10 @@ def _calibration(loaded: LoadedModel, example: Inputs, request: _Request, checki
 
 def _quantize_step(model: onnx.ModelProto, request: _Request, calibration: Calibration, references: dict[str, list[dict[str, torch.Tensor]]] | None,
                    report: ExportReport, steps: _Steps, tune_feed: Mapping[str, Any] | None = None) -> tuple[onnx.ModelProto, GateResult | None]:
-    """The quantize step; with `tune_feed` (the export's example), the quantized GEMMs' cuBLASLt algorithms are then tuned
-    on this GPU (`gemm_tuning.tune`: `algo` picks a kernel, never the math, and the gate has judged the model already)."""
+    """The quantize step; with `tune_feed` (the export's example), fp8's SkipLayerNormFp8 nodes are then timed against the
+    GEMMs' own quantize passes and undone where slower (`fp8_norm.autotune`: the same float8 values), and the quantized
+    GEMMs' cuBLASLt algorithms tuned on this GPU (`gemm_tuning.tune`: `algo` picks a kernel, never the math); the gate has
+    judged the model already."""
     assert request.quantize is not None
     with steps.step("quantize") as step:
         quantized, gate = _quantized(model, request, calibration, references, report)
