@@ -241,7 +241,8 @@ DF_EXPORT int df_fp8_gemm_act_candidates(int dtype, const void* x_scale, const v
 // x [m, k] and y [m, n2] in dtype, the scales device pointers to one float32 each, w1 float8e4m3fn [n1, k], w2 [n2, n1], b1 [n1]
 // and b2 [n2] in dtype; act: FC1's activation; scratch: scratch_bytes of 256-byte aligned device memory (at least
 // df_fp8_mlp_scratch_bytes); algo1, algo2: FC1's and FC2's candidate (-1: the heuristic's choice; df_fp8_mlp_candidates counts
-// them); options as df_fp8_gemm_act's (fast accumulation, X given in float8). cudaErrorNotSupported for n1 not a multiple of 16.
+// them); options as df_fp8_gemm_act's (fast accumulation, X given in float8 [m, k]). cudaErrorNotSupported for n1 (or, X given in
+// float8, k) not a multiple of 16.
 DF_EXPORT int df_fp8_mlp(int dtype, void* stream, const void* x, const void* x_scale, const void* w1, const void* w1_scale, const void* b1,
                          const void* h_scale, const void* w2, const void* w2_scale, const void* b2, void* y, int64_t m, int64_t k,
                          int64_t n1, int64_t n2, int act, int algo1, int algo2, int options, void* scratch, size_t scratch_bytes) {

@@ -66,7 +66,7 @@ template <typename T>
 cudaError_t launch_fp8_gemm_act(Fp8GemmActRunner& runner, cudaStream_t stream, const Fp8GemmActProblem& p, const void* x,
                                 const float* x_scale, const uint8_t* w, const float* w_scale, const T* bias, T* y, GemmActScratch& scratch);
 
-// The runner's general form, which launch_fp8_gemm_act is with X and Y in T: x is T [m, k], or float8e4m3fn [m, kp] when p.x_fp8;
+// The runner's general form, which launch_fp8_gemm_act is with Y in T: x is T [m, k], or float8e4m3fn [m, kp] when p.x_fp8;
 // y is T [m, n], or float8e4m3fn [m, n] scaled by *d_scale (a device float) when p.d_fp8. The errors of launch_fp8_gemm_act, and
 // cudaErrorInvalidValue for p.d_fp8 without d_scale, cudaErrorNotSupported for p.d_fp8 with n not a multiple of 16.
 template <typename T>
