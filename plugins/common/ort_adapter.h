@@ -2,8 +2,9 @@
 // op's attributes read from the kernel info through its generated spec, its inputs (inputs_of), errors,
 // and (with DEPLOYFUSE_WITH_CUDA) the launch of a CUDA launcher in the tensor's element type.
 //
-// Most ops use the generic Adapter<<Op>Attrs> at the bottom; an op whose output is not shaped
-// like its first input writes its own, a small struct on the op's attributes (plugins/<op>/<op>.h):
+// Most ops use the generic Adapter<<Op>Attrs> at the bottom (Y shaped like the first input, or as
+// <Op>Attrs::y_dims says); an op that needs more (a runner, scratch, several outputs) writes its
+// own, a small struct on the op's attributes (plugins/<op>/<op>.h):
 //   struct <Op> : <Op>Attrs {                       // Spec = spec::<Op>: name, inputs, attributes
 //     using <Op>Attrs::<Op>Attrs;                   // from AttrValues; throws on a bad value
 //     void Run(Call&, bool on_cuda) const;          // throws std::runtime_error on a bad input
@@ -15,6 +16,8 @@
 #include <cstring>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #define ORT_API_MANUAL_INIT  // the library initialises the API from the one RegisterCustomOps hands over
@@ -117,16 +120,26 @@ void launch_cuda(const char* op, const Call& c, Fn&& launch) {
 }
 #endif
 
-// The adapter of every op without its own <op>/<op>_ort.h: Y has X's shape; the op's sizes come
-// from <Op>Attrs::sizes (std::invalid_argument names a bad input) and it runs through the op's
-// run_cpu (<op>/<op>.h) or run_cuda (<op>/<op>.cuh).
+// Whether <Op>Attrs gives Y's dims from its sizes (`std::vector<int64_t> y_dims(const Sizes&) const`: FusedMHA's, whose
+// packed Q is three times Y's width); without it Y has X's shape.
+template <typename Attrs, typename = void>
+struct HasYDims : std::false_type {};
+template <typename Attrs>
+struct HasYDims<Attrs, std::void_t<decltype(std::declval<const Attrs&>().y_dims(std::declval<const typename Attrs::Sizes&>()))>>
+    : std::true_type {};
+
+// The adapter of every op without its own <op>/<op>_ort.h: Y has X's shape (or <Op>Attrs::y_dims);
+// the op's sizes come from <Op>Attrs::sizes (std::invalid_argument names a bad input) and it runs
+// through the op's run_cpu (<op>/<op>.h) or run_cuda (<op>/<op>.cuh).
 template <typename Attrs>
 struct Adapter : Attrs {
   using Attrs::Attrs;
   void Run(Call& c, bool on_cuda) const {
     typename Attrs::Sizes sizes;
     const Inputs in = sized_inputs(*this, c, &sizes);
-    auto y = c.ctx.GetOutput(0, std::vector<int64_t>(in[0].dims, in[0].dims + in[0].rank));
+    std::vector<int64_t> dims(in[0].dims, in[0].dims + in[0].rank);
+    if constexpr (HasYDims<Attrs>::value) dims = this->y_dims(sizes);
+    auto y = c.ctx.GetOutput(0, dims);
     if (!on_cuda) {
       run_cpu(*this, sizes, in, y.GetTensorMutableData<float>());
       return;

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdint>
 #include <stdexcept>
+#include <vector>
 
 #include "common/attrs.h"
 #include "common/mha_shape.h"
@@ -44,6 +45,9 @@ struct FusedMHAAttrs {
       throw std::invalid_argument("Mask is not broadcastable to [batch, heads, q_seq, k_seq]");
     return s;
   }
+
+  // Y's dims, [batch, q_seq, hidden]: Q's, or a third of its width when packed (ONNX Runtime's adapter shapes Y so).
+  std::vector<int64_t> y_dims(const MhaShape& s) const { return {s.batch, s.q_seq, s.hidden()}; }
 
   // Input i's (0 = Q, 1 = K, 2 = V) first element of head 0: its i-th third when packed.
   template <typename T>
