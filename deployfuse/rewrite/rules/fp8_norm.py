@@ -107,11 +107,15 @@ def _fused(g: _Graph, model: onnx.ModelProto, node: onnx.NodeProto, kind: str, f
     gamma_value = g.const(gamma)
     assert gamma_value is not None  # _refusal checked it
     prefix = f"{node.name or node.output[0]}_fp8"
-    for part, name in (("beta", beta), ("bias", bias)):
-        if not name:
-            zeros = numpy_helper.from_array(np.zeros_like(gamma_value), f"{prefix}_{part}")
-            model.graph.initializer.append(zeros)
-            beta, bias = (zeros.name, bias) if part == "beta" else (beta, zeros.name)
+
+    def or_zeros(name: str, part: str) -> str:
+        """`name`, or a zero vector like Gamma added where the norm had none."""
+        if name:
+            return name
+        model.graph.initializer.append(numpy_helper.from_array(np.zeros_like(gamma_value), f"{prefix}_{part}"))
+        return f"{prefix}_{part}"
+
+    beta, bias = or_zeros(beta, "beta"), or_zeros(bias, "bias")
     attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
     epsilon = float(attrs.get("epsilon", _SKIP_EPSILON if kind == "skip" else _LN_EPSILON))
     taken = set(fp8) | set(reshapes)
