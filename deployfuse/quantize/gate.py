@@ -37,7 +37,7 @@ prefix by sensitivity alone (what the gate searched before: the fewest layers). 
 searches both orders' prefixes by doubling then bisecting, the second only up to the first's cost,
 and keeps the passing choice of least cost (`cheapest_fallbacks`). The errors do not add exactly, so
 each prefix is measured, not predicted. GPT2LMHeadModel int8 (bench/results/cpu_int8.md): the
-sensitivity order kept the LM head (768 x 50257, 7x a layer's GEMM) and 6 layers in fp32, 40.3 %
+sensitivity order kept the LM head (768 x 50257: 16x an MLP GEMM, 5.5x a whole layer's GEMMs) and 6 layers in fp32, 40.3 %
 of the GEMM cost; the per-cost order 16 layers without the head (12 attention output projections,
 768 x 768), 12.4 %.
 
