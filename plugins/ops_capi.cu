@@ -109,9 +109,10 @@ DF_EXPORT int df_run(const char* op, int dtype, void* stream, int n_inputs, cons
 // Why the last df_run on this thread returned kUnknownOp or kBadRequest (empty otherwise).
 DF_EXPORT const char* df_last_error() { return g_last_error.c_str(); }
 
-// FusedMHA with a mask of any element strides (MhaShape::mask_stride), which no runtime passes
-// (their tensors are contiguous) but the tensor-core kernels' mask paths take: the GPU check's
-// padded, offset and strided mask layouts.
+// FusedMHA on an explicit MhaShape: a mask of any element strides (mask_stride), which no runtime
+// passes (their tensors are contiguous) but the tensor-core kernels' mask paths take (the GPU check's
+// padded, offset and strided mask layouts), and Q, K, V rows q_ld, k_ld, v_ld apart (the GPU check's
+// packed_qkv thirds, which df_run's TensorRT adapter refuses).
 DF_EXPORT int df_fused_mha(int dtype, void* stream, const void* q, const void* k, const void* v, const void* mask, void* y,
                            const MhaShape* shape) {
   return static_cast<int>(with_dtype(static_cast<DType>(dtype), [&](auto* t) {
