@@ -7,7 +7,8 @@
 // "the optimal requirements listed in Tensor Core Usage", (k · 1) % 16 for A and B, (rows of D · sizeof(T)) % 16 for C and D —
 // the rows themselves, not only the leading dimension): where K or N does not fit, padded copies in the scratch stand in
 // (ScratchLayout) and the GEMM computes np >= n output columns whose extra ones are dropped by the copy into Y.
-// Two problem options serve Fp8Mlp: X given in float8 (no quantize pass, no copy of X), and D in float8 (cuBLASLt's FP8 output:
+// Two problem options: X given in float8 (no quantize pass, no copy of X: Fp8Mlp's GEMMs, and Fp8GemmAct / Fp8Mlp fed
+// SkipLayerNormFp8's YQ), and D in float8 (Fp8Mlp's FC1; cuBLASLt's FP8 output:
 // D type CUDA_R_8F_E4M3 with C and the bias in fp16/bf16, the one combination its fp8 kernels take for an fp8 D, and
 // CUBLASLT_MATMUL_DESC_D_SCALE_POINTER, by which cuBLASLt multiplies the epilogue's result before rounding it to e4m3).
 #include <cuda_fp8.h>

@@ -1,11 +1,11 @@
 // Fp8GemmAct CUDA launcher on cuBLASLt: Y[m, n] = act(dq(q(X, x_scale)) @ dq(W, w_scale)^T + bias[n]) with W float8e4m3fn
-// [n, k]. One vectorised kernel quantizes X into float8e4m3fn scratch, then one cuBLASLt fp8 GEMM ("TN", the scales as device
-// pointers, fp32 accumulation, fast or full: fast_accum) writes Y with the bias / ReLU / tanh-GELU epilogue. Needs an sm_89+ GPU (Ada,
-// Hopper). Any K and N: cuBLASLt's fp8 kernels want K a multiple of 16 and N a multiple of 16 bytes of T, so otherwise X's float8 copy and
-// a copy of W are padded with zeros to the next multiple of 16, W and the bias to N rounded up, and Y is written to a padded copy in the
-// scratch and copied into Y (extra passes; the models' GEMMs need none). Y and the bias take T = fp16 or bf16: cuBLASLt's fp8 kernels write
-// fp32 only with a bf16 bias, which would round the op's fp32 Bias, so fp32 answers cudaErrorNotSupported. The scratch interface and
-// workspace limits are GemmAct's (the same cuBLASLt).
+// [n, k]. One vectorised kernel quantizes X into float8e4m3fn scratch (none for an X given in float8), then one cuBLASLt fp8 GEMM ("TN",
+// the scales as device pointers, fp32 accumulation, fast or full: fast_accum) writes Y with the bias / ReLU / tanh-GELU epilogue. Needs an
+// sm_89+ GPU (Ada, Hopper). Any K and N: cuBLASLt's fp8 kernels want K a multiple of 16 and N a multiple of 16 bytes of T, so otherwise X's
+// float8 copy and a copy of W are padded with zeros to the next multiple of 16, W and the bias to N rounded up, and Y is written to a
+// padded copy in the scratch and copied into Y (extra passes; the models' GEMMs need none). Y and the bias take T = fp16 or bf16:
+// cuBLASLt's fp8 kernels write fp32 only with a bf16 bias, which would round the op's fp32 Bias, so fp32 answers cudaErrorNotSupported. The
+// scratch interface and workspace limits are GemmAct's (the same cuBLASLt).
 #pragma once
 #include <cuda_runtime.h>
 
@@ -30,7 +30,8 @@ struct Fp8GemmActProblem {
   // partial sums are not promoted to full fp32 as often, which rounds the accumulation more coarsely; false: full fp32.
   bool fast_accum = true;
   // X already in float8e4m3fn as [m, fp8_gemm_act_k_padded(k)] (zeros past k, as fp8_quantize_e4m3 writes it): no quantize pass,
-  // x_scale is its scale. Fp8Mlp's GEMMs: FC1 on X quantized by its own pass, FC2 on FC1's float8 output.
+  // x_scale is its scale. Fp8Mlp's GEMMs: FC1 on X quantized by its own pass (or given in float8), FC2 on FC1's float8 output;
+  // Fp8GemmAct fed a float8 X (SkipLayerNormFp8's YQ, k a multiple of 16).
   bool x_fp8 = false;
   // D in float8e4m3fn [m, n] = e4m3(result · *d_scale) (d_scale: a device float, the reciprocal of the output's scale; cuBLASLt
   // rounds to nearest even and saturates), C and the bias in T; n a multiple of 16 (no padded copy of a float8 D).
