@@ -244,29 +244,21 @@ class CApi:
             self.scratch[bytes_] = torch.empty(bytes_, dtype=torch.uint8, device="cuda")
         return self.scratch[bytes_]
 
-    def run(self, p: Problem, algo: int = -1) -> int:
+    def run(self, p: Problem, algo: int = -1, x: torch.Tensor | None = None, options: int = 0) -> int:
+        """df_fp8_gemm_act on p (its X, or the tensor `x` with extra `options` bits: bench/skip_layer_norm_fp8_gpu.py's X given in
+        float8)."""
         s = self._scratch(p)
-        return self.lib.df_fp8_gemm_act(DT[p.dtype], torch.cuda.current_stream().cuda_stream, p.x.data_ptr(), p.x_scale.data_ptr(), p.w.data_ptr(),
-                                        p.w_scale.data_ptr(), p.bias.data_ptr(), p.y.data_ptr(), p.m, p.n, p.k, ACT_CODES[p.act], algo,
-                                        p.fast_accum, s.data_ptr(), s.numel())
-
-    def run_options(self, p: Problem, algo: int, options: int, x: torch.Tensor) -> int:
-        """df_fp8_gemm_act with extra `options` bits (bench/skip_layer_norm_fp8_gpu.py: X given in float8) on the X tensor `x`."""
-        s = self._scratch(p)
+        x = p.x if x is None else x
         return self.lib.df_fp8_gemm_act(DT[p.dtype], torch.cuda.current_stream().cuda_stream, x.data_ptr(), p.x_scale.data_ptr(), p.w.data_ptr(),
                                         p.w_scale.data_ptr(), p.bias.data_ptr(), p.y.data_ptr(), p.m, p.n, p.k, ACT_CODES[p.act], algo,
                                         p.fast_accum | options, s.data_ptr(), s.numel())
 
-    def run_mlp_options(self, p: MlpProblem, algos: tuple[int, int], options: int, x: torch.Tensor) -> int:
-        """df_fp8_mlp with extra `options` bits on the X tensor `x`."""
+    def run_mlp(self, p: MlpProblem, algos: tuple[int, int] = (-1, -1), x: torch.Tensor | None = None, options: int = 0) -> int:
+        """df_fp8_mlp on p (its X, or the tensor `x` with extra `options` bits, as `run`)."""
         s = self._scratch(p)
+        x = p.inputs[0] if x is None else x
         return self.lib.df_fp8_mlp(DT[p.dtype], torch.cuda.current_stream().cuda_stream, x.data_ptr(), *(t.data_ptr() for t in p.inputs[1:]),
                                    p.y.data_ptr(), p.m, p.k, p.n1, p.n2, ACT_CODES[p.act], *algos, p.fast_accum | options, s.data_ptr(), s.numel())
-
-    def run_mlp(self, p: MlpProblem, algos: tuple[int, int] = (-1, -1)) -> int:
-        s = self._scratch(p)
-        return self.lib.df_fp8_mlp(DT[p.dtype], torch.cuda.current_stream().cuda_stream, *(t.data_ptr() for t in p.inputs), p.y.data_ptr(),
-                                   p.m, p.k, p.n1, p.n2, ACT_CODES[p.act], *algos, p.fast_accum, s.data_ptr(), s.numel())
 
     def mlp_candidates(self, p: MlpProblem) -> tuple[int, int]:
         """FC1's and FC2's candidate counts (df_fp8_mlp_candidates); raises on an error code."""

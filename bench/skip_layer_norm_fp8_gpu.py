@@ -144,18 +144,18 @@ def check_fp8_x(api: Any, problem: type, mlp_problem: type, tol: tuple[dict, dic
                                                                                                 ((5,), 1024, 4096, "gelu_tanh")), (0, 1)):
         p = problem(lead, k, n, act, dtype, "cuda", fast_accum=fast)
         xq = quantize_e4m3(p.x, p.x_scale).to(torch.float8_e4m3fn)  # what the op's own pass would write; the reference quantizes p.x
-        rc, err, nans = p.error(lambda q, algo, xq=xq: api.run_options(q, algo, OPTION_FP8_X, xq))
+        rc, err, nans = p.error(lambda q, algo, xq=xq: api.run(q, algo, xq, OPTION_FP8_X))
         good = rc == 0 and nans == 0 and err <= tol[fast][dtype]
         ok &= good
         print(f"{'ok  ' if good else 'FAIL'} Fp8GemmAct float8 X {str(dtype)[6:]} X{list(lead) + [k]} N={n} {act} fast_accum={fast}: rc={rc} rel_l2={err:.2e}")
     p = problem((3,), 40, 16, "none", torch.float16, "cuda")
-    rc = api.run_options(p, -1, OPTION_FP8_X, quantize_e4m3(p.x, p.x_scale).to(torch.float8_e4m3fn))
+    rc = api.run(p, -1, quantize_e4m3(p.x, p.x_scale).to(torch.float8_e4m3fn), OPTION_FP8_X)
     ok &= rc == NOT_SUPPORTED
     print(f"{'ok  ' if rc == NOT_SUPPORTED else 'FAIL'} Fp8GemmAct float8 X with K=40 refused: rc={rc} (want {NOT_SUPPORTED})")
     for dtype, (lead, k, n1, n2, act) in itertools.product((torch.float16, torch.bfloat16), (((8, 128), 768, 3072, 768, "gelu_tanh"), ((9,), 32, 64, 24, "relu"))):
         m = mlp_problem(lead, k, n1, n2, act, dtype, "cuda")
         xq = quantize_e4m3(m.inputs[0], m.inputs[1]).to(torch.float8_e4m3fn)
-        rc, err, nans = m.error(lambda q, algos, xq=xq: api.run_mlp_options(q, algos, OPTION_FP8_X, xq))
+        rc, err, nans = m.error(lambda q, algos, xq=xq: api.run_mlp(q, algos, xq, OPTION_FP8_X))
         good = rc == 0 and nans == 0 and err <= tol_mlp[dtype]
         ok &= good
         print(f"{'ok  ' if good else 'FAIL'} Fp8Mlp float8 X {str(dtype)[6:]} X{list(lead) + [k]} N1={n1} N2={n2} {act}: rc={rc} rel_l2={err:.2e}")
