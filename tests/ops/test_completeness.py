@@ -139,7 +139,9 @@ def _native_pieces(spec: OpSpec, folder: str) -> list[str]:
         own = f"{folder}/{folder}_{runtime}.h"
         if (PLUGINS / own).is_file():
             adapters[runtime] = spec.name if runtime == "ort" else f"{spec.name}Op"
-            needles.append((own, f"struct {adapters[runtime]} : {spec.name}Attrs {{"))
+            # on the attributes, or (TensorRT: a refusal on top of the generic plugin) on the generic adapter
+            base = f"{spec.name}Attrs" if runtime == "ort" or f"Adapter<{spec.name}Attrs>" not in _read(PLUGINS / own) else f"Adapter<{spec.name}Attrs>"
+            needles.append((own, f"struct {adapters[runtime]} : {base} {{"))
             needles += [(own, f"launch_{folder}<")] if runtime == "ort" else []  # its CUDA EP path: the op's own launcher
         else:
             adapters[runtime] = f"Adapter<{spec.name}Attrs>"
