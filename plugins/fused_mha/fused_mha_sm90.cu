@@ -26,6 +26,8 @@
 #include <climits>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <type_traits>
 
 #include "common/async_copy.cuh"
@@ -47,12 +49,17 @@ constexpr int kStages = 2;    // K/V tiles in flight
 // hit 32 different banks.
 enum class Sm90Mask { kNone, kRow, kTile };
 
-template <int D, int kConsumers, Sm90Mask kMask = Sm90Mask::kNone>
+// kCtas CTAs share an SM. With one, a CTA whose keys fit in a tile or two spends most of its life
+// waiting for its loads or its stores, and the SM's tensor cores and memory idle in turn; two 64-row
+// CTAs (one consumer each) overlap one's loads with the other's math.
+template <int D, int kConsumers, Sm90Mask kMask = Sm90Mask::kNone, int kCtas = 1>
 struct Sm90Tile {
+  static_assert(kCtas == 1 || (kConsumers == 1 && kCtas == 2), "two CTAs an SM are single-consumer CTAs");
   static constexpr int kBlockM = 64 * kConsumers;
   static constexpr int kThreads = 128 * (kConsumers + 1);  // + the producer warpgroup
-  // Registers a consumer thread after the producer gives its own up (setmaxnreg): 64K a CTA.
-  static constexpr int kConsumerRegs = kConsumers == 3 ? 160 : 240;
+  // Registers a consumer thread after the producer gives its own up (setmaxnreg): 64K an SM, the
+  // producer keeping 24 a thread. One consumer of two CTAs: (32768 - 128 * 24) / 128 = 232.
+  static constexpr int kConsumerRegs = kCtas == 2 ? 232 : kConsumers == 3 ? 160 : 240;
   static constexpr uint32_t kQBytes = kBlockM * D * 2;
   static constexpr uint32_t kKVBytes = kBlockN * D * 2;  // one K or V tile
   static constexpr int kMaskRows = kMask == Sm90Mask::kTile ? kBlockM : kMask == Sm90Mask::kRow ? 1 : 0;
@@ -69,14 +76,14 @@ struct Sm90Params {
   bool mask_b, mask_h;  // the mask varies over batch / heads (else its map has one there)
 };
 
-template <typename T, int D, int kConsumers, Sm90Mask kMask>
-__global__ void __launch_bounds__(Sm90Tile<D, kConsumers, kMask>::kThreads, 1)
+template <typename T, int D, int kConsumers, Sm90Mask kMask, int kCtas>
+__global__ void __launch_bounds__(Sm90Tile<D, kConsumers, kMask, kCtas>::kThreads, kCtas)
     fused_mha_sm90_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                           const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_m, T* __restrict__ y,
                           const Sm90Params p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using namespace sm90;
-  using Tile = Sm90Tile<D, kConsumers, kMask>;
+  using Tile = Sm90Tile<D, kConsumers, kMask, kCtas>;
   constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
   constexpr int kCols = D / 64;  // 128-byte column blocks of a tile
   extern __shared__ unsigned char smem_raw[];
@@ -332,10 +339,10 @@ bool make_mask_map(CUtensorMap* map, const T* mask, const MhaShape& s, int rows)
   return encode_map(map, mask, dims, strides, rows);
 }
 
-template <typename T, int D, int kConsumers, Sm90Mask kMask>
+template <typename T, int D, int kConsumers, Sm90Mask kMask, int kCtas>
 cudaError_t launch_with(cudaStream_t stream, int device, const T* q, const T* k, const T* v, const T* mask, T* y, const MhaShape& s) {
-  using Tile = Sm90Tile<D, kConsumers, kMask>;
-  const auto kernel = fused_mha_sm90_kernel<T, D, kConsumers, kMask>;
+  using Tile = Sm90Tile<D, kConsumers, kMask, kCtas>;
+  const auto kernel = fused_mha_sm90_kernel<T, D, kConsumers, kMask, kCtas>;
   static std::atomic<uint64_t> configured{0};  // devices whose shared-memory limit is raised (bit = ordinal)
   const uint64_t bit = device < 64 ? 1ull << device : 0;
   if (!(configured.load() & bit)) {
@@ -375,11 +382,33 @@ bool is_sm90(int device) {
   return state == 1;
 }
 
-template <typename T, int D, int kConsumers>
+template <typename T, int D, int kConsumers, int kCtas = 1>
 cudaError_t launch_mask(cudaStream_t stream, int device, const T* q, const T* k, const T* v, const T* mask, T* y, const MhaShape& s) {
-  if (!mask) return launch_with<T, D, kConsumers, Sm90Mask::kNone>(stream, device, q, k, v, mask, y, s);
-  if (s.mask_stride[2] == 0) return launch_with<T, D, kConsumers, Sm90Mask::kRow>(stream, device, q, k, v, mask, y, s);
-  return launch_with<T, D, kConsumers, Sm90Mask::kTile>(stream, device, q, k, v, mask, y, s);
+  if (!mask) return launch_with<T, D, kConsumers, Sm90Mask::kNone, kCtas>(stream, device, q, k, v, mask, y, s);
+  if (s.mask_stride[2] == 0) return launch_with<T, D, kConsumers, Sm90Mask::kRow, kCtas>(stream, device, q, k, v, mask, y, s);
+  return launch_with<T, D, kConsumers, Sm90Mask::kTile, kCtas>(stream, device, q, k, v, mask, y, s);
+}
+
+// The CTA shape for head_dim 64: "narrow" (one 64-row consumer, two CTAs an SM), "wide" (two consumers)
+// or "triple" (three: each K/V tile serves 192 rows). DEPLOYFUSE_MHA_TILE names one (benchmarks compare
+// them); otherwise keys that fit in two tiles get narrow CTAs, and longer sequences triple (11 % faster
+// than wide at seq 2048 on an H200) unless it pads the queries by more than 64 rows over wide (ViT's 197
+// tokens: 384 rows against 256).
+enum class Sm90Shape { kNarrow, kWide, kTriple };
+
+Sm90Shape choose_shape(const MhaShape& s) {
+  static const int forced = [] {
+    const char* name = std::getenv("DEPLOYFUSE_MHA_TILE");
+    if (name == nullptr) return -1;
+    if (std::strcmp(name, "narrow") == 0) return static_cast<int>(Sm90Shape::kNarrow);
+    if (std::strcmp(name, "wide") == 0) return static_cast<int>(Sm90Shape::kWide);
+    if (std::strcmp(name, "triple") == 0) return static_cast<int>(Sm90Shape::kTriple);
+    return -1;
+  }();
+  if (forced >= 0) return static_cast<Sm90Shape>(forced);
+  if (s.k_seq <= 2 * kBlockN) return Sm90Shape::kNarrow;
+  const int64_t wide = (s.q_seq + 127) / 128 * 128, triple = (s.q_seq + 191) / 192 * 192;
+  return triple - wide <= 64 ? Sm90Shape::kTriple : Sm90Shape::kWide;
 }
 
 }  // namespace
@@ -392,11 +421,12 @@ cudaError_t launch_fused_mha_sm90(cudaStream_t stream, const T* q, const T* k, c
   int device = 0;
   DF_RETURN_IF_ERROR(cudaGetDevice(&device));
   if (!is_sm90(device) || !encode_tiled()) return cudaErrorNotSupported;
-  // Two 64-row consumer warpgroups a CTA; at head_dim 64 three share each K/V tile (11 % faster at
-  // seq 2048 on an H200), which wastes rows on short query sequences.
-  if (s.head_dim == 64 && s.q_seq > 128) return launch_mask<T, 64, 3>(stream, device, q, k, v, mask, y, s);
-  if (s.head_dim == 64) return launch_mask<T, 64, 2>(stream, device, q, k, v, mask, y, s);
-  return launch_mask<T, 128, 2>(stream, device, q, k, v, mask, y, s);
+  if (s.head_dim == 128) return launch_mask<T, 128, 2>(stream, device, q, k, v, mask, y, s);  // one CTA fills an SM's shared memory
+  switch (choose_shape(s)) {
+    case Sm90Shape::kNarrow: return launch_mask<T, 64, 1, 2>(stream, device, q, k, v, mask, y, s);
+    case Sm90Shape::kTriple: return launch_mask<T, 64, 3>(stream, device, q, k, v, mask, y, s);
+    default: return launch_mask<T, 64, 2>(stream, device, q, k, v, mask, y, s);
+  }
 }
 
 template cudaError_t launch_fused_mha_sm90<__half>(cudaStream_t, const __half*, const __half*, const __half*, const __half*, __half*, const MhaShape&);
