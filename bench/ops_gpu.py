@@ -10,6 +10,7 @@ same bytes, PyTorch eager (the spec's reference) and torch.compile of it.
 
     python bench/ops_gpu.py LIB.so [--ort libdeployfuse_ort.so] [--only FusedMHA,BiasAct]
     python bench/ops_gpu.py OTHER_LIB.so --time-only      # the benchmark shapes only, for A/B runs
+    DEPLOYFUSE_MHA_TILE=narrow python bench/ops_gpu.py LIB.so --mha-tiles   # FusedMHA's Hopper CTA shapes, one at a time
     python bench/ops_gpu.py --dry-run                     # no GPU: list the checks, build their inputs on the CPU
 """
 
@@ -54,6 +55,7 @@ PARSER = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog="Ex
 PARSER.add_argument("lib", nargs="?", help="libdeployfuse_ops_cuda.so (plugins/build/gpu, built by bench/gpu_ops.sh)")
 PARSER.add_argument("--ort", metavar="LIB", help="libdeployfuse_ort.so: also check and time the ops through ORT's CUDA EP")
 PARSER.add_argument("--time-only", action="store_true", help="GPU ms of the benchmark shapes only (the other side of an A/B run)")
+PARSER.add_argument("--mha-tiles", action="store_true", help="FusedMHA's GPU ms at the models' attention shapes, DEPLOYFUSE_MHA_TILE's CTA shape (unset: the launcher's; SDPA)")
 PARSER.add_argument("--only", metavar="OPS", help="comma-separated op names to check and benchmark (default: all)")
 PARSER.add_argument("--check-only", action="store_true", help="no benchmarks (e.g. under compute-sanitizer)")
 PARSER.add_argument("--max-size", type=int, metavar="N", help="only the check cases whose shape's product (FusedMHA: b*sq*sk*hidden, its work) is at most N")
@@ -508,6 +510,40 @@ def time_only():
         print(f"time FusedMHA (8, {sq}, 16x64){' mask' if extra else ''} float16 {graph_ms(lambda: native('FusedMHA', xs, a, y)):.4f} ms")
 
 
+MHA_TILE_SHAPES = [  # (b, s, heads, head_dim, attrs): BERT's and GPT-2's 128 tokens, ViT's 197, longer sequences
+    (8, 128, 12, 64, {"mask": True}), (64, 128, 12, 64, {"mask": True}), (8, 128, 12, 64, {"causal": 1}), (64, 128, 12, 64, {"causal": 1}),
+    (8, 197, 12, 64, {}), (64, 197, 12, 64, {}), (8, 512, 16, 64, {}), (8, 2048, 16, 64, {}), (8, 2048, 16, 64, {"causal": 1}),
+]
+
+
+def time_mha_tiles():
+    """FusedMHA (fp16, packed QKV as the fp8 exports run it) at MHA_TILE_SHAPES under DEPLOYFUSE_MHA_TILE; without it, the launcher's own
+    choice and PyTorch SDPA (flash backend where no mask is given) on the same tensors."""
+    import os
+
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    tile = os.environ.get("DEPLOYFUSE_MHA_TILE", "auto")
+    for b, sq, h, d, extra in MHA_TILE_SHAPES:
+        attrs = {"num_heads": h, "packed_qkv": 1, **extra}
+        xs = inputs("FusedMHA", (b, sq, sq, h * d), torch.float16, attrs)
+        a = {k: v for k, v in attrs.items() if k != "mask"}
+        y = torch.empty(b, sq, h * d, dtype=torch.float16, device=DEVICE)
+        name = f"({b}, {sq}, {h}x{d}){' causal' if extra.get('causal') else ''}{' mask [b,1,1,k]' if extra.get('mask') else ''}"
+        packed = [xs[0], xs[0], xs[0], xs[3]]
+        line = f"mha-tile {tile} {name} {graph_ms(lambda: native('FusedMHA', packed, a, y)):.4f} ms"
+        if tile == "auto":
+            q4, k4, v4 = (xs[0].view(b, sq, 3, h, d)[:, :, i].transpose(1, 2) for i in range(3))
+            backend = contextlib.nullcontext if xs[3] is not None else lambda: sdpa_kernel(SDPBackend.FLASH_ATTENTION)
+
+            def sdpa():
+                with backend():
+                    return F.scaled_dot_product_attention(q4, k4, v4, attn_mask=xs[3], is_causal=bool(a.get("causal")))
+
+            line += f" (SDPA {graph_ms(sdpa):.4f} ms)"
+        print(line)
+
+
 if __name__ == "__main__":
     if ARGS.dry_run:
         check()
@@ -516,6 +552,9 @@ if __name__ == "__main__":
     print(torch.cuda.get_device_name(), torch.__version__)
     if ARGS.time_only:
         time_only()
+        sys.exit(0)
+    if ARGS.mha_tiles:
+        time_mha_tiles()
         sys.exit(0)
     worst = check()
     print(f"worst error / tolerance: {worst:.2f}")
