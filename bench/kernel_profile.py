@@ -34,7 +34,7 @@ def kernel_class(name: str) -> str:
 
 
 def profile(fn: Callable[[], object], iters: int = 20) -> dict:
-    """GPU time per inference: total, by class, and the ten largest kernels (ms per call of fn)."""
+    """GPU time per inference: total, by class, and every kernel, largest first (ms and launches per call of fn)."""
     from torch.profiler import ProfilerActivity, profile as torch_profile
 
     fn()
@@ -52,10 +52,10 @@ def profile(fn: Callable[[], object], iters: int = 20) -> dict:
     by_class: dict[str, float] = defaultdict(float)
     for name, (ms, _) in per_kernel.items():
         by_class[kernel_class(name)] += ms
-    top = sorted(per_kernel.items(), key=lambda kv: -kv[1][0])[:10]
+    top = sorted(per_kernel.items(), key=lambda kv: -kv[1][0])
     return {
         "gpu_ms": round(sum(ms for ms, _ in per_kernel.values()), 4),
         "kernels_per_call": round(sum(n for _, n in per_kernel.values()), 1),
         "by_class_ms": {k: round(v, 4) for k, v in sorted(by_class.items(), key=lambda kv: -kv[1])},
-        "top": [{"kernel": name[:120], "ms": round(ms, 4), "calls": round(n, 1), "class": kernel_class(name)} for name, (ms, n) in top],
+        "top": [{"kernel": name[:160], "ms": round(ms, 4), "calls": round(n, 1), "class": kernel_class(name)} for name, (ms, n) in top],
     }
