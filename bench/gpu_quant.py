@@ -12,6 +12,8 @@ Variants, each the alternative at its best settings:
 - `{ort-plain,ort-opt,onnxscript,deployfuse}-fp16+cudagraph`: ONNX Runtime's CUDA EP on the fp16
   ONNX files bench/gpu_models.py times (bench/anchors.py makes them), IO binding, CUDA graph;
   deployfuse's nodes (GemmAct) on its custom-op library, as a user runs them (`--ort-library`).
+- `deployfuse-fusedmha-fp16+cudagraph`: deployfuse's fp16 artefact with packed_qkv skipped (FP16_FORMS): its
+  self-attentions run as the fp8 artefact's do, one packed QKV GEMM and deployfuse.FusedMHA reading it in place.
 - `deployfuse-fp8[+cudagraph]`: `deployfuse export --target ort-cuda --precision fp8`: an fp16
   graph whose GEMMs are deployfuse.Fp8GemmAct nodes (cuBLASLt fp8 GEMMs, quantizing their own
   activations; each MLP's two one Fp8Mlp, its hidden activation kept in float8; scales calibrated
@@ -294,17 +296,39 @@ def _ort_fp16_rows(model_name: str, low, inputs: dict, folder: Path, device: Dev
 
     with torch.inference_mode():
         files = variants(model_name, low, inputs, folder, "ort-cuda", device.low)
+        files.update(_fp16_forms(model_name, low, inputs, folder, device.low))
     graph = "+cudagraph" if device.cuda else ""
-    for name in ORT_FP16_FILES:
+    for name in (*ORT_FP16_FILES, *FP16_FORMS):
         made = files.get(name, "not made")
 
         def make_ort(made=made, name=name):
             if not Path(made).is_file():
                 raise RuntimeError(made)
-            own = deployfuse_library(made, library, device.cuda) if name == "deployfuse" else None
+            own = deployfuse_library(made, library, device.cuda) if name.startswith("deployfuse") else None
             return device.ort(str(made), inputs, cuda_graph=device.cuda, library=own)
 
         record(f"{name}-{device.low}{graph}", device.low, "ONNX Runtime CUDA EP, IO binding" + (", CUDA graph" if device.cuda else " (CPU EP: dry run)"), make_ort)
+
+
+FP16_FORMS = {"deployfuse-fusedmha": ("packed_qkv",)}
+"""deployfuse's fp16 artefact with fusion families skipped, timed beside it: without packed_qkv (com.microsoft.Attention, ORT's
+own QKV GEMM and attention), the self-attentions become one packed GEMM and deployfuse.FusedMHA reading it in place
+(split_qkv + packed_mha), as the fp8 artefact runs them."""
+
+
+def _fp16_forms(model_name: str, low, inputs: dict, folder: Path, precision: str) -> dict[str, Path | str]:
+    """FP16_FORMS' files (or why one failed), exported like bench/anchors.py's deployfuse file."""
+    import deployfuse
+
+    out: dict[str, Path | str] = {}
+    for name, skipped in FP16_FORMS.items():
+        path = folder / f"{model_name}_{precision}_{name}.onnx"
+        try:
+            deployfuse.export(low, path, example_inputs=inputs, target="ort-cuda", precision=precision, verify=False, skip_fusions=skipped)
+            out[name] = path
+        except Exception as exc:
+            out[name] = f"export failed: {short_error(exc)}"
+    return out
 
 
 def _fp8_rows(model_name: str, batch: int, build: Callable, inputs32: dict, workdir: Path, folder: Path, device: Device, library, record: Callable) -> None:
