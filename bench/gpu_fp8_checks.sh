@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# One device call that checks every kernel an fp8 artefact runs on the H200 before its models are timed (bench/gpu_quant.sh),
+# from the repo root of a CUDA machine with onnxruntime-gpu staged into /tmp/site and plugins/build/{ort,trt}-include carried:
+#   - FusedMHA under each Hopper CTA shape (DEPLOYFUSE_MHA_TILE=narrow|wide|triple: every shape checked, whichever the
+#     launcher would pick for a case), then as the launcher picks, through the C ABI and ORT's CUDA EP;
+#   - FusedMHA's CTA shapes timed at BERT's, GPT-2's and ViT's attention shapes (bench/ops_gpu.py --mha-tiles);
+#   - Fp8GemmAct, Fp8Mlp and SkipLayerNormFp8 (bench/fp8_gemm_gpu.py --check-only), which gpu_quant.sh then skips.
+# Logs under $OUT (default /tmp). Exit 1 when a check failed; the timings run either way.
+set -uo pipefail
+export PYTHONUNBUFFERED=1 PYTHONPATH="/tmp/site:$PWD:${PYTHONPATH:-}"
+OUT=${OUT:-/tmp}
+start=$(date +%s)
+source bench/gpu_build.sh
+gpu_build deployfuse_ops_cuda deployfuse_ort || exit 1
+LIB=$BUILD/libdeployfuse_ops_cuda.so
+status=0
+for tile in narrow wide triple; do
+  DEPLOYFUSE_MHA_TILE=$tile python3 bench/ops_gpu.py "$LIB" --only FusedMHA --check-only > "$OUT/mha_checks_$tile.log" 2>&1 || status=1
+  echo "== FusedMHA checks, $tile CTAs: $(grep -c '^check ok' "$OUT/mha_checks_$tile.log") ok; $(tail -n 1 "$OUT/mha_checks_$tile.log") ($(( $(date +%s) - start )) s)"
+  grep -vE '^check ok' "$OUT/mha_checks_$tile.log" | grep -iE 'fail|error|mismatch' | head -n 10
+done
+python3 bench/ops_gpu.py "$LIB" --only FusedMHA --check-only --ort "$BUILD/libdeployfuse_ort.so" > "$OUT/mha_checks_auto.log" 2>&1 || status=1
+echo "== FusedMHA checks, the launcher's CTAs, C ABI and ORT CUDA EP: $(tail -n 1 "$OUT/mha_checks_auto.log") ($(( $(date +%s) - start )) s)"
+for tile in auto narrow wide triple; do
+  if [ "$tile" = auto ]; then unset DEPLOYFUSE_MHA_TILE; else export DEPLOYFUSE_MHA_TILE=$tile; fi
+  python3 bench/ops_gpu.py "$LIB" --mha-tiles 2>&1 | grep '^mha-tile' | tee -a "$OUT/mha_tiles.log"
+done
+unset DEPLOYFUSE_MHA_TILE
+echo "== CTA shapes timed ($(( $(date +%s) - start )) s)"
+if python3 bench/fp8_gemm_gpu.py "$LIB" --ort "$BUILD/libdeployfuse_ort.so" --check-only > "$OUT/fp8_gemm_checks.log" 2>&1; then
+  touch "$BUILD/fp8_checked"  # bench/gpu_quant.sh's stamp: these checks passed on this build
+else
+  status=1
+fi
+echo "== fp8 checks rc $status: $(grep -ciE '\bok\b' "$OUT/fp8_gemm_checks.log") ok lines ($(( $(date +%s) - start )) s)"
+grep -iE 'fail|error|exceed|over' "$OUT/fp8_gemm_checks.log" | head -n 20
+exit $status
