@@ -149,6 +149,7 @@ ORT_CUDA = Target(
         "fp8_gemm": (Lowering(DEPLOYFUSE, "Fp8GemmAct"),),  # float8 Q/DQ'd GEMMs (--precision fp8); tensorrt keeps the Q/DQ
         "fp8_norm": (Lowering(DEPLOYFUSE, "SkipLayerNormFp8"),),  # a norm quantizing its fp8 GEMMs' X (after fp8_gemm)
         "packed_mha": (Lowering(DEPLOYFUSE, "FusedMHA", {"packed_qkv": 1}),),  # MHA on a Split packed QKV (fp8's split_qkv, GPT-2)
+        "patch_embed": (Lowering("", "MatMul"),),  # a patchify Conv as a GEMM (slower on ORT CPU; TensorRT runs the Conv well)
         **_NORM_ACT,
     },
     # gemm_act, fp8_gemm: cuBLASLt's epilogues

@@ -11,7 +11,9 @@ bias_act so ONNX Runtime gets its own BiasGelu kernel and bias_act keeps the rem
 split_qkv (Q, K, V as one GEMM and a Split) runs right after packed_qkv, so it only takes the
 self-attentions packed_qkv leaves: all of them where an export skips packed_qkv (fp8 on ort-cuda,
 whose Q/DQ must reach the QKV GEMM; int8 on ort-cpu skips both). packed_mha, right after it, lets
-deployfuse.FusedMHA read Q, K, V out of that Split's input in place (ort-cuda).
+deployfuse.FusedMHA read Q, K, V out of that Split's input in place (ort-cuda). patch_embed (a
+ViT's patchify Conv as a MatMul + Add) runs before gemm_act, bias_gelu and bias_act, so its new
+MatMul + Add can take their epilogues, and an fp8 export (which skips those) quantizes it.
 
 `fp8_gemm` (float8 Q/DQ'd GEMMs -> deployfuse.Fp8GemmAct) is no family here: the guard's
 element-wise comparison cannot judge rewrites of a quantized graph, so the fp8 quantizer applies
@@ -36,6 +38,7 @@ FAMILY_MODULES: tuple[str, ...] = (
     "split_qkv",
     "packed_mha",
     "skip_layernorm",
+    "patch_embed",
     "gemm_act",
     "bias_gelu",
     "bias_act",
