@@ -1,6 +1,7 @@
 """bench/gpu_quant.py: its fairness to torchao (GPT-2's Conv1D projections become the `nn.Linear`
-layers torchao's `quantize_` swaps, with the model's math unchanged), and its ablations (the fp8
-artefact with one fusion undone computes what the artefact computes)."""
+layers torchao's `quantize_` swaps, with the model's math unchanged), its ablations (the fp8
+artefact with one fusion undone computes what the artefact computes), and the fp16 forms (the fp16
+artefact with a family skipped runs the attention it names and computes the model)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from transformers.pytorch_utils import Conv1D
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 
-from gpu_quant import ABLATIONS, conv1d_as_linear  # noqa: E402
+from gpu_quant import ABLATIONS, FP16_FORMS, _fp16_forms, conv1d_as_linear  # noqa: E402
 
 import deployfuse  # noqa: E402
 
@@ -72,3 +73,28 @@ def test_each_ablation_undoes_its_fusion_and_keeps_the_outputs(tmp_path):
         else:
             assert all(n.output[1] == "" for n in ablated.graph.node if n.op_type == "SkipLayerNormFp8"), "no norm writes YQ any more"
         np.testing.assert_allclose(run(ablated), expected, atol=2e-2 * float(np.abs(expected).max()), err_msg=name)
+
+
+def test_fp16_fusedmha_form_runs_fusedmha_and_computes_the_model(tmp_path):
+    torch.manual_seed(1)
+    config = transformers.BertConfig(vocab_size=300, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=256, max_position_embeddings=64)
+    model = transformers.BertModel(config).eval()
+    ids = torch.randint(0, config.vocab_size, (2, 16))
+    mask = torch.ones_like(ids)
+    mask[0, 11:] = 0
+    made = _fp16_forms("bert", model, {"input_ids": ids, "attention_mask": mask}, tmp_path, "fp32")
+    assert set(made) == set(FP16_FORMS)
+    path = made["deployfuse-fusedmha"]
+    assert isinstance(path, Path), path
+    ops = [n.op_type for n in onnx.load(path).graph.node]
+    assert ops.count("FusedMHA") == config.num_hidden_layers and "Attention" not in ops and "Split" not in ops, ops
+    ids = torch.randint(0, config.vocab_size, (2, 16))  # fresh inputs, another padded row
+    mask = torch.ones_like(ids)
+    mask[1, 5:] = 0
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    got = session.run(None, {"input_ids": ids.numpy(), "attention_mask": mask.numpy()})[0]
+    with torch.no_grad():
+        expected = model(input_ids=ids, attention_mask=mask).last_hidden_state.numpy()
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
