@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call that checks every kernel an fp8 artefact runs on the H200 before its models are timed (bench/gpu_quant.sh),
 # from the repo root of a CUDA machine with onnxruntime-gpu staged into /tmp/site and plugins/build/{ort,trt}-include carried:
-#   - FusedMHA under each Hopper CTA shape (DEPLOYFUSE_MHA_TILE=narrow|wide|triple: every shape checked, whichever the
+#   - FusedMHA under each Hopper CTA shape and the sm_80 kernel (DEPLOYFUSE_MHA_TILE=narrow|wide|triple|sm80: each checked, whichever the
 #     launcher would pick for a case), then as the launcher picks, through the C ABI and ORT's CUDA EP;
 #   - FusedMHA's CTA shapes timed at BERT's, GPT-2's and ViT's attention shapes (bench/ops_gpu.py --mha-tiles);
 #   - Fp8GemmAct, Fp8Mlp and SkipLayerNormFp8 (bench/fp8_gemm_gpu.py --check-only), which gpu_quant.sh then skips.
@@ -14,14 +14,14 @@ source bench/gpu_build.sh
 gpu_build deployfuse_ops_cuda deployfuse_ort || exit 1
 LIB=$BUILD/libdeployfuse_ops_cuda.so
 status=0
-for tile in narrow wide triple; do
+for tile in narrow wide triple sm80; do
   DEPLOYFUSE_MHA_TILE=$tile python3 bench/ops_gpu.py "$LIB" --only FusedMHA --check-only > "$OUT/mha_checks_$tile.log" 2>&1 || status=1
   echo "== FusedMHA checks, $tile CTAs: $(grep -c '^check ok' "$OUT/mha_checks_$tile.log") ok; $(tail -n 1 "$OUT/mha_checks_$tile.log") ($(( $(date +%s) - start )) s)"
   grep -vE '^check ok' "$OUT/mha_checks_$tile.log" | grep -iE 'fail|error|mismatch' | head -n 10
 done
 python3 bench/ops_gpu.py "$LIB" --only FusedMHA --check-only --ort "$BUILD/libdeployfuse_ort.so" > "$OUT/mha_checks_auto.log" 2>&1 || status=1
 echo "== FusedMHA checks, the launcher's CTAs, C ABI and ORT CUDA EP: $(tail -n 1 "$OUT/mha_checks_auto.log") ($(( $(date +%s) - start )) s)"
-for tile in auto narrow wide triple; do
+for tile in auto narrow wide triple sm80; do
   if [ "$tile" = auto ]; then unset DEPLOYFUSE_MHA_TILE; else export DEPLOYFUSE_MHA_TILE=$tile; fi
   python3 bench/ops_gpu.py "$LIB" --mha-tiles 2>&1 | grep '^mha-tile' | tee -a "$OUT/mha_tiles.log"
 done

@@ -390,11 +390,11 @@ cudaError_t launch_mask(cudaStream_t stream, int device, const T* q, const T* k,
 }
 
 // The CTA shape for head_dim 64: "narrow" (one 64-row consumer, two CTAs an SM), "wide" (two consumers)
-// or "triple" (three: each K/V tile serves 192 rows). DEPLOYFUSE_MHA_TILE names one (benchmarks compare
-// them); otherwise keys that fit in two tiles get narrow CTAs, and longer sequences triple (11 % faster
-// than wide at seq 2048 on an H200) unless it pads the queries by more than 64 rows over wide (ViT's 197
-// tokens: 384 rows against 256).
-enum class Sm90Shape { kNarrow, kWide, kTriple };
+// or "triple" (three: each K/V tile serves 192 rows). DEPLOYFUSE_MHA_TILE names one, or "sm80" for none
+// (the call goes to fused_mha_tc.cu's tensor-core kernel), for benchmarks to compare them. Otherwise keys
+// that fit in two tiles get narrow CTAs, and longer sequences triple (11 % faster than wide at seq 2048 on
+// an H200) unless it pads the queries by more than 64 rows over wide (ViT's 197 tokens: 384 rows, not 256).
+enum class Sm90Shape { kNarrow, kWide, kTriple, kNone };  // kNone: leave the call to the sm_80 tensor-core kernel
 
 Sm90Shape choose_shape(const MhaShape& s) {
   static const int forced = [] {
@@ -403,6 +403,7 @@ Sm90Shape choose_shape(const MhaShape& s) {
     if (std::strcmp(name, "narrow") == 0) return static_cast<int>(Sm90Shape::kNarrow);
     if (std::strcmp(name, "wide") == 0) return static_cast<int>(Sm90Shape::kWide);
     if (std::strcmp(name, "triple") == 0) return static_cast<int>(Sm90Shape::kTriple);
+    if (std::strcmp(name, "sm80") == 0) return static_cast<int>(Sm90Shape::kNone);
     return -1;
   }();
   if (forced >= 0) return static_cast<Sm90Shape>(forced);
@@ -425,6 +426,7 @@ cudaError_t launch_fused_mha_sm90(cudaStream_t stream, const T* q, const T* k, c
   switch (choose_shape(s)) {
     case Sm90Shape::kNarrow: return launch_mask<T, 64, 1, 2>(stream, device, q, k, v, mask, y, s);
     case Sm90Shape::kTriple: return launch_mask<T, 64, 3>(stream, device, q, k, v, mask, y, s);
+    case Sm90Shape::kNone: return cudaErrorNotSupported;
     default: return launch_mask<T, 64, 2>(stream, device, q, k, v, mask, y, s);
   }
 }
