@@ -424,18 +424,24 @@ ABLATIONS = {"split-mha": (split_mha, "packed_mha undone: Split + com.microsoft.
 
 def tuned_copy(artefact: Path, inputs: dict, library: str | None, folder: Path) -> tuple[Path, str]:
     """A copy of the fp8 `artefact` in `folder` with its Fp8GemmAct and Fp8Mlp nodes' algorithms tuned at `inputs`' shapes on this GPU
-    (`gemm_tuning.tune`, as `--autotune` does; libdeployfuse_ops_cuda.so beside `library`, else the built one), and what
+    (`gemm_tuning.tune`, as `--autotune` does, after `speed_precision.choose_precision` turned the Fp8GemmAct nodes slower than
+    their fp16 GemmAct into it; libdeployfuse_ops_cuda.so beside `library`, else the built one), and what
     the settings say: how many nodes left the heuristic's choice, or why nothing was tuned (a copy of the artefact as it is)."""
     import onnx
 
     from deployfuse.ops.native import BUILD
     from deployfuse.pipeline import save_model
+    from deployfuse.quantize.speed_precision import choose_precision
     from deployfuse.rewrite.gemm_tuning import not_tunable, tune
 
     model = onnx.load(artefact)
     ops_library = Path(library).with_name("libdeployfuse_ops_cuda.so") if library else BUILD / "cuda" / "libdeployfuse_ops_cuda.so"
     why = not_tunable(ops_library)
-    line = tune(model, {k: v.cpu().numpy() for k, v in inputs.items()}, ops_library) if why is None else ""
+    feed = {k: v.cpu().numpy() for k, v in inputs.items()}
+    line = ""
+    if why is None:  # fp8 where it is faster (Fp8GemmAct nodes slower than their fp16 GemmAct become it), then the algorithms, as --autotune
+        model, speed = choose_precision(model, feed, ops_library)
+        line = "; ".join(x for x in (speed.line, tune(model, feed, ops_library)) if x)
     nodes = [n for n in model.graph.node if n.op_type in ("Fp8GemmAct", "Fp8Mlp")]
     moved = sum(any(a.name in ("algo", "algo1", "algo2") and a.i >= 0 for a in n.attribute) for n in nodes)
     path = folder / f"{artefact.stem}_tuned_b{next(iter(inputs.values())).shape[0]}.onnx"

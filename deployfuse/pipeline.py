@@ -482,7 +482,7 @@ def _quantize_step(model: onnx.ModelProto, request: _Request, calibration: Calib
             quantized, speed = choose_precision(quantized, tune_feed, float_name=options.float_precision)
             if speed.line:  # beside the gate's layers kept in float for accuracy: the GEMMs kept in float for speed
                 assert report.quantization is not None
-                report.quantization[f"{options.float_precision}_for_speed"] = {"layers": list(speed.reverted), "summary": speed.line}
+                report.quantization[f"{options.float_precision}_for_speed"] = speed.to_dict()
                 recorded = metadata.read(quantized, metadata.QUANTIZATION)
                 if isinstance(recorded, dict):
                     metadata.write(quantized, metadata.QUANTIZATION, {**recorded, f"{options.float_precision}_for_speed_layers": list(speed.reverted)})

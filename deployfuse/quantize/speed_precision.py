@@ -138,10 +138,16 @@ def measure(model: onnx.ModelProto, feed: Mapping[str, np.ndarray], library: Pat
 
 @dataclass(frozen=True)
 class SpeedPrecision:
-    """What `choose_precision` did: the nodes now float GEMMs (output names) with their timings, and one line saying so."""
+    """What `choose_precision` did: the nodes now float GEMMs (by node name, as the gate names its layers) with their timings,
+    and one line saying so."""
 
     reverted: dict[str, PrecisionTiming]
     line: str
+
+    def to_dict(self) -> dict[str, object]:
+        """The report's entry: the layers, each one's ms per call in fp8 (its quantize pass included) and in float, the line."""
+        return {"layers": list(self.reverted), "ms": {name: {"fp8": t.fp8_ms, "float": t.float_ms} for name, t in self.reverted.items()},
+                "summary": self.line}
 
 
 def choose_precision(model: onnx.ModelProto, feed: Mapping[str, np.ndarray], library: Path | None = None,
@@ -168,6 +174,8 @@ def choose_precision(model: onnx.ModelProto, feed: Mapping[str, np.ndarray], lib
         return model, SpeedPrecision({}, f"{FP8_OP}: 0 of {len(timings)} kept in {float_name} for speed (fp8 as fast or faster){untimed}")
     shipped = to_float_gemm(model, slower)
     attach_functions(shipped)
+    node_names = {n.output[0]: n.name or n.output[0] for n in model.graph.node if n.output}
     saved = sum(t.fp8_ms - t.float_ms for t in reverted.values())
-    return shipped, SpeedPrecision(reverted, f"{FP8_OP}: {len(slower)} of {len(timings)} kept in {float_name} for speed, faster than fp8 with its "
-                                             f"quantize pass ({saved * 1e3:.1f} us per run saved: {', '.join(slower)}){untimed}")
+    return shipped, SpeedPrecision({node_names[name]: t for name, t in reverted.items()},
+                                   f"{FP8_OP}: {len(slower)} of {len(timings)} kept in {float_name} for speed, faster than fp8 with its quantize pass "
+                                   f"({saved * 1e3:.1f} us per run saved: {', '.join(node_names[name] for name in slower)}){untimed}")

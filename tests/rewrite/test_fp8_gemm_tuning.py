@@ -17,6 +17,7 @@ import transformers
 from onnx import helper
 
 import deployfuse
+from deployfuse import metadata
 from deployfuse.backends.ort import run, session
 from deployfuse.ops.schema import DOMAIN
 from deployfuse.rewrite import gemm_tuning
@@ -65,9 +66,16 @@ def test_fp8_export_with_autotune_succeeds_and_says_whether_it_tuned(fp8_tuned):
     assert ops.count("Fp8GemmAct") > 0 and ops.count("Fp8Mlp") > 0
     names = "Fp8GemmAct and Fp8Mlp algorithms"  # the tuning covers both ops
     assert "algorithms" not in steps["fuse"].detail  # tuned once, in the final artefact (after the gate), not before quantization
+    speed = result.report.quantization["fp16_for_speed"]  # quantize.speed_precision: the GEMMs kept in fp16 for speed, beside the gate's
+    assert speed["summary"] in steps["quantize"].detail and metadata.read(artefact, metadata.QUANTIZATION)["fp16_for_speed_layers"] == speed["layers"]
+    assert {n.name for n in artefact.graph.node if n.op_type == "GemmAct"} >= set(speed["layers"]) == set(speed["ms"])
     if not torch.cuda.is_available():
         assert f"{names} not tuned: no CUDA device" in steps["quantize"].detail, steps["quantize"].detail
         assert all(_attr(n, a) is None for n in artefact.graph.node for a in ("algo", "algo1", "algo2")), "an untuned export writes no algo"
+        producers = {o: n.op_type for n in artefact.graph.node for o in n.output}  # each attention's output projection quantizes its own X
+        attention_outputs = sum(n.op_type == "Fp8GemmAct" and producers.get(n.input[0]) != "SkipLayerNormFp8" for n in artefact.graph.node)
+        why = f"Fp8GemmAct precision not timed against fp16: no CUDA device (all {attention_outputs} kept in fp8)"
+        assert attention_outputs == 2 and speed == {"layers": [], "ms": {}, "summary": why}
     else:
         assert f"{names} tuned on" in steps["quantize"].detail or "not built" in steps["quantize"].detail
 
