@@ -174,7 +174,8 @@ def export(
         autotune: time each fusion family on the target and keep only those that do not make
             the model slower (ort-cpu; ort-cuda where a CUDA build of ONNX Runtime is present);
             on ort-cuda also each GemmAct / Fp8GemmAct / Fp8Mlp node's cuBLASLt algorithm, timed on this
-            machine's GPU with the built CUDA library (`rewrite.gemm_tuning`; fp8: after the gate).
+            machine's GPU with the built CUDA library (`rewrite.gemm_tuning`; fp8: after the gate, and after
+            each Fp8GemmAct slower than the fp16 GemmAct of its shape became it, `quantize.speed_precision`).
         debug: record near misses of the fusion rules (why a candidate did not fuse).
         trust_pickle: allow loading a pickled module (runs code from the file).
         report_path: write the JSON report there.
@@ -631,16 +632,18 @@ def _verification_inputs(loaded: LoadedModel, example: Inputs, dynamic: Sequence
     second shape when axes are dynamic, cast to `dtype`.
 
     Each draw has its own seed, so floats and token ids differ; attention masks are all ones in
-    the first draw and padded in the others, the two paths models branch between.
+    the first draw and padded in the others, the two paths models branch between; an input is a mask by its name or
+    by its example's 0/1 values (`mask_like`).
     """
     specs = specs_of(example)
     shapes = [specs] + ([resized(specs, dynamic)] if dynamic else [])
     first = checking.seed if checking.seed is not None else secrets.randbits(32)  # leaves torch's global RNG alone
+    masks = mask_like(example)
     draws = []
     for index, shape in enumerate(shapes):
         for draw in range(checking.draws):
             seed = first + index * checking.draws + draw
-            draws.append(_Draw(_cast(make_inputs(shape, loaded.module, seed, pad_masks=draw > 0), dtype), index, draw, seed))
+            draws.append(_Draw(_cast(make_inputs(shape, loaded.module, seed, pad_masks=draw > 0, masks=masks), dtype), index, draw, seed))
     return draws
 
 

@@ -74,7 +74,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="ort-cuda: full fp32 MatMul/Conv (ORT's default rounds their inputs to TF32: faster, ~1e-3 relative error)")
     p.add_argument("--autotune", action="store_true",
                    help="time each fusion family on the target and keep only those that do not slow the model; "
-                   "on ort-cuda with a GPU, also pick each GemmAct / Fp8GemmAct / Fp8Mlp node's fastest cuBLASLt algorithm(s)")
+                   "on ort-cuda with a GPU, also pick each GemmAct / Fp8GemmAct / Fp8Mlp node's fastest cuBLASLt algorithm(s), "
+                   "after turning each Fp8GemmAct slower than the fp16 GEMM of its shape back into that fp16 GEMM")
     p.add_argument("--debug", action="store_true", help="show near misses: why fusion candidates did not fuse")
     p.add_argument("--no-fold", action="store_true", help="do not fold BatchNorm into Conv/Linear")
     p.add_argument("--no-fuse", action="store_true", help="do not rewrite the graph into fused nodes")
