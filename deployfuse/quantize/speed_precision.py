@@ -27,6 +27,7 @@ from onnx import helper, numpy_helper
 
 from deployfuse.ops.defs import fp8_gemm_act, gemm_act, skip_layer_norm_fp8
 from deployfuse.ops.schema import DOMAIN
+from deployfuse.quantize.qdq import fresh_name
 from deployfuse.rewrite import gemm_tuning
 
 FP8_OP, FLOAT_OP = fp8_gemm_act.SPEC.name, gemm_act.SPEC.name
@@ -69,7 +70,7 @@ def to_float_gemm(model: onnx.ModelProto, names: Iterable[str]) -> onnx.ModelPro
         x, _, w, w_scale, bias = node.input[:5]
         dequantized = numpy_helper.to_array(inits[w]).astype(np.float32) * numpy_helper.to_array(inits[w_scale]).astype(np.float32)
         weight = dequantized.T.astype(helper.tensor_dtype_to_np_dtype(inits[bias].data_type))
-        name = _unique(f"{w}_{gemm_act.SPEC.name}", taken)
+        name = fresh_name(f"{w}_{gemm_act.SPEC.name}", taken)
         out.graph.initializer.append(numpy_helper.from_array(weight, name))
         attrs = fp8_gemm_act.SPEC.node_attrs(node)
         replacement = helper.make_node(FLOAT_OP, [x, name, bias], list(node.output), name=node.name, domain=DOMAIN, activation=attrs["activation"])
@@ -79,15 +80,6 @@ def to_float_gemm(model: onnx.ModelProto, names: Iterable[str]) -> onnx.ModelPro
     del out.graph.initializer[:]
     out.graph.initializer.extend(kept)
     return out
-
-
-def _unique(name: str, taken: set[str]) -> str:
-    candidate, i = name, 0
-    while candidate in taken:
-        i += 1
-        candidate = f"{name}_{i}"
-    taken.add(candidate)
-    return candidate
 
 
 @dataclass(frozen=True)
