@@ -3,7 +3,8 @@
 Integer inputs get values a model accepts: attention masks are all ones (or, with
 `pad_masks`, padded: each row keeps at least one leading valid position), position ids count
 up, and other integer inputs (token ids) stay below the vocabulary or the smallest embedding
-table, so a random input never indexes out of range.
+table, so a random input never indexes out of range. A mask is known by its name or, where the
+name says nothing (a torch.export program's `a_1`), by its example's values (`mask_like`).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import math
 import os
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -120,10 +121,26 @@ def padding_mask(shape: Sequence[int], dtype: torch.dtype, generator: torch.Gene
     return (torch.arange(length) < valid.unsqueeze(-1)).to(dtype)
 
 
-def random_tensor(name: str, shape: Sequence[int], dtype: torch.dtype, int_bound: int, generator: torch.Generator, pad_masks: bool = False) -> torch.Tensor:
-    """A random tensor a model accepts for an input called `name` (masks padded with `pad_masks`)."""
+def mask_like(example: Mapping[str, torch.Tensor]) -> frozenset[str]:
+    """The integer and bool inputs of `example` that hold only 0s and 1s, some 1: attention masks, whatever their names.
+
+    Drawn as token ids instead (values up to the vocabulary), a mask the model turns into (1 - mask) * min gives scores of
+    +-inf that PyTorch and ONNX Runtime resolve differently: an unnamed mask failed verification on such draws."""
+    def binary(t: torch.Tensor) -> bool:
+        if t.is_floating_point() or t.numel() == 0:
+            return False
+        values = t.to(torch.int64)
+        return bool(((values == 0) | (values == 1)).all()) and bool((values == 1).any())
+
+    return frozenset(name for name, tensor in example.items() if binary(tensor))
+
+
+def random_tensor(name: str, shape: Sequence[int], dtype: torch.dtype, int_bound: int, generator: torch.Generator, pad_masks: bool = False,
+                  is_mask: bool = False) -> torch.Tensor:
+    """A random tensor a model accepts for an input called `name` (masks padded with `pad_masks`; `is_mask`: a mask
+    whatever the name says)."""
     lowered = name.lower()
-    if "mask" in lowered and (dtype == torch.bool or not dtype.is_floating_point):
+    if (is_mask or "mask" in lowered) and (dtype == torch.bool or not dtype.is_floating_point):
         return padding_mask(shape, dtype, generator) if pad_masks else torch.ones(shape, dtype=dtype)
     if dtype == torch.bool:
         return torch.rand(shape, generator=generator) > 0.5
@@ -161,14 +178,14 @@ def check_memory(specs: Sequence[InputSpec]) -> None:
         raise UsageError(f"inputs {shapes} need {needed / 1e9:.1f} GB, more than the {available / 1e9:.1f} GB of memory available: choose smaller shapes")
 
 
-def make_inputs(specs: Sequence[InputSpec], module: object, seed: int | None = None, pad_masks: bool = False) -> Inputs:
-    """Random inputs for `specs`, valid for `module` (see `random_tensor`); refused before any
-    allocation when they would not fit in memory."""
+def make_inputs(specs: Sequence[InputSpec], module: object, seed: int | None = None, pad_masks: bool = False, masks: Collection[str] = ()) -> Inputs:
+    """Random inputs for `specs`, valid for `module` (see `random_tensor`; `masks`: inputs to draw as masks whatever
+    their names, as `mask_like` finds them); refused before any allocation when they would not fit in memory."""
     check_memory(specs)
     generator = torch.Generator()
     generator.manual_seed(seed if seed is not None else torch.seed())
     bound = integer_bound(module)
-    return {s.name: random_tensor(s.name, s.shape, s.dtype, bound, generator, pad_masks) for s in specs}
+    return {s.name: random_tensor(s.name, s.shape, s.dtype, bound, generator, pad_masks, s.name in masks) for s in specs}
 
 
 def specs_of(inputs: Mapping[str, torch.Tensor]) -> list[InputSpec]:

@@ -27,7 +27,7 @@ from deployfuse import metadata
 from deployfuse.backends import ort as ort_backend
 from deployfuse.errors import AccuracyError, DeployfuseError, UsageError, first_line
 from deployfuse.export import EXPORTERS, clean, flatten_outputs, to_onnx
-from deployfuse.inputs import DynamicAxis, InputSpec, Inputs, checked_dynamic, make_inputs, resized, specs_of
+from deployfuse.inputs import DynamicAxis, InputSpec, Inputs, checked_dynamic, make_inputs, mask_like, resized, specs_of
 from deployfuse.io import check_outputs, check_writable_target, default_opset, temporary_folder, write_text_atomic
 from deployfuse.loading import LoadedModel, given_inputs, load_model
 from deployfuse.quantize.calibration import RANDOM_WARNING, Calibration, load_calibration, random_calibration

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from deployfuse.errors import UsageError
-from deployfuse.inputs import DynamicAxis, InputSpec, make_inputs, resized
+from deployfuse.inputs import DynamicAxis, InputSpec, make_inputs, mask_like, resized
 
 
 def test_input_spec_parses_shape_and_dtype():
@@ -38,6 +38,21 @@ def test_masks_are_ones_and_floats_are_random():
     got = make_inputs([InputSpec("attention_mask", (2, 5), torch.int64), InputSpec("x", (3, 4))], torch.nn.Identity())
     assert torch.equal(got["attention_mask"], torch.ones(2, 5, dtype=torch.int64))
     assert got["x"].std() > 0
+
+
+def test_an_unnamed_mask_is_known_by_its_example_and_drawn_as_a_mask():
+    # A torch.export program's inputs are a_0, a_1: its 0/1 mask was drawn as token ids (up to the vocabulary),
+    # which BERT's (1 - mask) * min turns into +-inf scores that PyTorch and ONNX Runtime resolve differently.
+    ids = torch.randint(2, 512, (2, 8))
+    example = {"a_0": ids, "a_1": torch.ones_like(ids), "a_2": torch.zeros_like(ids), "a_3": torch.randn(2, 8).round().clamp(0, 1)}
+    assert mask_like(example) == {"a_1"}  # not the all-zero token types, not a float tensor of 0/1
+    specs = [InputSpec(n, tuple(t.shape), t.dtype) for n, t in example.items()]
+    for seed in range(20):
+        drawn = make_inputs(specs, torch.nn.Embedding(512, 4), seed, pad_masks=seed > 0, masks=mask_like(example))
+        mask = drawn["a_1"]
+        assert set(mask.unique().tolist()) <= {0, 1} and bool((mask[:, 0] == 1).all()), mask  # no row all padding
+        assert int(drawn["a_0"].max()) > 1  # token ids stay token ids
+    assert int(make_inputs(specs, torch.nn.Embedding(512, 4), 3)["a_1"].max()) > 1  # what it was without the example's hint
 
 
 def test_resized_changes_every_axis_of_a_label_alike():

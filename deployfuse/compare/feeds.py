@@ -17,7 +17,7 @@ import torch
 from onnx import helper
 
 from deployfuse.errors import UsageError
-from deployfuse.inputs import DynamicAxis, InputSpec, Inputs, make_inputs, resized, specs_of
+from deployfuse.inputs import DynamicAxis, InputSpec, Inputs, make_inputs, mask_like, resized, specs_of
 from deployfuse.loading import LoadedModel, given_inputs
 from deployfuse.verify import to_numpy
 
@@ -81,7 +81,8 @@ def make_feeds(
         dims = onnx_inputs.get(d.name, (None, ()))[1]
         if -len(dims) <= d.axis < len(dims) and isinstance(dims[d.axis], int):
             raise UsageError(f"--dynamic {d.name}:{d.axis}:{d.label}: that axis is fixed to {dims[d.axis]} in the ONNX model")
-    tensors = [first] + ([make_inputs(resized(specs_of(first), dynamic), loaded.module, None if seed is None else seed + 1)] if dynamic else [])
+    second = resized(specs_of(first), dynamic)
+    tensors = [first] + ([make_inputs(second, loaded.module, None if seed is None else seed + 1, masks=mask_like(first))] if dynamic else [])
     feeds = []
     for inputs in tensors:
         check_fits(inputs, onnx_inputs)

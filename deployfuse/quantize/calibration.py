@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from deployfuse.errors import UsageError, first_line
-from deployfuse.inputs import DynamicAxis, Inputs, make_inputs, specs_of
+from deployfuse.inputs import DynamicAxis, Inputs, make_inputs, mask_like, specs_of
 
 RANDOM_CALIBRATION, RANDOM_HELD_OUT = 8, 4  # samples drawn without --calibration-data
 RANDOM_WARNING = ("WARNING: no --calibration-data: quantization scales were calibrated on RANDOM inputs, which say little about "
@@ -52,7 +52,8 @@ class Calibration:
 def random_calibration(example: Inputs, module: object, seed: int = 0) -> Calibration:
     """Random samples at the example's shapes, drawn like verification inputs (masks padded after the first)."""
     specs = specs_of(example)
-    draws = [make_inputs(specs, module, seed + i, pad_masks=i > 0) for i in range(RANDOM_CALIBRATION + RANDOM_HELD_OUT)]
+    masks = mask_like(example)
+    draws = [make_inputs(specs, module, seed + i, pad_masks=i > 0, masks=masks) for i in range(RANDOM_CALIBRATION + RANDOM_HELD_OUT)]
     return Calibration(draws[:RANDOM_CALIBRATION], draws[RANDOM_CALIBRATION:],
                        f"random inputs (seeds {seed}..{seed + len(draws) - 1}): {RANDOM_CALIBRATION} calibration + {RANDOM_HELD_OUT} held-out samples",
                        random=True)

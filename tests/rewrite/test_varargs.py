@@ -37,14 +37,13 @@ def test_pickled_module(cli, tmp_path) -> None:
 
 
 def test_exported_program(cli, tmp_path) -> None:
-    # Seeded: some random weights and verification draws of this tiny BERT miss fp32's rtol 1e-4 on one draw, fused or not
-    # and before this test's change too (manual_seed(232), --seed 1232); this test is about the input names.
-    torch.manual_seed(0)
+    # Unseeded again: its mask, named a_1, was drawn as token ids and failed 3 of 40 seeds (e.g. manual_seed(232),
+    # --seed 1232) until verification took the example's 0/1 values for a mask (inputs.mask_like).
     ids = torch.randint(0, 512, (2, 8))
     path = tmp_path / "wrapped.pt2"
     torch.export.save(torch.export.export(VarargsBert().eval(), (ids, torch.ones_like(ids))), path)
     assert _export(cli, tmp_path, str(path), *INPUTS) == ["input_ids", "attention_mask"]
-    assert _export(cli, tmp_path, str(path), "--seed", "1000") == ["a_0", "a_1"]  # its own example inputs, its own names
+    assert _export(cli, tmp_path, str(path)) == ["a_0", "a_1"]  # its own example inputs, its own names
 
 
 def test_exported_program_needs_every_input_named(cli, tmp_path) -> None:
