@@ -9,8 +9,8 @@ against 0.0222. Twelve such nodes a model are 0.13 ms of BERT-base's ~2.3 ms at 
 Three pieces: `to_float_gemm` (a pure graph rewrite: the node becomes a GemmAct on the weights dequantized offline, the
 same math less X's rounding to float8), `slower_in_fp8` (the decision on given times, `gemm_tuning.MARGIN`) and
 `measure` / `choose_precision` (each distinct problem timed on the GPU with `gemm_tuning`'s timing, then the rewrite).
-Only Fp8GemmAct nodes whose X is not float8 are candidates: those reading a SkipLayerNormFp8's YQ are left alone, since
-reverting one would need the norm to write Y for it too (and the norm's quantize pass is then paid by the other readers).
+Only Fp8GemmAct nodes whose X is not float8 (x_fp8 = 0: they run their own quantize pass) are candidates; those reading a
+SkipLayerNormFp8's YQ (or any deployfuse op's float8 YQ) are left alone: reverting one would need the norm to write Y for it too.
 This runs before the algorithm tuning (`gemm_tuning.tune`), which then tunes the reverted GemmAct nodes as GemmProblems.
 """
 
@@ -25,17 +25,24 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from deployfuse.ops.defs import fp8_gemm_act, gemm_act, skip_layer_norm_fp8
+from deployfuse.ops.defs import fp8_gemm_act, gemm_act
 from deployfuse.ops.schema import DOMAIN
+from deployfuse.ops.specs import SPECS
 from deployfuse.quantize.qdq import fresh_name
 from deployfuse.rewrite import gemm_tuning
 
 FP8_OP, FLOAT_OP = fp8_gemm_act.SPEC.name, gemm_act.SPEC.name
 
 
+FLOAT8_OUTPUT = "YQ"
+"""The name deployfuse ops give an output they write in float8e4m3fn for the fp8 GEMMs (SkipLayerNormFp8's, FusedMHA's)."""
+
+
 def _float8_values(graph: onnx.GraphProto) -> set[str]:
-    """The values known to be float8e4m3fn: each SkipLayerNormFp8's YQ and any graph input, initializer or value_info so typed."""
-    yq = {n.output[1] for n in graph.node if n.domain == DOMAIN and n.op_type == skip_layer_norm_fp8.SPEC.name and len(n.output) > 1 and n.output[1]}
+    """The values known to be float8e4m3fn: each deployfuse node's YQ (`FLOAT8_OUTPUT`) and any graph input, initializer or
+    value_info so typed."""
+    yq = {value for n in graph.node if n.domain == DOMAIN and n.op_type in SPECS
+          for name, value in zip(SPECS[n.op_type].outputs, n.output, strict=False) if name == FLOAT8_OUTPUT and value}
     typed = [*graph.input, *graph.value_info]
     return yq | {v.name for v in typed if v.type.tensor_type.elem_type == onnx.TensorProto.FLOAT8E4M3FN} | {
         t.name for t in graph.initializer if t.data_type == onnx.TensorProto.FLOAT8E4M3FN}
