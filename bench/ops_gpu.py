@@ -31,7 +31,7 @@ import torch.nn.functional as F
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from deployfuse.ops.schema import TF32_TOLERANCE  # noqa: E402
+from deployfuse.ops.schema import TF32_TOLERANCE, to_element_type  # noqa: E402
 from deployfuse.ops.specs import SPECS  # noqa: E402
 
 # tests/ops/cases.py by path: no `tests` package needs to be importable on the GPU machine.
@@ -42,7 +42,7 @@ CHECKS = _cases.CASES + _cases.GPU_CASES
 
 DT = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
-INPUT_KEYS = ("mask", "mask_inf", "mask_layout", "misalign")  # case keys that describe the inputs, not op attributes
+INPUT_KEYS = ("mask", "mask_inf", "mask_layout", "misalign", "outputs")  # case keys that describe the inputs, not op attributes
 
 
 class MhaShape(ctypes.Structure):
@@ -82,7 +82,7 @@ if ARGS.lib:
     lib.df_run.argtypes = [ctypes.c_char_p, ctypes.c_int, P, ctypes.c_int, ctypes.POINTER(P), ctypes.POINTER(ctypes.POINTER(I64)),
                            ctypes.POINTER(ctypes.c_int), P, ctypes.POINTER(ctypes.c_double), ctypes.POINTER(ctypes.c_char_p)]
     lib.df_last_error.restype = ctypes.c_char_p
-    lib.df_fused_mha.argtypes = [ctypes.c_int, P, P, P, P, P, P, ctypes.POINTER(MhaShape)]
+    lib.df_fused_mha.argtypes = [ctypes.c_int, P, P, P, P, P, P, ctypes.POINTER(MhaShape), P, P]
 
 
 def ptr(t):
@@ -119,11 +119,12 @@ def native(op, xs, attrs, y):
     assert rc == 0, f"{op}: df_run returned {rc}: {lib.df_last_error().decode() or 'CUDA error'}"
 
 
-def native_mha_direct(xs, attrs, y):
+def native_mha_direct(xs, attrs, y, yq=None):
     """FusedMHA through df_fused_mha with an explicit MhaShape: the mask's element strides (any
     layout) and, packed_qkv, Q, K, V rows 3·hidden apart at element offsets 0, hidden, 2·hidden of
-    their inputs (as plugins/fused_mha/fused_mha.h's FusedMHAAttrs::qkv hands them over)."""
-    q, k, v, mask = xs
+    their inputs (as plugins/fused_mha/fused_mha.h's FusedMHAAttrs::qkv hands them over). yq (uint8):
+    YQ too, from YScale (xs[4]); y may then be None."""
+    q, k, v, mask, y_scale = xs
     heads, packed = attrs["num_heads"], bool(attrs.get("packed_qkv"))
     hidden = q.shape[2] // 3 if packed else q.shape[2]
     hd = hidden // heads
@@ -135,7 +136,7 @@ def native_mha_direct(xs, attrs, y):
     s = MhaShape(q.shape[0], q.shape[1], k.shape[1], heads, hd, attrs["scale"] or 1 / math.sqrt(hd), bool(attrs["causal"]), (ctypes.c_int64 * 4)(*strides),
                  ld, ld, ld)
     third = [ctypes.c_void_p(t.data_ptr() + (i * hidden * t.element_size() if packed else 0)) for i, t in enumerate((q, k, v))]
-    rc = lib.df_fused_mha(DT[q.dtype], stream(), *third, ptr(mask), ptr(y), ctypes.byref(s))
+    rc = lib.df_fused_mha(DT[q.dtype], stream(), *third, ptr(mask), ptr(y), ctypes.byref(s), ptr(y_scale if yq is not None else None), ptr(yq))
     assert rc == 0, f"FusedMHA: CUDA error {rc}"
 
 
@@ -230,6 +231,43 @@ def check():
             worst = max(worst, rel / tol)
             shown = {**a, **{k: attrs[k] for k in INPUT_KEYS if k in attrs}}
             print(f"check {status:4} {op:13} {str(shape):22} {str(dtype):15} rel_err={rel:.2e} {shown}")
+    return worst
+
+
+def check_yq():
+    """FusedMHA's YQ form (tests/ops/cases.py YQ_CASES and GPU_YQ_CASES) through df_fused_mha in fp32/fp16/bf16, each case
+    with Y written and without: Y within the tolerance of the float64 reference, and YQ bit for bit q(Y, YScale) =
+    e4m3(Y / YScale) of the Y the kernel wrote (torch's correctly rounded division, round-to-nearest-even saturating
+    float8); the call without Y writes the same bytes. YQ is poisoned with 0x7F (e4m3's NaN, which saturation never writes)."""
+    worst = 0.0
+    if not wanted("FusedMHA"):
+        return worst
+    spec = SPECS["FusedMHA"]
+    for _, shape, attrs in _cases.YQ_CASES + _cases.GPU_YQ_CASES:
+        if ARGS.max_size and math.prod(shape) > ARGS.max_size:
+            continue
+        for dtype in DT:
+            torch.manual_seed(zlib.crc32(repr(("FusedMHA-yq", shape, str(dtype))).encode()))
+            xs = inputs("FusedMHA", shape, dtype, attrs)
+            a = spec.resolve(**op_attrs(attrs))
+            y = output("FusedMHA", xs, a).fill_(float("nan"))
+            assert xs[4] is not None and xs[4].dtype == torch.float32, "a YQ case gives YScale (float32)"
+            if ARGS.dry_run:
+                print(f"dry-run-yq FusedMHA {str(shape):22} {str(dtype):15} {[None if t is None else tuple(t.shape) for t in xs]} -> {tuple(y.shape)} {attrs}")
+                continue
+            yq = torch.full(y.shape, 0x7F, dtype=torch.uint8, device=DEVICE)
+            yq_alone = torch.full_like(yq, 0x7F)
+            native_mha_direct(xs, a, y, yq)
+            native_mha_direct(xs, a, None, yq_alone)
+            torch.cuda.synchronize()
+            ref = spec.reference_fn(*[None if t is None else t.double() for t in xs], **a)
+            rel = ((y.double() - ref).norm() / ref.norm()).item()
+            requantized = to_element_type(y.float().cpu() / xs[4].cpu(), "float8e4m3fn").view(torch.uint8)
+            flips, alone = (yq.cpu() != requantized).sum().item(), (yq_alone != yq).sum().item()
+            good = rel < TOL[dtype] and flips == 0 and alone == 0 and not torch.isnan(y).any()
+            worst = max(worst, rel / TOL[dtype], 0.0 if flips == alone == 0 else math.inf)
+            print(f"check-yq {'ok' if good else 'FAIL':4} FusedMHA {str(shape):22} {str(dtype):15} rel_err={rel:.2e} yq_mismatches={flips} "
+                  f"yq_without_y_mismatches={alone} {attrs}")
     return worst
 
 
@@ -547,6 +585,7 @@ def time_mha_tiles():
 if __name__ == "__main__":
     if ARGS.dry_run:
         check()
+        check_yq()
         print(f"dry run: {sum(wanted(op) for op, _, _ in CHECKS)} check cases of {sum(map(wanted, SPECS))} ops, inputs built")
         sys.exit(0)
     print(torch.cuda.get_device_name(), torch.__version__)
@@ -556,7 +595,7 @@ if __name__ == "__main__":
     if ARGS.mha_tiles:
         time_mha_tiles()
         sys.exit(0)
-    worst = check()
+    worst = max(check(), check_yq())
     print(f"worst error / tolerance: {worst:.2f}")
     if ARGS.ort:  # onnxruntime-gpu is importable with its CUDA provider
         worst = max(worst, ort_check(ARGS.ort))

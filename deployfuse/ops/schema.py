@@ -15,7 +15,7 @@ unless `OpSpec.input_types` fixes an input's element type (a float32 scale, a fl
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -90,7 +90,7 @@ class OpSpec:
 
     Attributes:
         name: the ONNX op type (also the TensorRT plugin name).
-        inputs: input names in order; those in `optional` may be omitted (only at the end).
+        inputs: input names in order; those in `optional` may be omitted (at the end, or named "" before a present one).
         outputs: output names.
         attrs: attribute name -> `Attr`.
         doc: the math, one paragraph.
@@ -170,11 +170,14 @@ class OpSpec:
         wide = [None if t is None else (t if t.dtype == torch.float64 else t.float()) for t in tensors]
         return self.reference_fn(*wide, **resolved).to(first.dtype)
 
-    def variant_key(self, attrs: dict[str, Any], present_inputs: int) -> str:
+    def variant_key(self, attrs: dict[str, Any], present_inputs: int | Collection[str]) -> str:
         """The overload name of the function body for these (resolved) attributes, e.g.
-        ``activation=gelu``; "" when the op has a single body."""
+        ``activation=gelu``; "" when the op has a single body. present_inputs: how many leading inputs
+        the node gives, or the names of those it gives (an absent optional input may precede a present
+        one: FusedMHA's Mask named "" before its YScale)."""
+        present = set(self.inputs[:present_inputs]) if isinstance(present_inputs, int) else set(present_inputs)
         parts = [f"{k}={attrs[k]}" for k, a in self.attrs.items() if a.variant]
-        parts += [f"{name}={int(i < present_inputs)}" for i, name in enumerate(self.inputs) if name in self.optional]
+        parts += [f"{name}={int(name in present)}" for name in self.inputs if name in self.optional]
         return ",".join(parts)
 
 

@@ -18,6 +18,7 @@
 
 #include "common/cuda_check.h"
 #include "common/dtype.cuh"
+#include "fused_mha/yq.cuh"
 
 namespace deployfuse {
 namespace {
@@ -30,7 +31,7 @@ constexpr int kKeys = 32;
 template <typename T, int kDimsPerLane>
 __global__ void __launch_bounds__(kWarps * 32) fused_mha_kernel(const T* __restrict__ q, const T* __restrict__ k,
                                                                 const T* __restrict__ v, const T* __restrict__ mask,
-                                                                T* __restrict__ y, MhaShape s) {
+                                                                T* __restrict__ y, MhaShape s, MhaYq yq) {
   extern __shared__ float smem[];
   const int d = static_cast<int>(s.head_dim);
   float* s_q = smem;                       // [kQueries][d], pre-scaled
@@ -105,55 +106,61 @@ __global__ void __launch_bounds__(kWarps * 32) fused_mha_kernel(const T* __restr
       }
     }
   }
+  const float yq_scale = yq.yq ? *yq.scale : 1.f;
 #pragma unroll
   for (int t = 0; t < kQueriesPerWarp; ++t) {
     const int64_t qi = q0 + warp * kQueriesPerWarp + t;
     if (qi >= s.q_seq) break;
     const float inv = l[t] > 0.f ? 1.f / l[t] : 0.f;
-    T* out = y + (b * s.q_seq + qi) * s.heads * s.head_dim + h * s.head_dim;
+    const int64_t at = (b * s.q_seq + qi) * s.heads * s.head_dim + h * s.head_dim;
 #pragma unroll
     for (int c = 0; c < kDimsPerLane; ++c) {
       const int col = lane + 32 * c;
-      if (col < d) out[col] = from_float<T>(acc[t][c] * inv);
+      if (col >= d) continue;
+      const T out = from_float<T>(acc[t][c] * inv);
+      if (y) y[at + col] = out;
+      if (yq.yq) yq.yq[at + col] = e4m3_of(out, yq_scale);
     }
   }
 }
 
 template <typename T, int kDimsPerLane>
-cudaError_t launch_with(cudaStream_t stream, const T* q, const T* k, const T* v, const T* mask, T* y, const MhaShape& s) {
+cudaError_t launch_with(cudaStream_t stream, const T* q, const T* k, const T* v, const T* mask, T* y, const MhaShape& s, MhaYq yq) {
   const int d = static_cast<int>(s.head_dim);
   const size_t smem = sizeof(float) * (kQueries * d + kKeys * (d + 1) + kKeys * d);
   if (smem > 48 * 1024) {
     DF_RETURN_IF_ERROR(cudaFuncSetAttribute(fused_mha_kernel<T, kDimsPerLane>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   }
   const dim3 grid(static_cast<unsigned>((s.q_seq + kQueries - 1) / kQueries), static_cast<unsigned>(s.batch * s.heads));
-  fused_mha_kernel<T, kDimsPerLane><<<grid, kWarps * 32, smem, stream>>>(q, k, v, mask, y, s);
+  fused_mha_kernel<T, kDimsPerLane><<<grid, kWarps * 32, smem, stream>>>(q, k, v, mask, y, s, yq);
   return cudaGetLastError();
 }
 
 }  // namespace
 
 template <typename T>
-cudaError_t launch_fused_mha(cudaStream_t stream, const T* q, const T* k, const T* v, const T* mask, T* y, const MhaShape& s) {
+cudaError_t launch_fused_mha(cudaStream_t stream, const T* q, const T* k, const T* v, const T* mask, T* y, const MhaShape& s, MhaYq yq) {
   if (s.batch == 0 || s.q_seq == 0 || s.heads == 0) return cudaSuccess;
   if (s.head_dim <= 0 || s.head_dim > 256 || s.batch * s.heads > 65535) return cudaErrorInvalidValue;
   if constexpr (!std::is_same_v<T, float>) {
     cudaError_t err = cudaErrorNotSupported;
 #ifdef DEPLOYFUSE_WITH_SM90A
-    err = launch_fused_mha_sm90(stream, q, k, v, mask, y, s);
+    err = launch_fused_mha_sm90(stream, q, k, v, mask, y, s, yq);
     if (err != cudaErrorNotSupported) return err;
 #endif
-    err = launch_fused_mha_tc(stream, q, k, v, mask, y, s);
+    err = launch_fused_mha_tc(stream, q, k, v, mask, y, s, yq);
     if (err != cudaErrorNotSupported) return err;
   }
-  if (s.head_dim <= 32) return launch_with<T, 1>(stream, q, k, v, mask, y, s);
-  if (s.head_dim <= 64) return launch_with<T, 2>(stream, q, k, v, mask, y, s);
-  if (s.head_dim <= 128) return launch_with<T, 4>(stream, q, k, v, mask, y, s);
-  return launch_with<T, 8>(stream, q, k, v, mask, y, s);
+  if (s.head_dim <= 32) return launch_with<T, 1>(stream, q, k, v, mask, y, s, yq);
+  if (s.head_dim <= 64) return launch_with<T, 2>(stream, q, k, v, mask, y, s, yq);
+  if (s.head_dim <= 128) return launch_with<T, 4>(stream, q, k, v, mask, y, s, yq);
+  return launch_with<T, 8>(stream, q, k, v, mask, y, s, yq);
 }
 
-template cudaError_t launch_fused_mha<float>(cudaStream_t, const float*, const float*, const float*, const float*, float*, const MhaShape&);
-template cudaError_t launch_fused_mha<__half>(cudaStream_t, const __half*, const __half*, const __half*, const __half*, __half*, const MhaShape&);
-template cudaError_t launch_fused_mha<__nv_bfloat16>(cudaStream_t, const __nv_bfloat16*, const __nv_bfloat16*, const __nv_bfloat16*, const __nv_bfloat16*, __nv_bfloat16*, const MhaShape&);
+template cudaError_t launch_fused_mha<float>(cudaStream_t, const float*, const float*, const float*, const float*, float*, const MhaShape&, MhaYq);
+template cudaError_t launch_fused_mha<__half>(cudaStream_t, const __half*, const __half*, const __half*, const __half*, __half*, const MhaShape&,
+                                              MhaYq);
+template cudaError_t launch_fused_mha<__nv_bfloat16>(cudaStream_t, const __nv_bfloat16*, const __nv_bfloat16*, const __nv_bfloat16*, const __nv_bfloat16*,
+                                                     __nv_bfloat16*, const MhaShape&, MhaYq);
 
 }  // namespace deployfuse

@@ -10,16 +10,18 @@
 
 namespace deployfuse {
 
-// mask may be null; Q, K, V rows are shape.q_ld, k_ld, v_ld elements apart, Y's shape.hidden(). head_dim <= 256. T = float, __half or
-// __nv_bfloat16 (fp32 math).
+// mask may be null; Q, K, V rows are shape.q_ld, k_ld, v_ld elements apart, Y's (and YQ's) shape.hidden(). head_dim <= 256. T = float,
+// __half or __nv_bfloat16 (fp32 math). yq.yq set: every path also writes YQ from Y rounded to T; y may then be null.
 template <typename T>
-cudaError_t launch_fused_mha(cudaStream_t stream, const T* q, const T* k, const T* v, const T* mask, T* y, const MhaShape& shape);
+cudaError_t launch_fused_mha(cudaStream_t stream, const T* q, const T* k, const T* v, const T* mask, T* y, const MhaShape& shape,
+                             MhaYq yq = {});
 
+// TensorRT's generic adapter's call: Y only (its FusedMHAOp refuses YScale; ONNX Runtime's adapter calls the launcher itself).
 template <typename T>
 cudaError_t run_cuda(const FusedMHAAttrs& op, const MhaShape& s, const Inputs& in, T* y, cudaStream_t stream) {
   if (s.head_dim > 256) throw std::invalid_argument("head_dim > 256 is not supported on CUDA");
-  return launch_fused_mha<T>(stream, op.qkv<T>(in, 0, s), op.qkv<T>(in, 1, s), op.qkv<T>(in, 2, s),
-                             in.count() > 3 ? in[3].as<T>() : nullptr, y, s);
+  const Tensor* m = FusedMHAAttrs::mask(in);
+  return launch_fused_mha<T>(stream, op.qkv<T>(in, 0, s), op.qkv<T>(in, 1, s), op.qkv<T>(in, 2, s), m ? m->as<T>() : nullptr, y, s);
 }
 
 }  // namespace deployfuse

@@ -10,6 +10,7 @@
 #include "common/mha_shape.h"
 #include "common/op_inputs.h"
 #include "deployfuse_op_specs.h"
+#include "fused_mha/mha_yq.h"
 
 namespace deployfuse {
 
@@ -41,10 +42,16 @@ struct FusedMHAAttrs {
     MhaShape s{q.dims[0], q.dims[1], k.dims[1], heads, hidden / heads, scale, causal, {0, 0, 0, 0}, 0, 0, 0};
     set_row_strides(packed, &s);
     if (s.scale == 0.f) s.scale = 1.f / std::sqrt(static_cast<float>(s.head_dim));
-    if (in.count() > 3 && !set_mask_strides(in[3].dims, in[3].rank, &s))
+    if (const Tensor* m = mask(in); m && !set_mask_strides(m->dims, m->rank, &s))
       throw std::invalid_argument("Mask is not broadcastable to [batch, heads, q_seq, k_seq]");
+    if (const Tensor* ys = y_scale(in); ys && ys->elements() != 1) throw std::invalid_argument("YScale must be a scalar (one element)");
     return s;
   }
+
+  // The Mask (input 3) or null. A node with YScale but no Mask names it "": its adapter hands an input without data over.
+  static const Tensor* mask(const Inputs& in) { return in.count() > 3 && in[3].data != nullptr ? &in[3] : nullptr; }
+  // YScale (input 4, float32) or null: given, the op writes YQ.
+  static const Tensor* y_scale(const Inputs& in) { return in.count() > 4 ? &in[4] : nullptr; }
 
   // Y's dims, [batch, q_seq, hidden]: Q's, or a third of its width when packed (ONNX Runtime's adapter shapes Y so).
   std::vector<int64_t> y_dims(const MhaShape& s) const { return {s.batch, s.q_seq, s.hidden()}; }
@@ -56,12 +63,8 @@ struct FusedMHAAttrs {
   }
 };
 
-// mask may be null. Q, K, V rows are s.q_ld, s.k_ld, s.v_ld elements apart; Y is [batch, q_seq, hidden].
-void fused_mha_cpu(const float* q, const float* k, const float* v, const float* mask, float* y, const MhaShape& s);
-
-inline void run_cpu(const FusedMHAAttrs& op, const MhaShape& s, const Inputs& in, float* y) {
-  fused_mha_cpu(op.qkv<float>(in, 0, s), op.qkv<float>(in, 1, s), op.qkv<float>(in, 2, s), in.count() > 3 ? in[3].as<float>() : nullptr, y,
-                s);
-}
+// mask may be null. Q, K, V rows are s.q_ld, s.k_ld, s.v_ld elements apart; Y and YQ are [batch, q_seq, hidden]; y and yq.yq
+// may each be null (not written).
+void fused_mha_cpu(const float* q, const float* k, const float* v, const float* mask, float* y, const MhaShape& s, MhaYq yq);
 
 }  // namespace deployfuse

@@ -36,6 +36,7 @@
 #include "common/shared_mem.cuh"
 #include "fused_mha/flash_math.cuh"
 #include "fused_mha/wgmma.cuh"
+#include "fused_mha/yq.cuh"
 
 namespace deployfuse {
 namespace {
@@ -74,6 +75,8 @@ struct Sm90Params {
   int q_seq, k_seq, heads;
   bool causal;
   bool mask_b, mask_h;  // the mask varies over batch / heads (else its map has one there)
+  const float* yq_scale;  // YQ (MhaYq): YScale on the device; yq null: not written
+  uint8_t* yq;
 };
 
 template <typename T, int D, int kConsumers, Sm90Mask kMask, int kCtas>
@@ -263,16 +266,25 @@ __global__ void __launch_bounds__(Sm90Tile<D, kConsumers, kMask, kCtas>::kThread
     fence_regs(o);
   }
 
-  // Epilogue: Y = O / l from registers (each quad writes 16 contiguous bytes of a row per column tile).
-  const int64_t ld = static_cast<int64_t>(p.heads) * D;  // Y's row
-  T* y_base = y + static_cast<int64_t>(b) * p.q_seq * ld + h * D + 2 * t;
+  // Epilogue: Y = O / l from registers (each quad writes 16 contiguous bytes of a row per column tile), and YQ from
+  // those values as rounded to T (8 bytes a quad).
+  const int64_t ld = static_cast<int64_t>(p.heads) * D;  // Y's (and YQ's) row
+  const int64_t base = static_cast<int64_t>(b) * p.q_seq * ld + h * D + 2 * t;
+  const float yq_scale = p.yq ? *p.yq_scale : 1.f;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const float inv = row_inverse_sum(l[r]);
     if (rows[r] < p.q_seq) {
-      T* out = y_base + rows[r] * ld;
+      const int64_t at = base + rows[r] * ld;
 #pragma unroll
-      for (int i = 0; i < D / 8; ++i) *reinterpret_cast<uint32_t*>(out + 8 * i) = pack2<T>(o[4 * i + 2 * r] * inv, o[4 * i + 2 * r + 1] * inv);
+      for (int i = 0; i < D / 8; ++i) {
+        const uint32_t pair = pack2<T>(o[4 * i + 2 * r] * inv, o[4 * i + 2 * r + 1] * inv);
+        if (y) *reinterpret_cast<uint32_t*>(y + at + 8 * i) = pair;
+        if (p.yq) {
+          const T* e = reinterpret_cast<const T*>(&pair);
+          *reinterpret_cast<uint16_t*>(p.yq + at + 8 * i) = e4m3_pair(e[0], e[1], yq_scale);
+        }
+      }
     }
   }
 #else
@@ -340,7 +352,8 @@ bool make_mask_map(CUtensorMap* map, const T* mask, const MhaShape& s, int rows)
 }
 
 template <typename T, int D, int kConsumers, Sm90Mask kMask, int kCtas>
-cudaError_t launch_with(cudaStream_t stream, int device, const T* q, const T* k, const T* v, const T* mask, T* y, const MhaShape& s) {
+cudaError_t launch_with(cudaStream_t stream, int device, const T* q, const T* k, const T* v, const T* mask, T* y, const MhaShape& s,
+                        MhaYq yq) {
   using Tile = Sm90Tile<D, kConsumers, kMask, kCtas>;
   const auto kernel = fused_mha_sm90_kernel<T, D, kConsumers, kMask, kCtas>;
   static std::atomic<uint64_t> configured{0};  // devices whose shared-memory limit is raised (bit = ordinal)
@@ -363,6 +376,8 @@ cudaError_t launch_with(cudaStream_t stream, int device, const T* q, const T* k,
   prm.causal = s.causal;
   prm.mask_b = mask && s.mask_stride[0] != 0;
   prm.mask_h = mask && s.mask_stride[1] != 0;
+  prm.yq_scale = yq.scale;
+  prm.yq = yq.yq;
   const dim3 grid(static_cast<unsigned>((s.q_seq + Tile::kBlockM - 1) / Tile::kBlockM), static_cast<unsigned>(s.batch * s.heads));
   kernel<<<grid, Tile::kThreads, Tile::kSmem, stream>>>(maps[0], maps[1], maps[2], maps[3], y, prm);
   return cudaGetLastError();
@@ -383,10 +398,11 @@ bool is_sm90(int device) {
 }
 
 template <typename T, int D, int kConsumers, int kCtas = 1>
-cudaError_t launch_mask(cudaStream_t stream, int device, const T* q, const T* k, const T* v, const T* mask, T* y, const MhaShape& s) {
-  if (!mask) return launch_with<T, D, kConsumers, Sm90Mask::kNone, kCtas>(stream, device, q, k, v, mask, y, s);
-  if (s.mask_stride[2] == 0) return launch_with<T, D, kConsumers, Sm90Mask::kRow, kCtas>(stream, device, q, k, v, mask, y, s);
-  return launch_with<T, D, kConsumers, Sm90Mask::kTile, kCtas>(stream, device, q, k, v, mask, y, s);
+cudaError_t launch_mask(cudaStream_t stream, int device, const T* q, const T* k, const T* v, const T* mask, T* y, const MhaShape& s,
+                        MhaYq yq) {
+  if (!mask) return launch_with<T, D, kConsumers, Sm90Mask::kNone, kCtas>(stream, device, q, k, v, mask, y, s, yq);
+  if (s.mask_stride[2] == 0) return launch_with<T, D, kConsumers, Sm90Mask::kRow, kCtas>(stream, device, q, k, v, mask, y, s, yq);
+  return launch_with<T, D, kConsumers, Sm90Mask::kTile, kCtas>(stream, device, q, k, v, mask, y, s, yq);
 }
 
 // The CTA shape for head_dim 64: "narrow" (one 64-row consumer, two CTAs an SM), "wide" (two consumers)
@@ -415,24 +431,25 @@ Sm90Shape choose_shape(const MhaShape& s) {
 }  // namespace
 
 template <typename T>
-cudaError_t launch_fused_mha_sm90(cudaStream_t stream, const T* q, const T* k, const T* v, const T* mask, T* y, const MhaShape& s) {
+cudaError_t launch_fused_mha_sm90(cudaStream_t stream, const T* q, const T* k, const T* v, const T* mask, T* y, const MhaShape& s, MhaYq yq) {
   if (!(s.scale > 0.f) || (s.head_dim != 64 && s.head_dim != 128)) return cudaErrorNotSupported;
-  if (!aligned16(q) || !aligned16(k) || !aligned16(v) || !aligned16(y)) return cudaErrorNotSupported;
+  if (!aligned16(q) || !aligned16(k) || !aligned16(v) || !aligned16(y) || !aligned16(yq.yq)) return cudaErrorNotSupported;
   if (s.q_seq > INT_MAX - 256 || s.k_seq > INT_MAX - 256 || s.heads > INT_MAX / 256) return cudaErrorNotSupported;
   int device = 0;
   DF_RETURN_IF_ERROR(cudaGetDevice(&device));
   if (!is_sm90(device) || !encode_tiled()) return cudaErrorNotSupported;
-  if (s.head_dim == 128) return launch_mask<T, 128, 2>(stream, device, q, k, v, mask, y, s);  // one CTA fills an SM's shared memory
+  if (s.head_dim == 128) return launch_mask<T, 128, 2>(stream, device, q, k, v, mask, y, s, yq);  // one CTA fills an SM's shared memory
   switch (choose_shape(s)) {
-    case Sm90Shape::kNarrow: return launch_mask<T, 64, 1, 2>(stream, device, q, k, v, mask, y, s);
-    case Sm90Shape::kTriple: return launch_mask<T, 64, 3>(stream, device, q, k, v, mask, y, s);
+    case Sm90Shape::kNarrow: return launch_mask<T, 64, 1, 2>(stream, device, q, k, v, mask, y, s, yq);
+    case Sm90Shape::kTriple: return launch_mask<T, 64, 3>(stream, device, q, k, v, mask, y, s, yq);
     case Sm90Shape::kNone: return cudaErrorNotSupported;
-    default: return launch_mask<T, 64, 2>(stream, device, q, k, v, mask, y, s);
+    default: return launch_mask<T, 64, 2>(stream, device, q, k, v, mask, y, s, yq);
   }
 }
 
-template cudaError_t launch_fused_mha_sm90<__half>(cudaStream_t, const __half*, const __half*, const __half*, const __half*, __half*, const MhaShape&);
+template cudaError_t launch_fused_mha_sm90<__half>(cudaStream_t, const __half*, const __half*, const __half*, const __half*, __half*, const MhaShape&,
+                                                    MhaYq);
 template cudaError_t launch_fused_mha_sm90<__nv_bfloat16>(cudaStream_t, const __nv_bfloat16*, const __nv_bfloat16*, const __nv_bfloat16*,
-                                                           const __nv_bfloat16*, __nv_bfloat16*, const MhaShape&);
+                                                           const __nv_bfloat16*, __nv_bfloat16*, const MhaShape&, MhaYq);
 
 }  // namespace deployfuse

@@ -42,6 +42,7 @@
 #include "common/dtype.cuh"
 #include "common/shared_mem.cuh"
 #include "fused_mha/flash_math.cuh"
+#include "fused_mha/yq.cuh"
 
 namespace deployfuse {
 namespace {
@@ -161,6 +162,8 @@ struct TcParams {
   float scale;     // |scale| * log2(e)
   bool q_negate;   // scale < 0: Q is negated and |scale| used
   bool mask_async; // kRow: the mask row is staged by cp.async (see MaskTileLoader), else by threads 0..63
+  const float* yq_scale;  // YQ (MhaYq): YScale on the device; yq null: not written
+  uint8_t* yq;
 };
 
 // Two 8-warp CTAs per SM (<= 128 registers; 8 warps only run head_dim <= 64).
@@ -327,12 +330,24 @@ __global__ void __launch_bounds__(kWarps * 32, kWarps == 8 ? 2 : 1) fused_mha_tc
     }
   }
   __syncwarp();
-  const int64_t ld = s.heads * D;  // Y's row
-  T* y_base = y + b * s.q_seq * ld + h * D;
+  const int64_t ld = s.heads * D;  // Y's (and YQ's) row
+  const int64_t base = b * s.q_seq * ld + h * D;
+  const float yq_scale = prm.yq ? *prm.yq_scale : 1.f;
 #pragma unroll
   for (int it = 0; it < D / 16; ++it) {  // 16 rows x D / 8 chunks over 32 lanes
     const int i = lane + it * 32, r = i / (D / 8), c = i % (D / 8);
-    if (qw + r < q_seq) *reinterpret_cast<uint4*>(y_base + (qw + r) * ld + c * 8) = *reinterpret_cast<const uint4*>(so + r * kP + c * 8);
+    if (qw + r >= q_seq) continue;
+    const uint4 chunk = *reinterpret_cast<const uint4*>(so + r * kP + c * 8);
+    const int64_t at = base + (qw + r) * ld + c * 8;
+    if (y) *reinterpret_cast<uint4*>(y + at) = chunk;
+    if (prm.yq) {  // the 8 values as rounded to T, 8 float8 bytes
+      const T* e = reinterpret_cast<const T*>(&chunk);
+      uint2 bytes;
+      uint16_t* pairs = reinterpret_cast<uint16_t*>(&bytes);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) pairs[j] = e4m3_pair(e[2 * j], e[2 * j + 1], yq_scale);
+      *reinterpret_cast<uint2*>(prm.yq + at) = bytes;
+    }
   }
 #else
   __trap();  // launch_fused_mha_tc only launches on sm_80+
@@ -340,7 +355,8 @@ __global__ void __launch_bounds__(kWarps * 32, kWarps == 8 ? 2 : 1) fused_mha_tc
 }
 
 template <typename T, int D, int kWarps, MaskMode kMode>
-cudaError_t launch_with(cudaStream_t stream, const T* q, const T* k, const T* v, const T* mask, T* y, const MhaShape& s, bool mask_async) {
+cudaError_t launch_with(cudaStream_t stream, const T* q, const T* k, const T* v, const T* mask, T* y, const MhaShape& s, MhaYq yq,
+                        bool mask_async) {
   constexpr int kBlockM = 16 * kWarps;
   constexpr size_t smem = smem_bytes<T, D, kWarps, kMode>();
   const auto kernel = fused_mha_tc_kernel<T, D, kWarps, kMode>;
@@ -352,38 +368,40 @@ cudaError_t launch_with(cudaStream_t stream, const T* q, const T* k, const T* v,
   prm.scale = fabsf(s.scale) * kLog2e;
   prm.q_negate = s.scale < 0.f;
   prm.mask_async = mask_async;
+  prm.yq_scale = yq.scale;
+  prm.yq = yq.yq;
   kernel<<<grid, kWarps * 32, smem, stream>>>(q, k, v, mask, y, s, prm);
   return cudaGetLastError();
 }
 
 template <typename T, int D, int kWarps>
-cudaError_t launch_mode(cudaStream_t stream, const T* q, const T* k, const T* v, const T* mask, T* y, const MhaShape& s) {
-  if (!mask) return launch_with<T, D, kWarps, MaskMode::kNone>(stream, q, k, v, mask, y, s, false);
+cudaError_t launch_mode(cudaStream_t stream, const T* q, const T* k, const T* v, const T* mask, T* y, const MhaShape& s, MhaYq yq) {
+  if (!mask) return launch_with<T, D, kWarps, MaskMode::kNone>(stream, q, k, v, mask, y, s, yq, false);
   // cp.async staging: keys contiguous and every row start (b, h, q offsets) 16-byte aligned.
   const int64_t* ms = s.mask_stride;
   const bool mask_async = ms[3] == 1 && aligned16(mask) && ms[0] % 8 == 0 && ms[1] % 8 == 0 && ms[2] % 8 == 0;
-  if (ms[2] == 0) return launch_with<T, D, kWarps, MaskMode::kRow>(stream, q, k, v, mask, y, s, mask_async);
-  if (mask_async) return launch_with<T, D, kWarps, MaskMode::kTile>(stream, q, k, v, mask, y, s, true);
-  return launch_with<T, D, kWarps, MaskMode::kGlobal>(stream, q, k, v, mask, y, s, false);
+  if (ms[2] == 0) return launch_with<T, D, kWarps, MaskMode::kRow>(stream, q, k, v, mask, y, s, yq, mask_async);
+  if (mask_async) return launch_with<T, D, kWarps, MaskMode::kTile>(stream, q, k, v, mask, y, s, yq, true);
+  return launch_with<T, D, kWarps, MaskMode::kGlobal>(stream, q, k, v, mask, y, s, yq, false);
 }
 
 // 8 warps (128 rows) halve the K/V traffic per query: 1.25x faster at head_dim 64 on an H200. 4 warps
 // waste fewer rows on short queries, and at head_dim > 64 (~240 registers) they let two CTAs share an
 // SM: 6% faster at head_dim 128.
 template <typename T, int D>
-cudaError_t launch_dim(cudaStream_t stream, const T* q, const T* k, const T* v, const T* mask, T* y, const MhaShape& s) {
+cudaError_t launch_dim(cudaStream_t stream, const T* q, const T* k, const T* v, const T* mask, T* y, const MhaShape& s, MhaYq yq) {
   if constexpr (D <= 64) {
-    if (s.q_seq > 64) return launch_mode<T, D, 8>(stream, q, k, v, mask, y, s);
+    if (s.q_seq > 64) return launch_mode<T, D, 8>(stream, q, k, v, mask, y, s, yq);
   }
-  return launch_mode<T, D, 4>(stream, q, k, v, mask, y, s);
+  return launch_mode<T, D, 4>(stream, q, k, v, mask, y, s, yq);
 }
 
 }  // namespace
 
 template <typename T>
-cudaError_t launch_fused_mha_tc(cudaStream_t stream, const T* q, const T* k, const T* v, const T* mask, T* y, const MhaShape& s) {
-  // 16-byte aligned bases and row strides suffice: head_dim % 16 == 0 keeps every head offset aligned.
-  if (!aligned16(q) || !aligned16(k) || !aligned16(v) || !aligned16(y)) return cudaErrorNotSupported;
+cudaError_t launch_fused_mha_tc(cudaStream_t stream, const T* q, const T* k, const T* v, const T* mask, T* y, const MhaShape& s, MhaYq yq) {
+  // 16-byte aligned bases and row strides suffice: head_dim % 16 == 0 keeps every head offset aligned (YQ's 8-byte stores too).
+  if (!aligned16(q) || !aligned16(k) || !aligned16(v) || !aligned16(y) || !aligned16(yq.yq)) return cudaErrorNotSupported;
   if (s.q_ld % 8 != 0 || s.k_ld % 8 != 0 || s.v_ld % 8 != 0) return cudaErrorNotSupported;
   if (s.q_seq > INT_MAX - 128 || s.k_seq > INT_MAX - 128) return cudaErrorNotSupported;
   const int64_t max_ld = std::max({s.q_ld, s.k_ld, s.v_ld, s.hidden()});
@@ -395,16 +413,17 @@ cudaError_t launch_fused_mha_tc(cudaStream_t stream, const T* q, const T* k, con
   static ArchCheck built_for;
   if (major < 8 || !built_for(reinterpret_cast<const void*>(fused_mha_tc_kernel<T, 64, 4, MaskMode::kNone>), 80)) return cudaErrorNotSupported;
   switch (s.head_dim) {
-    case 32: return launch_dim<T, 32>(stream, q, k, v, mask, y, s);
-    case 64: return launch_dim<T, 64>(stream, q, k, v, mask, y, s);
-    case 96: return launch_dim<T, 96>(stream, q, k, v, mask, y, s);
-    case 128: return launch_dim<T, 128>(stream, q, k, v, mask, y, s);
+    case 32: return launch_dim<T, 32>(stream, q, k, v, mask, y, s, yq);
+    case 64: return launch_dim<T, 64>(stream, q, k, v, mask, y, s, yq);
+    case 96: return launch_dim<T, 96>(stream, q, k, v, mask, y, s, yq);
+    case 128: return launch_dim<T, 128>(stream, q, k, v, mask, y, s, yq);
     default: return cudaErrorNotSupported;
   }
 }
 
-template cudaError_t launch_fused_mha_tc<__half>(cudaStream_t, const __half*, const __half*, const __half*, const __half*, __half*, const MhaShape&);
+template cudaError_t launch_fused_mha_tc<__half>(cudaStream_t, const __half*, const __half*, const __half*, const __half*, __half*, const MhaShape&,
+                                                  MhaYq);
 template cudaError_t launch_fused_mha_tc<__nv_bfloat16>(cudaStream_t, const __nv_bfloat16*, const __nv_bfloat16*, const __nv_bfloat16*,
-                                                         const __nv_bfloat16*, __nv_bfloat16*, const MhaShape&);
+                                                         const __nv_bfloat16*, __nv_bfloat16*, const MhaShape&, MhaYq);
 
 }  // namespace deployfuse

@@ -3,6 +3,7 @@
 #include <cuda_runtime.h>
 
 #include "common/mha_shape.h"
+#include "fused_mha/mha_yq.h"
 
 namespace deployfuse {
 
@@ -10,6 +11,7 @@ namespace deployfuse {
 // launching nothing, when this path cannot take the call (head_dim not 32/64/96/128, Q/K/V/Y or their
 // row strides not 16-byte aligned, a GPU older than sm_80); the caller then falls back to the CUDA-core kernel.
 template <typename T>
-cudaError_t launch_fused_mha_tc(cudaStream_t stream, const T* q, const T* k, const T* v, const T* mask, T* y, const MhaShape& shape);
+cudaError_t launch_fused_mha_tc(cudaStream_t stream, const T* q, const T* k, const T* v, const T* mask, T* y, const MhaShape& shape,
+                                MhaYq yq);
 
 }  // namespace deployfuse

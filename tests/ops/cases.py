@@ -4,7 +4,8 @@ k_seq) and non-default numeric attributes; GPU_CASES add the shapes that reach e
 path (sizes at and past the kernels' thresholds, misaligned storage), checked only on a GPU.
 
 Attributes outside the op's spec describe the inputs: "mask" (FusedMHA: True = a [batch, 1, 1,
-k_seq] mask; on the GPU also a string naming the kept dims of [b, h, q, k]), and on the GPU
+k_seq] mask; on the GPU also a string naming the kept dims of [b, h, q, k]), "outputs" (FusedMHA's
+YQ_CASES: the outputs the node writes; YQ among them = a YScale input), and on the GPU
 "misalign" (storage one element off 16-byte alignment), "mask_inf" and "mask_layout" (see
 bench/ops_gpu.py, mha_mask)."""
 
@@ -127,6 +128,33 @@ GPU_CASES: list[tuple[str, tuple[int, ...], dict[str, Any]]] = [
     ("GemmAct", (8, 128, 768, 3072), {"activation": "gelu_tanh"}), ("GemmAct", (64, 128, 3072, 768), {"activation": "none", "mask": True}),
     ("GemmAct", (7, 33, 130, 257), {"activation": "relu", "algo": 3}), ("GemmAct", (5, 3, 64, 1), {"activation": "none", "mask": True}),
     ("GemmAct", (1, 4096, 4096), {"activation": "gelu_tanh", "algo": 5}), ("GemmAct", (3, 50, 66, 98), {"activation": "relu", "misalign": True}),
+]
+
+
+# FusedMHA's YQ form (YScale given: Y's float8 copy for the fp8 GEMM reading it, `rules.fp8_attention_out`), Y written or
+# not: every causal / packed_qkv / Mask variant (an absent Mask named ""). The CPU tests (tests/ops/test_fused_mha_yq.py) and
+# the GPU check (bench/ops_gpu.py check_yq: YQ bit for bit the quantized Y the kernel wrote) run them; the generic op tests
+# read Y only, so they are not in CASES.
+YQ_CASES: list[tuple[str, tuple[int, ...], dict[str, Any]]] = [
+    ("FusedMHA", (2, 7, 7, 24), {"num_heads": 3, "outputs": ("Y", "YQ")}),
+    ("FusedMHA", (2, 5, 9, 24), {"num_heads": 2, "causal": 1, "mask": True, "scale": 0.3, "outputs": ("YQ",)}),
+    ("FusedMHA", (1, 9, 9, 16), {"num_heads": 4, "causal": 1, "outputs": ("YQ",)}),
+    ("FusedMHA", (2, 1, 13, 40), {"num_heads": 5, "mask": True, "outputs": ("Y", "YQ")}),
+    ("FusedMHA", (2, 7, 7, 24), {"num_heads": 3, "packed_qkv": 1, "outputs": ("YQ",)}),
+    ("FusedMHA", (2, 5, 9, 24), {"num_heads": 2, "causal": 1, "mask": True, "packed_qkv": 1, "outputs": ("Y", "YQ")}),
+    ("FusedMHA", (1, 9, 9, 16), {"num_heads": 4, "causal": 1, "packed_qkv": 1, "outputs": ("Y", "YQ")}),
+    ("FusedMHA", (2, 1, 13, 40), {"num_heads": 5, "mask": True, "packed_qkv": 1, "outputs": ("YQ",)}),
+]
+
+# ... and on the GPU each kernel's epilogue: Hopper (fp16/bf16, head_dim 64 BERT-base packed with its padding mask, 128
+# causal), tensor cores (head_dim 32; 96 with a negative scale), CUDA cores (head_dim 20; every fp32 call).
+GPU_YQ_CASES: list[tuple[str, tuple[int, ...], dict[str, Any]]] = [
+    ("FusedMHA", (4, 128, 128, 768), {"num_heads": 12, "mask": True, "packed_qkv": 1, "outputs": ("YQ",)}),
+    ("FusedMHA", (2, 200, 200, 1024), {"num_heads": 8, "causal": 1, "outputs": ("Y", "YQ")}),
+    ("FusedMHA", (2, 300, 190, 512), {"num_heads": 8, "outputs": ("Y", "YQ")}),
+    ("FusedMHA", (2, 77, 90, 384), {"num_heads": 12, "mask": "bhqk", "outputs": ("Y", "YQ")}),
+    ("FusedMHA", (2, 64, 64, 384), {"num_heads": 4, "scale": -0.1, "outputs": ("YQ",)}),
+    ("FusedMHA", (2, 50, 50, 60), {"num_heads": 3, "mask": True, "packed_qkv": 1, "outputs": ("Y", "YQ")}),
 ]
 
 

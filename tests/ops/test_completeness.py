@@ -40,7 +40,7 @@ from deployfuse.ops.models import example_inputs
 from deployfuse.ops.schema import OpSpec
 from deployfuse.ops.specs import OP_MODULES, SPECS
 from deployfuse.targets import BY_NAME
-from tests.ops.cases import CASES
+from tests.ops.cases import CASES, YQ_CASES
 
 ROOT = Path(__file__).resolve().parents[2]
 PLUGINS = ROOT / "plugins"
@@ -71,9 +71,15 @@ def _variants(spec: OpSpec) -> list[dict]:
 
 
 def _case_variant(spec: OpSpec, attrs: dict) -> str:
+    """A case's variant: "mask" gives the optional inputs, but YScale, which FusedMHA's "outputs" naming YQ gives (YQ_CASES)."""
     attrs = dict(attrs)
-    present = len(spec.inputs) - (0 if attrs.pop("mask", False) else len(spec.optional))
-    return spec.variant_key(spec.resolve(**attrs), present)
+    given = {"YScale": "YQ" in attrs.pop("outputs", ())}
+    mask = attrs.pop("mask", False)
+    return spec.variant_key(spec.resolve(**attrs), [n for n in spec.inputs if n not in spec.optional or given.get(n, mask)])
+
+
+def _present(spec: OpSpec, variant: dict) -> list[str]:
+    return [n for n in spec.inputs if n not in spec.optional or variant[n]]
 
 
 def _python_pieces(module: types.ModuleType, folder: str) -> list[str]:
@@ -102,15 +108,15 @@ def _python_pieces(module: types.ModuleType, folder: str) -> list[str]:
             missing.append(f"ONNX translation defaults = the spec's (got {defaults})")
     for variant in _variants(spec):
         try:
-            function_body(spec, max(MIN_OPSET, spec.min_opset), variant)
+            function_body(spec, max(MIN_OPSET, spec.min_opset, 19 if variant.get("YScale") else 0), variant)  # FusedMHA's float8 YQ: opset 19
         except Exception as exc:  # noqa: BLE001 (the piece is what is reported)
             missing.append(f"function body for {variant}: {exc}")
-    cases = [c for c in CASES if c[0] == spec.name]
+    cases = [c for c in CASES + YQ_CASES if c[0] == spec.name]
     if not cases:
         missing.append("a test case in tests/ops/cases.py")
     else:
         covered = {_case_variant(spec, attrs) for _, _, attrs in cases}
-        wanted = {spec.variant_key(v, len(spec.inputs) - sum(not v[n] for n in spec.optional)) for v in _variants(spec)}
+        wanted = {spec.variant_key(v, _present(spec, v)) for v in _variants(spec)}
         if wanted - covered:
             missing.append(f"test cases for the variants {sorted(wanted - covered)}")
         op, shape, attrs = cases[0]

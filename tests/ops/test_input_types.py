@@ -20,11 +20,17 @@ FIXED = [name for name, spec in SPECS.items() if spec.input_types]
 T_TYPES = {np.float32: onnx.TensorProto.FLOAT, np.float16: onnx.TensorProto.FLOAT16}
 
 
-def _first_case(op: str) -> tuple[tuple[int, ...], dict]:
-    from tests.ops.cases import CASES
+def _first_case(op: str) -> tuple[tuple[int, ...], dict, dict]:
+    """The op's first case whose example gives every fixed-type input (FusedMHA's YScale: a YQ case): its shape, the keys
+    describing its inputs and its attributes."""
+    from tests.ops.cases import CASES, YQ_CASES
 
-    _, shape, attrs = next(c for c in CASES if c[0] == op)
-    return shape, {k: v for k, v in attrs.items() if k in SPECS[op].attrs}
+    spec = SPECS[op]
+    for _, shape, attrs in (c for c in CASES + YQ_CASES if c[0] == op):
+        xs = spec.example_fn(shape, lambda *s, scale=1.0, shift=0.0: np.ones(s, np.float32), attrs)
+        if all(x is not None for name, x in zip(spec.inputs, xs) if name in spec.input_types):
+            return shape, {k: v for k, v in attrs.items() if k not in spec.attrs}, {k: v for k, v in attrs.items() if k in spec.attrs}
+    raise AssertionError(f"{op}: no case gives its fixed-type inputs {sorted(spec.input_types)}")
 
 
 @pytest.mark.parametrize("bad,why", [
@@ -45,8 +51,8 @@ def test_fixed_type_ops_exist():
 @pytest.mark.parametrize("dtype", [np.float32, np.float16])
 def test_example_inputs_and_models_carry_the_fixed_types(op, dtype):
     spec = SPECS[op]
-    shape, attrs = _first_case(op)
-    xs = example_inputs(op, shape, dtype=dtype)
+    shape, described, attrs = _first_case(op)
+    xs = example_inputs(op, shape, dtype=dtype, **described)
     model = single_op_model(op, xs, opset=max(20, spec.min_opset), **attrs)
     declared = {vi.name: vi.type.tensor_type.elem_type for vi in model.graph.input}
     for name, x in zip(spec.inputs, xs):
@@ -63,8 +69,8 @@ def test_example_inputs_and_models_carry_the_fixed_types(op, dtype):
 def test_example_inputs_from_torch_callers_carry_the_fixed_types(op):
     """bench/ops_gpu.py builds the same example inputs from torch tensors."""
     spec = SPECS[op]
-    shape, _ = _first_case(op)
-    xs = spec.example_fn(shape, lambda *s, scale=1.0, shift=0.0: (torch.randn(*s) * scale + shift).to(torch.bfloat16), {})
+    shape, described, _ = _first_case(op)
+    xs = spec.example_fn(shape, lambda *s, scale=1.0, shift=0.0: (torch.randn(*s) * scale + shift).to(torch.bfloat16), described)
     for name, x in zip(spec.inputs, xs):
         if x is None:  # an absent optional input
             continue
@@ -75,8 +81,8 @@ def test_example_inputs_from_torch_callers_carry_the_fixed_types(op):
 @pytest.mark.parametrize("op", FIXED)
 def test_model_refuses_an_input_of_another_type(op):
     spec = SPECS[op]
-    shape, _ = _first_case(op)
-    xs = example_inputs(op, shape)
+    shape, described, _ = _first_case(op)
+    xs = example_inputs(op, shape, **described)
     name = next(iter(spec.input_types))
     i = spec.inputs.index(name)
     wrong = np.float16 if xs[i].dtype == np.float32 else np.float32
