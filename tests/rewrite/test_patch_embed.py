@@ -14,7 +14,7 @@ import numpy as np
 import onnx
 import pytest
 import torch
-from _export import exported as exported_by, op_counts
+from _export import _trained_like, exported as exported_by, op_counts
 from _forms import Form, exported
 
 from deployfuse.backends.ort import run, session
@@ -54,10 +54,13 @@ def _assert_same(original: onnx.ModelProto, rewritten: onnx.ModelProto, batches:
 
 
 def _dynamo(module: torch.nn.Module, pixels: torch.Tensor) -> onnx.ModelProto:
-    """`module` exported by the dynamo exporter with a dynamic batch, cleaned as the pipeline does."""
+    """`module` (its constant-initialised tensors made random: torchvision's head starts at zero)
+    exported by the dynamo exporter with a dynamic batch, cleaned as the pipeline does."""
+    _trained_like(module)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         program = torch.onnx.export(module, (pixels,), dynamo=True, dynamic_shapes=({0: torch.export.Dim.AUTO},), opset_version=18, optimize=True, verbose=False)
+    assert program is not None
     return clean(program.model_proto)
 
 
@@ -158,3 +161,17 @@ def test_which_targets_get_it(target: str) -> None:
     out, report = fuse(model, target, [_images(model, 2, seed=0)], families=["patch_embed"])
     assert ("Conv" in op_counts(out)) == (target != "ort-cuda"), op_counts(out)
     assert [f.family for f in report.families if f.family == "patch_embed"] == (["patch_embed"] if target == "ort-cuda" else [])
+
+
+def test_fp8_export_quantizes_the_patch_gemm() -> None:
+    """An fp8 ort-cuda export (the fused fp16 graph, float8 Q/DQ, then fp8_gemm's lowering): the
+    patch GEMM is one more float8 GEMM, an Fp8GemmAct reading the patch rows (its bias in the epilogue)."""
+    from test_fp8_gemm import _lower, _qdq_model
+
+    float_model, qdq, _, _ = _qdq_model("vit", False)
+    tagged = {o for n in float_model.graph.node if {p.key: p.value for p in n.metadata_props}.get(RULE_TAG) == "patch_embed" for o in n.output}
+    lowered = _lower(qdq)
+    producers = {o: n for n in lowered.graph.node for o in n.output}
+    patch = [n for n in lowered.graph.node if n.op_type == "Fp8GemmAct" and n.input[0] in tagged]
+    assert len(patch) == 1 and producers[patch[0].input[0]].op_type == "Reshape", [n.op_type for n in lowered.graph.node]
+    assert "Conv" not in op_counts(lowered) and not {"MatMul", "QuantizeLinear"} & set(op_counts(lowered))

@@ -19,16 +19,19 @@ to be [*, O, L]), then Transpose(0, 2, 1), the Conv read by nothing else. (ONNX'
 always 2-D, so torch's flatten(2) never exports as one.)
 Refused: padding, dilation, groups, stride != kernel, a non-constant weight or bias, a
 non-2-D Conv, and an input whose H and W are not static multiples of the kernel (the 6-D
-Reshape would be wrong or fail). A Conv whose NCHW output other ops read (Swin's patch merge,
-ConvNeXt's stem) is left alone: the GEMM form would need a Reshape and a Transpose back to
-NCHW, and measured on ORT CPU it was slower than the Conv (see the commit and the report).
+Reshape would be wrong or fail). A patchify Conv whose NCHW output other ops read (ConvNeXt's
+stem) is left alone: the GEMM form would need a Reshape and a Transpose back to NCHW, and on ORT
+CPU that form took twice the Conv's time (ConvNeXt-T's stem, 4x4/4, 3 -> 96 on 224², fp32, one
+thread, CPU time: 0.42 -> 0.84 ms at batch 1, 4.9 -> 8.2 ms at batch 8).
 
 Why: on an H200 (ORT CUDA EP, fp16) ViT-B/16's patch Conv (3 input channels, NCHW, which cuDNN
 does poorly) takes 0.50 ms at batch 64 and 0.12 ms at batch 8, ~11 % of the fp16 and fp8 models;
 as a GEMM it is [B·196, 768]·[768, 768] (~0.03 ms) after a ~0.01 ms transpose. It runs before
-gemm_act and bias_act (`rules.__init__`), so the new MatMul + Add gets their epilogues and an fp8
-export sees a GEMM. ort-cuda and ort-cpu (measured not slower on CPU); TensorRT handles such
-convolutions well itself and gets nothing here.
+gemm_act and bias_act (`rules.__init__`), so the new MatMul + Add gets their epilogues, and an
+fp8 export quantizes it (one more Fp8GemmAct). ort-cuda only: on ORT CPU, MLAS's Conv (itself an
+im2col + GEMM) was as fast or faster (ViT-B/16's patch embedding, fp32, one thread, CPU time:
+2.46 against 2.33 ms at batch 1, 20.6 against 23.4 ms at batch 8); TensorRT runs such
+convolutions well itself.
 """
 
 from __future__ import annotations
