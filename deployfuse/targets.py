@@ -148,6 +148,7 @@ ORT_CUDA = Target(
         "gemm_act": (Lowering(DEPLOYFUSE, "GemmAct"),),
         "fp8_gemm": (Lowering(DEPLOYFUSE, "Fp8GemmAct"),),  # float8 Q/DQ'd GEMMs (--precision fp8); tensorrt keeps the Q/DQ
         "fp8_norm": (Lowering(DEPLOYFUSE, "SkipLayerNormFp8"),),  # a norm quantizing its fp8 GEMMs' X (after fp8_gemm)
+        "fp8_attention_out": (Lowering(DEPLOYFUSE, "FusedMHA"),),  # FusedMHA writing its fp8 output projection's X (after fp8_norm)
         "packed_mha": (Lowering(DEPLOYFUSE, "FusedMHA", {"packed_qkv": 1}),),  # MHA on a Split packed QKV (fp8's split_qkv, GPT-2)
         "patch_embed": (Lowering("", "MatMul"),),  # a patchify Conv as a GEMM (slower on ORT CPU; TensorRT runs the Conv well)
         **_NORM_ACT,

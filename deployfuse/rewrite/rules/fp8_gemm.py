@@ -192,12 +192,12 @@ def rules(target: str | Target) -> list[pattern.RewriteRule]:
 def lower(model: onnx.ModelProto, target: str | Target) -> tuple[onnx.ModelProto, int]:
     """`model` with every float8 Q/DQ'd GEMM the rules take rewritten into Fp8GemmAct, then each
     FC1 -> FC2 pair of them merged into one Fp8Mlp (`rules.fp8_mlp`: the hidden activation kept in
-    float8), each norm feeding them made to quantize their X (`rules.fp8_norm`), function bodies
-    attached; and how many GEMMs were rewritten (an Fp8Mlp holds two). Not
+    float8), each norm feeding them made to quantize their X (`rules.fp8_norm`), then each attention
+    (`rules.fp8_attention_out`), function bodies attached; and how many GEMMs were rewritten (an Fp8Mlp holds two). Not
     guarded (see the module's docstring): the caller judges the result. Rules apply one name at a
     time, in `rules` order, as `rewrite.fuse` applies them."""
     from deployfuse.ops import attach_functions
-    from deployfuse.rewrite.rules import fp8_mlp, fp8_norm
+    from deployfuse.rewrite.rules import fp8_attention_out, fp8_mlp, fp8_norm
 
     groups: dict[str, list[pattern.RewriteRule]] = {}
     for rule in rules(target):
@@ -206,6 +206,7 @@ def lower(model: onnx.ModelProto, target: str | Target) -> tuple[onnx.ModelProto
     count = sum(pattern.RewriteRuleSet(group).apply_to_model(ir_model) for group in groups.values())
     onnxscript.optimizer.remove_unused_nodes(ir_model)
     lowered = fp8_norm.fuse(fp8_mlp.merge(ir.serde.serialize_model(ir_model))[0], target)[0]
+    lowered = fp8_attention_out.fuse(lowered, target)[0]
     if count:
         attach_functions(lowered)
     return lowered, count
