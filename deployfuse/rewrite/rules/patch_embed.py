@@ -42,6 +42,7 @@ import numpy as np
 import onnx_ir as ir
 from onnxscript.rewriter import MatchResult, pattern
 
+from deployfuse.rewrite.rules._attention_shapes import constant
 from deployfuse.rewrite.rules._common import FusionRule
 from deployfuse.targets import Target, get_target
 
@@ -50,13 +51,8 @@ FAMILY = "patch_embed"
 _FORMS = ("reshape", "shape_of")  # how the exporter wrote [B, O, Hp, Wp] -> [B, O, L]
 
 
-def _const(value: ir.Value | None) -> np.ndarray | None:
-    const = None if value is None else ir.convenience.get_const_tensor(value)
-    return None if const is None else np.asarray(const.numpy())
-
-
 def _ints(value: ir.Value | None) -> list[int] | None:
-    array = _const(value)
+    array = constant(value)
     return None if array is None or array.ndim != 1 or not np.issubdtype(array.dtype, np.integer) else [int(v) for v in array]
 
 
@@ -79,10 +75,10 @@ def patchify_conv(conv: ir.Node) -> Patches | str:
     """The geometry of `conv` when it is a patchify Conv (kernel = stride, no padding, dilation
     1, group 1, constant weight and bias, static H and W multiples of the kernel), else why not."""
     x, w = conv.inputs[0], conv.inputs[1]
-    weight = _const(w)
+    weight = constant(w)
     if weight is None or weight.ndim != 4:
         return "the weight is not a constant [O, C, ph, pw] (not a 2-D Conv)"
-    if len(conv.inputs) > 2 and conv.inputs[2] is not None and _const(conv.inputs[2]) is None:
+    if len(conv.inputs) > 2 and conv.inputs[2] is not None and constant(conv.inputs[2]) is None:
         return "the bias is not a constant"
     attrs = conv.attributes
     kernel = list(weight.shape[2:])
@@ -131,11 +127,10 @@ def _to_tokens_refusal(form: str, flat: ir.Node, patches: Patches) -> str | None
         # a rank-3 Reshape keeps the element count: O in the middle and B first or L last fixes the third
         if dims[1] == outputs and (dims[0] == "B" or dims[2] == tokens) and dims.count(-1) <= 1:
             return None
-        return f"the Reshape's shape {shape} is not [B, O, L]"
     out = flat.outputs[0].shape
     if out is not None and len(out) == 3 and out[1] == outputs and out[2] == tokens:
         return None
-    return "the Reshape is not known to give [B, O, L]"
+    return f"the Reshape is not known to give [B, O, L] (shape {shape}, output {out})"
 
 
 class PatchEmbed(FusionRule):
