@@ -36,15 +36,20 @@ _ML_TO_TORCH = {"bfloat16": torch.bfloat16, "float8_e4m3fn": torch.float8_e4m3fn
 """The `ml_dtypes` numpy types the ops take, by numpy name, as torch dtypes."""
 
 
-def single_op_model(op: str, inputs: Sequence[np.ndarray | None], opset: int = 20, **attrs: Any) -> onnx.ModelProto:
+def single_op_model(
+    op: str, inputs: Sequence[np.ndarray | None], opset: int = 20, outputs: dict[str, int] | None = None, **attrs: Any
+) -> onnx.ModelProto:
     """A model computing `op` on graph inputs named like the spec's inputs (None = omitted
-    optional input), every dimension symbolic, with its function body attached.
+    optional input, named "" before a present one), every dimension symbolic, with its function
+    body attached.
 
     bfloat16 and float8 inputs may be given as `ml_dtypes` arrays. An input of a fixed element
-    type (`OpSpec.input_types`) must have it; the others take a float type.
+    type (`OpSpec.input_types`) must have it; the others take a float type. outputs: the outputs
+    the node writes, by spec name, with their element types (the others named "", as a rewrite
+    leaves them); by default Y in the first input's type.
     """
     spec = SPECS[op]
-    value_infos, names = [], []
+    value_infos = []
     for name, arr in zip(spec.inputs, inputs):
         if arr is None:
             continue
@@ -53,11 +58,13 @@ def single_op_model(op: str, inputs: Sequence[np.ndarray | None], opset: int = 2
         if elem is None or (_TYPE_NAMES.get(elem) != fixed if fixed else elem not in _FLOAT_TYPES):
             raise ValueError(f"{op}: input {name} has dtype {arr.dtype}; it takes {fixed or 'a float type'}")
         value_infos.append(helper.make_tensor_value_info(name, elem, [f"{name}_{i}" for i in range(arr.ndim)]))
-        names.append(name)
+    names = [name if arr is not None else "" for name, arr in zip(spec.inputs, inputs)]
     first = value_infos[0].type.tensor_type
-    out_shape = [f"Y_{i}" for i in range(len(first.shape.dim))]  # every op keeps its first input's rank
-    node = helper.make_node(op, names, ["Y"], domain=DOMAIN, **attrs)
-    graph = helper.make_graph([node], op, value_infos, [helper.make_tensor_value_info("Y", first.elem_type, out_shape)])
+    outputs = outputs or {spec.outputs[0]: first.elem_type}
+    rank = len(first.shape.dim)  # every op keeps its first input's rank
+    node = helper.make_node(op, names, [name if name in outputs else "" for name in spec.outputs], domain=DOMAIN, **attrs)
+    graph = helper.make_graph([node], op, value_infos, [helper.make_tensor_value_info(name, elem, [f"{name}_{i}" for i in range(rank)])
+                                                        for name, elem in outputs.items()])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=10)
     attach_functions(model)
     return model

@@ -9,10 +9,9 @@ import numpy as np
 import onnx
 import pytest
 import torch
-from onnx import helper
 
 from deployfuse.backends.ort import run, session
-from deployfuse.ops import SPECS, attach_functions, ort_custom_ops_library
+from deployfuse.ops import ort_custom_ops_library
 from deployfuse.ops.defs.fused_mha import reference_outputs
 from deployfuse.ops.models import example_inputs, ort_feed, single_op_model, torch_inputs
 from deployfuse.ops.schema import to_element_type
@@ -27,17 +26,9 @@ def library():
 
 
 def _model(xs: list, outputs: tuple[str, ...], **attrs) -> onnx.ModelProto:
-    """The one-node model naming every input in the spec's positions ("" for an absent Mask before YScale) and writing the
-    outputs asked for (the others ""), as `rules.fp8_attention_out` leaves the node."""
-    model = single_op_model(OP, xs, opset=20, **attrs)
-    node = model.graph.node[0]
-    node.input[:] = [name if x is not None else "" for name, x in zip(SPECS[OP].inputs, xs)]
-    node.output[:] = [name if name in outputs else "" for name in SPECS[OP].outputs]
+    """The one-node model writing the outputs asked for, as `rules.fp8_attention_out` leaves the node."""
     types = {"Y": onnx.TensorProto.FLOAT, "YQ": onnx.TensorProto.FLOAT8E4M3FN}
-    del model.graph.output[:]
-    model.graph.output.extend(helper.make_tensor_value_info(name, types[name], None) for name in outputs)
-    attach_functions(model)
-    return model
+    return single_op_model(OP, xs, opset=20, outputs={name: types[name] for name in outputs}, **attrs)
 
 
 def _bits(array: np.ndarray) -> np.ndarray:

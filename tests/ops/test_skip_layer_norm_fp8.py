@@ -8,10 +8,9 @@ import numpy as np
 import onnx
 import pytest
 import torch
-from onnx import helper
 
 from deployfuse.backends.ort import run, session
-from deployfuse.ops import SPECS, attach_functions, ort_custom_ops_library
+from deployfuse.ops import attach_functions, ort_custom_ops_library
 from deployfuse.ops.defs.skip_layer_norm_fp8 import reference_outputs
 from deployfuse.ops.models import example_inputs, ort_feed, reference_output, single_op_model, torch_inputs
 from deployfuse.ops.schema import to_element_type
@@ -27,15 +26,8 @@ def library():
 
 def _norm_model(xs: list, outputs: tuple[str, ...], dtype: int) -> onnx.ModelProto:
     """The one-node model of the op with the outputs asked for (the others left out, as the rule leaves them)."""
-    model = single_op_model(OP, xs, opset=20, epsilon=1e-3)
-    node = model.graph.node[0]
-    del node.output[:]
-    node.output.extend(name if name in outputs else "" for name in SPECS[OP].outputs)
     types = {"Y": dtype, "YQ": F8, "Sum": dtype}
-    del model.graph.output[:]
-    model.graph.output.extend(helper.make_tensor_value_info(name, types[name], None) for name in outputs)
-    attach_functions(model)
-    return model
+    return single_op_model(OP, xs, opset=20, outputs={name: types[name] for name in outputs}, epsilon=1e-3)
 
 
 def _bits(array: np.ndarray) -> np.ndarray:

@@ -30,7 +30,7 @@ import onnx
 
 from deployfuse.ops.defs import fused_mha
 from deployfuse.rewrite.rules.fp8_mlp import _Graph
-from deployfuse.rewrite.rules.fp8_norm import _fp8_uses, _reshaped_outputs
+from deployfuse.rewrite.rules.fp8_norm import _timed_against, quantizing_producers
 from deployfuse.targets import DEPLOYFUSE, Target, get_target
 
 FAMILY = "fp8_attention_out"
@@ -79,33 +79,7 @@ def fuse(model: onnx.ModelProto, target: str | Target) -> tuple[onnx.ModelProto,
     (every one but ort-cuda) gets the model unchanged."""
     if not get_target(target).lowering(FAMILY):
         return model, 0, []
-    g = _Graph(model.graph)
-    replaced: dict[int, onnx.NodeProto] = {}
-    refused: list[str] = []
-    after: dict[int, onnx.NodeProto] = {}  # node index -> the Reshape of its output that follows it
-    gone: set[int] = set()  # the Reshapes between FusedMHA and its readers
-    for index, node in enumerate(g.nodes):
-        if not _is_attention(node):
-            continue
-        fp8, reshapes = _fp8_uses(g, node.output[0])
-        if not fp8:
-            continue
-        why = _refusal(g, fp8)
-        if why is not None:
-            refused.append(f"{node.name or node.output[0]}: {why}")
-            continue
-        for r in reshapes:
-            after.update(_reshaped_outputs(g, model, g.nodes[r], fp8))
-        replaced[index] = _writing_yq(g, node, fp8, reshapes)
-        gone |= set(reshapes)
-    if replaced:
-        dropped = {g.nodes[i].output[0] for i in gone} | {g.nodes[i].output[0] for i, n in replaced.items() if not n.output[0]}
-        nodes = [m for i, n in enumerate(g.nodes) if i not in gone for m in (replaced.get(i, n), *([after[i]] if i in after else []))]
-        info = [v for v in model.graph.value_info if v.name not in dropped]
-        for field, values in ((model.graph.node, nodes), (model.graph.value_info, info)):
-            del field[:]
-            field.extend(values)  # copies each message
-    return model, len(replaced), refused
+    return quantizing_producers(model, _is_attention, lambda g, node, fp8: _refusal(g, fp8), _writing_yq)
 
 
 def without_fp8_x(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -130,13 +104,7 @@ def autotune(model: onnx.ModelProto, feed: Mapping[str, np.ndarray], library: st
     """Keep the family only if it does not make the model slower on ort-cuda (`rewrite.autotune.time_family`, the fused and
     the `without_fp8_x` model on this machine's CUDA EP with the custom-op library): (the model to ship, one line; "" when no
     FusedMHA writes YQ)."""
-    from deployfuse.ops import attach_functions
-    from deployfuse.rewrite.autotune import time_family
-
     if not any(n.domain == DEPLOYFUSE and n.op_type == fused_mha.SPEC.name and len(n.output) > 1 and n.output[1] for n in model.graph.node):
         return model, ""
-    before = without_fp8_x(model)
-    attach_functions(before)
-    decision = time_family(before, model, "ort-cuda", feed, custom_ops_library=library)
-    return (model, f"{FAMILY} kept: {decision.reason}") if decision.keep else (before, f"{FAMILY} reverted: {decision.reason}")
+    return _timed_against(model, without_fp8_x(model), FAMILY, feed, library)
 

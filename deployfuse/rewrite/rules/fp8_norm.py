@@ -22,7 +22,7 @@ quantize passes in the GEMMs.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import numpy as np
 import onnx
@@ -155,28 +155,43 @@ def fuse(model: onnx.ModelProto, target: str | Target) -> tuple[onnx.ModelProto,
     without the `fp8_norm` lowering (every one but ort-cuda) gets the model unchanged."""
     if not get_target(target).lowering(FAMILY):
         return model, 0, []
+    return quantizing_producers(
+        model, lambda node: _norm_kind(node) is not None, lambda g, node, fp8: _refusal(g, node, _norm_kind(node) or "", fp8),
+        lambda g, node, fp8, reshapes: _fused(g, model, node, _norm_kind(node) or "", fp8, reshapes),
+    )
+
+
+def quantizing_producers(
+    model: onnx.ModelProto,
+    takes: Callable[[onnx.NodeProto], bool],
+    refusal: Callable[[_Graph, onnx.NodeProto, list[int]], str | None],
+    rewritten: Callable[[_Graph, onnx.NodeProto, list[int], list[int]], onnx.NodeProto],
+) -> tuple[onnx.ModelProto, int, list[str]]:
+    """What this rule and `rules.fp8_attention_out` share: each node that `takes` whose first output feeds fp8 GEMM X
+    inputs (directly, or through a Reshape only they read, which moves past them) and whose `refusal` is None becomes
+    `rewritten(g, node, readers, reshapes)`, which re-points the readers at its float8 output (in place, main graph); how
+    many; why each refused one was refused ("<node>: <reason>")."""
     g = _Graph(model.graph)
     replaced: dict[int, onnx.NodeProto] = {}
     refused: list[str] = []
     after: dict[int, onnx.NodeProto] = {}  # node index -> the Reshape of its output that follows it
-    gone: set[int] = set()  # the Reshapes between a norm and its readers
+    gone: set[int] = set()  # the Reshapes between a producer and its readers
     for index, node in enumerate(g.nodes):
-        kind = _norm_kind(node)
-        if kind is None:
+        if not takes(node):
             continue
         fp8, reshapes = _fp8_uses(g, node.output[0])
         if not fp8:
             continue
-        why = _refusal(g, node, kind, fp8)
+        why = refusal(g, node, fp8)
         if why is not None:
             refused.append(f"{node.name or node.output[0]}: {why}")
             continue
         for r in reshapes:
             after.update(_reshaped_outputs(g, model, g.nodes[r], fp8))
-        replaced[index] = _fused(g, model, node, kind, fp8, reshapes)
+        replaced[index] = rewritten(g, node, fp8, reshapes)
         gone |= set(reshapes)
     if replaced:
-        dropped = {g.nodes[i].output[0] for i in gone}
+        dropped = {g.nodes[i].output[0] for i in gone} | {o for i, n in replaced.items() for o in g.nodes[i].output if o and o not in n.output}
         nodes = [m for i, n in enumerate(g.nodes) if i not in gone for m in (replaced.get(i, n), *([after[i]] if i in after else []))]
         info = [v for v in model.graph.value_info if v.name not in dropped]
         for field, values in ((model.graph.node, nodes), (model.graph.value_info, info)):
@@ -202,12 +217,18 @@ def autotune(model: onnx.ModelProto, feed: Mapping[str, np.ndarray], library: st
     """Keep the family only if it does not make the model slower on ort-cuda (`rewrite.autotune.time_family`, the fused and
     the `without_fp8_x` model timed on this machine's CUDA EP with the custom-op library): (the model to ship, one line; "" when
     the model has no SkipLayerNormFp8, as an int8 or a tensorrt one)."""
+    if not any(n.domain == DEPLOYFUSE and n.op_type == skip_layer_norm_fp8.SPEC.name for n in model.graph.node):
+        return model, ""
+    return _timed_against(model, without_fp8_x(model), FAMILY, feed, library)
+
+
+def _timed_against(
+    model: onnx.ModelProto, before: onnx.ModelProto, family: str, feed: Mapping[str, np.ndarray], library: str | os.PathLike[str] | None
+) -> tuple[onnx.ModelProto, str]:
+    """`model`, or `before` (the model without `family`) where `model` is slower on ort-cuda, and the decision in one line."""
     from deployfuse.ops import attach_functions
     from deployfuse.rewrite.autotune import time_family
 
-    if not any(n.domain == DEPLOYFUSE and n.op_type == skip_layer_norm_fp8.SPEC.name for n in model.graph.node):
-        return model, ""
-    before = without_fp8_x(model)
     attach_functions(before)
     decision = time_family(before, model, "ort-cuda", feed, custom_ops_library=library)
-    return (model, f"{FAMILY} kept: {decision.reason}") if decision.keep else (before, f"{FAMILY} reverted: {decision.reason}")
+    return (model, f"{family} kept: {decision.reason}") if decision.keep else (before, f"{family} reverted: {decision.reason}")
