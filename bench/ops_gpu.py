@@ -124,7 +124,8 @@ def native_mha_direct(xs, attrs, y, yq=None):
     layout) and, packed_qkv, Q, K, V rows 3·hidden apart at element offsets 0, hidden, 2·hidden of
     their inputs (as plugins/fused_mha/fused_mha.h's FusedMHAAttrs::qkv hands them over). yq (uint8):
     YQ too, from YScale (xs[4]); y may then be None."""
-    q, k, v, mask, y_scale = xs
+    q, k, v, mask = xs[:4]
+    y_scale = xs[4] if len(xs) > 4 else None
     heads, packed = attrs["num_heads"], bool(attrs.get("packed_qkv"))
     hidden = q.shape[2] // 3 if packed else q.shape[2]
     hd = hidden // heads
