@@ -7,7 +7,8 @@ allows, and the artefact agrees with PyTorch fp32 on fresh inputs within the gat
 - LLaMA: a gated (SwiGLU) MLP is no FC1 -> FC2 chain, so no Fp8Mlp; Q, K, V stay three GEMMs
   (rotary sits between them and the attention): 7 Fp8GemmAct a layer;
 - Swin: window attention whose output projection reads a computed Reshape (K unknown to shape
-  inference), NHWC-ish 4-D Linear layers, and the patch merging's bias-free reduction;
+  inference), NHWC-ish 4-D Linear layers, the patch merging's bias-free reduction and the patch
+  embedding's Conv as a GEMM;
 - T5 encoder: ReLU MLP and projections without biases.
 
 Self-attentions on one packed QKV GEMM end as deployfuse.FusedMHA reading it in place (packed_mha).
@@ -94,7 +95,8 @@ CASES = {
                                dynamic_batch=True),
     "llama_gated_mlp": Case(_text(transformers.LlamaModel, _LLAMA),
                             lambda c: {"quantized": 7 * _blocks(c), "Fp8GemmAct": 7 * _blocks(c), "Fp8Mlp": 0, "MultiHeadAttention": _blocks(c), "FusedMHA": 0}),
-    "swin_window_attention": Case(_swin, lambda c: {"quantized": 4 * _blocks(c) + len(c.depths) - 1, "Fp8GemmAct": 2 * _blocks(c) + len(c.depths) - 1,
+    # + len(depths): the patch merges between stages and the patch embedding's GEMM (patch_embed)
+    "swin_window_attention": Case(_swin, lambda c: {"quantized": 4 * _blocks(c) + len(c.depths), "Fp8GemmAct": 2 * _blocks(c) + len(c.depths),
                                                     "Fp8Mlp": _blocks(c), "MultiHeadAttention": 0, "FusedMHA": _blocks(c)}),
     "t5_encoder_relu_unbiased": Case(_t5_encoder,
                                      lambda c: {"quantized": 4 * _blocks(c), "Fp8GemmAct": 2 * _blocks(c), "Fp8Mlp": _blocks(c), "MultiHeadAttention": 0, "FusedMHA": _blocks(c)}),
