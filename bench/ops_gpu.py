@@ -309,6 +309,44 @@ def ort_check(ort_lib):
     return worst
 
 
+def ort_check_yq(ort_lib):
+    """FusedMHA's YQ form through ONNX Runtime's CUDA EP and the library's adapter (fused_mha_ort.h: the absent Mask named
+    "", Y optional) in fp32 and fp16, each YQ case with Y and without: YQ bit for bit q(Y, YScale) of the Y the session
+    wrote, the same bytes without Y, Y within the tolerance of the float64 reference."""
+    import numpy as np
+    import onnxruntime as ort
+
+    from deployfuse.ops.models import example_inputs, ort_feed, single_op_model
+
+    worst = 0.0
+    if not wanted("FusedMHA"):
+        return worst
+    spec = SPECS["FusedMHA"]
+    options = ort.SessionOptions()
+    options.register_custom_ops_library(ort_lib)
+    for _, shape, attrs in _cases.YQ_CASES + _cases.GPU_YQ_CASES:
+        if not isinstance(attrs.get("mask", False), bool):
+            continue  # a strided / broadcast mask kind only df_fused_mha takes
+        for dtype, tol in ((np.float32, 1e-5), (np.float16, 2e-3)):
+            a = {k: v for k, v in attrs.items() if k not in INPUT_KEYS}
+            xs = example_inputs("FusedMHA", shape, dtype, **attrs)
+            got = {}
+            for outputs in ({"Y": 1 if dtype == np.float32 else 10, "YQ": 17}, {"YQ": 17}):  # ONNX element types
+                model = single_op_model("FusedMHA", xs, outputs=outputs, **a)
+                del model.functions[:]
+                sess = ort.InferenceSession(model.SerializeToString(), options, providers=[("CUDAExecutionProvider", {"use_tf32": "0"})])
+                got[len(outputs)] = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, ort_feed("FusedMHA", xs))))
+            y, yq, yq_alone = got[2]["Y"], got[2]["YQ"].view(np.uint8), got[1]["YQ"].view(np.uint8)
+            ref = spec.reference_fn(*[None if x is None else torch.from_numpy(x).double() for x in xs], **spec.resolve(**a))
+            rel = ((torch.from_numpy(y.astype(np.float64)) - ref).norm() / ref.norm()).item()
+            requantized = to_element_type(torch.from_numpy(y).float() / torch.from_numpy(xs[4]), "float8e4m3fn").view(torch.uint8).numpy()
+            flips, alone = int((yq != requantized).sum()), int((yq_alone != yq).sum())
+            worst = max(worst, rel / tol, 0.0 if flips == alone == 0 else math.inf)
+            print(f"ort-cuda-yq {'ok' if rel < tol and flips == alone == 0 else 'FAIL':4} FusedMHA {str(shape):18} {np.dtype(dtype).name:8} "
+                  f"rel_err={rel:.2e} yq_mismatches={flips} yq_without_y_mismatches={alone} {attrs}")
+    return worst
+
+
 def median_ms(fn, reps=50):
     for _ in range(5):
         fn()
@@ -599,7 +637,7 @@ if __name__ == "__main__":
     worst = max(check(), check_yq())
     print(f"worst error / tolerance: {worst:.2f}")
     if ARGS.ort:  # onnxruntime-gpu is importable with its CUDA provider
-        worst = max(worst, ort_check(ARGS.ort))
+        worst = max(worst, ort_check(ARGS.ort), ort_check_yq(ARGS.ort))
         print(f"worst error / tolerance incl. ORT CUDA EP: {worst:.2f}")
     if not ARGS.check_only:
         bench()
