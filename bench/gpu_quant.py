@@ -390,9 +390,11 @@ def _fp8_rows(model_name: str, batch: int, build: Callable, inputs32: dict, work
 
 def split_mha(model):
     """FusedMHA(P, P, P, A, packed_qkv=1) back to Split(P) -> com.microsoft.MultiHeadAttention(q, k, v, attention_bias=A), as
-    the fp8 artefact was before the packed_mha family (same attention bias, num_heads and scale)."""
+    the fp8 artefact was before the packed_mha family (same attention bias, num_heads and scale; a FusedMHA writing YQ first
+    writes Y for its GEMMs again, as MultiHeadAttention has no float8 output)."""
     from onnx import helper
 
+    model = _attention_out_unfused(model)
     nodes = []
     for node in model.graph.node:
         attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
@@ -417,9 +419,20 @@ def _norm_unfused(model):
     return without_fp8_x(model)
 
 
+def _attention_out_unfused(model):
+    from deployfuse.ops import attach_functions
+    from deployfuse.rewrite.rules.fp8_attention_out import without_fp8_x
+
+    out = without_fp8_x(model)
+    attach_functions(out)  # FusedMHA without YQ is another variant of the op: its own function body
+    return out
+
+
 ABLATIONS = {"split-mha": (split_mha, "packed_mha undone: Split + com.microsoft.MultiHeadAttention"),
-             "norm-unfused": (_norm_unfused, "fp8_norm undone: the GEMMs quantize each SkipLayerNormFp8's Y themselves")}
-"""--fp8 rows of the artefact with one fusion of its own undone: what packed_mha and fp8_norm each give, timed in the same run."""
+             "norm-unfused": (_norm_unfused, "fp8_norm undone: the GEMMs quantize each SkipLayerNormFp8's Y themselves"),
+             "attn-out-unfused": (_attention_out_unfused, "fp8_attention_out undone: the output projections quantize FusedMHA's Y themselves")}
+"""--fp8 rows of the artefact with one fusion of its own undone: what packed_mha, fp8_norm and fp8_attention_out each give, timed
+in the same run."""
 
 
 def tuned_copy(artefact: Path, inputs: dict, library: str | None, folder: Path) -> tuple[Path, str]:

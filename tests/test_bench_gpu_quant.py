@@ -52,6 +52,7 @@ def test_each_ablation_undoes_its_fusion_and_keeps_the_outputs(tmp_path):
     ops = [n.op_type for n in artefact.graph.node]
     assert ops.count("FusedMHA") == config.num_hidden_layers and "Split" not in ops, ops  # what split-mha undoes
     assert any(n.op_type == "SkipLayerNormFp8" and n.output[1] for n in artefact.graph.node), "what norm-unfused undoes"
+    assert any(n.op_type == "FusedMHA" and len(n.output) > 1 and n.output[1] for n in artefact.graph.node), "what attn-out-unfused undoes"
     ids = torch.randint(0, config.vocab_size, (2, 16))
     mask = torch.ones_like(ids)
     mask[1, 9:] = 0  # a padded row: the attention bias reaches both forms
@@ -70,6 +71,8 @@ def test_each_ablation_undoes_its_fusion_and_keeps_the_outputs(tmp_path):
         ops = [n.op_type for n in ablated.graph.node]
         if name == "split-mha":
             assert ops.count("MultiHeadAttention") == ops.count("Split") == config.num_hidden_layers and "FusedMHA" not in ops, ops
+        elif name == "attn-out-unfused":
+            assert all(len(n.output) == 1 for n in ablated.graph.node if n.op_type == "FusedMHA"), "no FusedMHA writes YQ any more"
         else:
             assert all(n.output[1] == "" for n in ablated.graph.node if n.op_type == "SkipLayerNormFp8"), "no norm writes YQ any more"
         np.testing.assert_allclose(run(ablated), expected, atol=2e-2 * float(np.abs(expected).max()), err_msg=name)
