@@ -159,7 +159,9 @@ def choose_precision(model: onnx.ModelProto, feed: Mapping[str, np.ndarray], lib
 
     candidates = revertible(model)
     if not candidates:
-        return model, SpeedPrecision({}, "")
+        fp8 = sum(n.domain == DOMAIN and n.op_type == FP8_OP for n in model.graph.node)
+        return model, SpeedPrecision({}, f"{FP8_OP} precision not timed against {float_name}: all {fp8} read a float8 X, no quantize pass to save"
+                                     if fp8 else "")
     library = library or BUILD / "cuda" / "libdeployfuse_ops_cuda.so"
     why = gemm_tuning.not_tunable(library)
     if why is not None:
