@@ -408,8 +408,9 @@ cudaError_t launch_mask(cudaStream_t stream, int device, const T* q, const T* k,
 // The CTA shape for head_dim 64: "narrow" (one 64-row consumer, two CTAs an SM), "wide" (two consumers)
 // or "triple" (three: each K/V tile serves 192 rows). DEPLOYFUSE_MHA_TILE names one, or "sm80" for none
 // (the call goes to fused_mha_tc.cu's tensor-core kernel), for benchmarks to compare them. Otherwise keys
-// that fit in two tiles get narrow CTAs, and longer sequences triple (11 % faster than wide at seq 2048 on
-// an H200) unless it pads the queries by more than 64 rows over wide (ViT's 197 tokens: 384 rows, not 256).
+// that fit in four tiles get narrow CTAs (H200, bench/results/mha_tiles_h200.log: 0.90x of wide at 128
+// keys, 0.69x of triple at ViT's 197, 0.90x of triple at 512), and longer sequences triple (11 % faster
+// than wide at seq 2048) unless it pads the queries by more than 64 rows over wide.
 enum class Sm90Shape { kNarrow, kWide, kTriple, kNone };  // kNone: leave the call to the sm_80 tensor-core kernel
 
 Sm90Shape choose_shape(const MhaShape& s) {
@@ -423,7 +424,7 @@ Sm90Shape choose_shape(const MhaShape& s) {
     return -1;
   }();
   if (forced >= 0) return static_cast<Sm90Shape>(forced);
-  if (s.k_seq <= 2 * kBlockN) return Sm90Shape::kNarrow;
+  if (s.k_seq <= 4 * kBlockN) return Sm90Shape::kNarrow;
   const int64_t wide = (s.q_seq + 127) / 128 * 128, triple = (s.q_seq + 191) / 192 * 192;
   return triple - wide <= 64 ? Sm90Shape::kTriple : Sm90Shape::kWide;
 }
