@@ -11,9 +11,11 @@ bias_act so ONNX Runtime gets its own BiasGelu kernel and bias_act keeps the rem
 split_qkv (Q, K, V as one GEMM and a Split) runs right after packed_qkv, so it only takes the
 self-attentions packed_qkv leaves: all of them where an export skips packed_qkv (fp8 on ort-cuda,
 whose Q/DQ must reach the QKV GEMM; int8 on ort-cpu skips both). packed_mha, right after it, lets
-deployfuse.FusedMHA read Q, K, V out of that Split's input in place (ort-cuda). patch_embed (a
-ViT's patchify Conv as a MatMul + Add) runs before gemm_act, bias_gelu and bias_act, so its new
-MatMul + Add can take their epilogues, and an fp8 export (which skips those) quantizes it.
+deployfuse.FusedMHA read Q, K, V out of that Split's input in place (ort-cuda); mask_broadcast,
+right after it (it only rewrites FusedMHA nodes), hands them the padding row their Mask was
+broadcast from over the query axis. patch_embed (a ViT's patchify Conv as a MatMul + Add) runs
+before gemm_act, bias_gelu and bias_act, so its new MatMul + Add can take their epilogues, and an
+fp8 export (which skips those) quantizes it.
 
 `fp8_gemm` (float8 Q/DQ'd GEMMs -> deployfuse.Fp8GemmAct) is no family here: the guard's
 element-wise comparison cannot judge rewrites of a quantized graph, so the fp8 quantizer applies
@@ -37,6 +39,7 @@ FAMILY_MODULES: tuple[str, ...] = (
     "packed_qkv",
     "split_qkv",
     "packed_mha",
+    "mask_broadcast",
     "skip_layernorm",
     "patch_embed",
     "gemm_act",

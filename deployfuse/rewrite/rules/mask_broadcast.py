@@ -1,0 +1,189 @@
+"""A FusedMHA Mask that is only broadcast over the query axis -> the row it was broadcast from,
+so the Hopper kernel reads one mask row per batch (its kRow path) instead of a [S, S] tile.
+
+    FusedMHA(Q, K, V, f(broadcast(M), c...)) = FusedMHA(Q, K, V, f(M, c...))
+
+HF's SDPA mask preparation turns a [B, S] padding mask into [B, 1, S, S] before the attention:
+in the dynamo export `And(T, padding)` with T an all-True [1, 1, S, 1] (the "every query row" half of
+its mask functions: a folded constant with static shapes, `q_idx >= 0` over a Range with dynamic
+ones), then a Where into 0 / the dtype's min; an older spelling uses `Expand`. FusedMHA broadcasts its Mask to [batch, heads, q_seq, k_seq] itself, so
+the broadcast only costs bandwidth. Walking back from the Mask through element-wise ops (`_ELEMENTWISE`),
+the rule drops each broadcast-only step it meets: an Expand, or an And / Or / Add / Sub / Mul /
+Div whose other operand is that op's identity everywhere (provably all True, or a constant all
+False, 0, 1). Element-wise
+ops commute with broadcasting, so the rebuilt Mask, broadcast to the old one's shape, is the old Mask
+value for value. The rule applies only where the rebuilt Mask has rank <= 4 (FusedMHA's
+numpy broadcasting; a lower rank is not reshaped, as the exports never need it) and a query axis
+(axis -2) of 1: a genuinely per-query mask (GPT-2's causal part, a constant [1, 1, S, S])
+keeps its shape and the node is left alone.
+
+The rebuilt chain is new nodes feeding this FusedMHA only; the old chain stays for any other reader
+and is removed when FusedMHA was its last (so a shared Expand is kept, never reshaped under a
+reader that needs its shape). Every layer's FusedMHA rebuilds the same small chain; the merge of
+duplicates after the last family (`fuser._merge_duplicates`) makes them one again. ort-cuda only
+(its FusedMHA kernel has the row path); runs right after packed_mha, which makes the FusedMHA nodes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx_ir as ir
+from onnxscript.rewriter import MatchResult, pattern
+
+from deployfuse.rewrite.rules._common import FusionRule, is_op
+from deployfuse.targets import DEPLOYFUSE, Target, get_target
+
+FAMILY = "mask_broadcast"
+
+# Ops that compute each output element from the same-index elements of their (broadcast) inputs.
+_ELEMENTWISE = frozenset({"Cast", "Sub", "Add", "Mul", "Div", "Where", "Not", "Equal", "Less", "LessOrEqual", "Greater", "GreaterOrEqual",
+                          "And", "Or", "Xor", "Neg"})
+# op -> (identity element, operand positions the identity may take): op(identity, x) == x broadcast.
+_IDENTITY = {"And": (True, (0, 1)), "Or": (False, (0, 1)), "Add": (0, (0, 1)), "Mul": (1, (0, 1)), "Sub": (0, (1,)), "Div": (1, (1,))}
+_MAX_DEPTH = 16  # a Mask chain is a handful of ops; deeper walks are not masks
+
+
+@dataclass
+class _Plan:
+    """How to compute a value with its broadcasts dropped: `value` itself (node None), or `node`
+    rebuilt on the plans of its inputs."""
+
+    value: ir.Value
+    node: ir.Node | None = None
+    inputs: list[_Plan] = field(default_factory=list)
+
+    def shape(self) -> list[int | str] | None:
+        """The rebuilt value's shape as numpy broadcasting gives it (1, or a dim that is not 1), or None if unknown."""
+        if self.node is None:
+            if self.value.shape is None:
+                return None
+            return [d if isinstance(d, int) else "?" for d in self.value.shape]
+        shapes = [p.shape() for p in self.inputs]
+        if any(s is None for s in shapes):
+            return None
+        rank = max(len(s) for s in shapes if s is not None)
+        dims: list[int | str] = []
+        for axis in range(-rank, 0):
+            sizes = {s[axis] for s in shapes if s is not None and len(s) >= -axis} - {1}
+            dims.append(1 if not sizes else next(iter(sizes)))
+        return dims
+
+
+def _const(value: ir.Value | None) -> np.ndarray | None:
+    """A constant value's elements, else None."""
+    const = None if value is None else ir.convenience.get_const_tensor(value)
+    return None if const is None else np.asarray(const.numpy())
+
+
+def _non_negative(value: ir.Value | None, depth: int = 0) -> bool:
+    """True when every element of `value` is provably >= 0: a constant, or a Range from a constant
+    start >= 0 by a constant step > 0 (query / key indices), through shape-only ops."""
+    const = _const(value)
+    if const is not None:
+        return bool(np.all(const >= 0))
+    node = None if value is None else value.producer()
+    if node is None or depth > _MAX_DEPTH:
+        return False
+    if is_op(node, "Range") and len(node.inputs) == 3:
+        start, step = _const(node.inputs[0]), _const(node.inputs[2])
+        return start is not None and step is not None and bool(np.all(start >= 0) and np.all(step > 0))
+    return is_op(node, "Unsqueeze", "Squeeze", "Reshape", "Expand") and _non_negative(node.inputs[0], depth + 1)
+
+
+def _all_true(value: ir.Value | None, depth: int = 0) -> bool:
+    """True when every element of `value` is provably True: a constant, an And of such, or
+    `indices >= c` with c <= 0 (HF's bidirectional mask function, `q_idx >= 0`, as the dynamo export
+    spells it when the sequence length is dynamic)."""
+    const = _const(value)
+    if const is not None:
+        return bool(np.all(const))
+    node = None if value is None else value.producer()
+    if node is None or depth > _MAX_DEPTH or len(node.inputs) != 2:
+        return False
+    if is_op(node, "And"):
+        return _all_true(node.inputs[0], depth + 1) and _all_true(node.inputs[1], depth + 1)
+    if is_op(node, "GreaterOrEqual"):
+        bound = _const(node.inputs[1])
+        return bound is not None and bool(np.all(bound <= 0)) and _non_negative(node.inputs[0], depth + 1)
+    return False
+
+
+def _is_identity(value: ir.Value | None, op_type: str) -> bool:
+    """True when every element of `value` is `op_type`'s identity (And: provably True; else a constant)."""
+    if op_type == "And":
+        return _all_true(value)
+    const = _const(value)
+    return const is not None and bool(np.all(const == _IDENTITY[op_type][0]))
+
+
+def _narrowed(value: ir.Value, depth: int = 0) -> _Plan:
+    """The plan computing `value` without the broadcast-only steps behind it; `value` itself where
+    some op on the way is neither element-wise nor a broadcast (the caller checks the plan's shape)."""
+    node = value.producer()
+    shape = value.shape
+    if node is None or depth > _MAX_DEPTH or len(node.outputs) != 1 or (shape is not None and (len(shape) < 2 or shape[-2] == 1)):
+        return _Plan(value)
+    if is_op(node, "Expand") and node.inputs[0] is not None:
+        return _narrowed(node.inputs[0], depth + 1)
+    if is_op(node, *_IDENTITY) and len(node.inputs) == 2:
+        for position in _IDENTITY[node.op_type][1]:
+            other = node.inputs[1 - position]
+            if other is not None and other.dtype == value.dtype and _is_identity(node.inputs[position], node.op_type):
+                return _narrowed(other, depth + 1)
+    if not is_op(node, *_ELEMENTWISE) or any(i is None for i in node.inputs):
+        return _Plan(value)
+    inputs = [_narrowed(i, depth + 1) for i in node.inputs if i is not None]
+    if all(p.node is None and p.value is i for p, i in zip(inputs, node.inputs)):
+        return _Plan(value)  # nothing behind it changed
+    return _Plan(value, node, inputs)
+
+
+class RowMask(FusionRule):
+    """FusedMHA(Q, K, V, f(broadcast(M)), ...) -> FusedMHA(Q, K, V, f(M), ...) when f(M) is one row over the query axis."""
+
+    def __init__(self, target: str | Target) -> None:
+        super().__init__(FAMILY, target)
+        self.plan: _Plan | None = None
+
+    def pattern(self, op, query, key, value, mask):
+        return op.FusedMHA(query, key, value, mask, _allow_other_inputs=True, _allow_other_attributes=True, _domain=DEPLOYFUSE, _outputs=["attended"])
+
+    def check(self, context, mask, attended, **_) -> MatchResult:
+        fail = MatchResult().fail
+        if mask is None or mask.shape is None or len(mask.shape) < 2 or mask.shape[-2] == 1:
+            return fail("no Mask, a Mask of unknown shape, or already one row over the query axis", attended)
+        plan = _narrowed(mask)
+        shape = plan.shape()
+        if shape is None or len(shape) > 4 or (len(shape) >= 2 and shape[-2] != 1):
+            return fail(f"without its broadcasts the Mask is {shape}, not one row over the query axis (rank <= 4)", mask)
+        self.plan = plan
+        return self.choose(context, attended, self.target.lowering(FAMILY))
+
+    def rewrite(self, op, attended, **_):
+        node = attended.producer()
+        assert node is not None and self.plan is not None
+        inputs = list(node.inputs)
+        old, inputs[3] = inputs[3], _emit(op, self.plan)
+        shape = self.plan.shape()
+        if inputs[3] is not old and old is not None and old.shape is not None and shape is not None:  # the original's dims where they stay
+            inputs[3].dtype = old.dtype
+            inputs[3].shape = ir.Shape([1 if d == 1 else old.shape[axis] for axis, d in zip(range(-len(shape), 0), shape)])
+        attrs = {k: a.value for k, a in node.attributes.items()}
+        return self.emit(op, *inputs, **attrs)
+
+
+def _emit(op, plan: _Plan) -> ir.Value:
+    """The plan's value: the kept value, or its node rebuilt on the rebuilt inputs."""
+    if plan.node is None:
+        return plan.value
+    attrs = {k: a.value for k, a in plan.node.attributes.items()}
+    return getattr(op, plan.node.op_type)(*(_emit(op, p) for p in plan.inputs), _domain=plan.node.domain, **attrs)
+
+
+def rules(target: str | Target) -> list[pattern.RewriteRule]:
+    """The row-mask rule where the target lowers it (ort-cuda); none elsewhere."""
+    if not get_target(target).lowering(FAMILY):
+        return []
+    return [RowMask.rule(target)]

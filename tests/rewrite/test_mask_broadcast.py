@@ -1,0 +1,171 @@
+"""mask_broadcast: a FusedMHA Mask broadcast over the query axis becomes the row it came from.
+
+A tiny BertModel's dynamo export (transformers, random weights) builds its additive mask as
+Where(And(all-True [1, 1, S, 1], padding [B, 1, 1, S]), 0, min): [B, 1, S, S]. In the fp8 ort-cuda
+export and the fp16 FusedMHA form (packed_qkv skipped) every FusedMHA must read a [B, 1, 1, S] Mask
+(the Hopper kernel's row path) with the And gone, and the outputs must equal those of the same export
+without the family on fresh inputs with padded rows (ONNX Runtime CPU, optimisations off, function
+bodies). On hand-built graphs an Expand with another reader stays for that reader, and a
+per-query operand (a causal [1, 1, S, S] constant, GPT-2's form) refuses the rewrite; GPT-2's
+own export is left alone.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+import torch
+import transformers
+from _forms import Form, exported
+from onnx import helper, numpy_helper
+from test_split_qkv import _fused
+
+import deployfuse
+from deployfuse.backends.ort import run, session
+from deployfuse.ops import attach_functions
+from deployfuse.rewrite.fuser import fuse
+from deployfuse.rewrite.rules import mask_broadcast
+
+F32 = onnx.TensorProto.FLOAT
+
+
+def _padded_feed(model: onnx.ModelProto, seed: int, batch: int, seq: int) -> dict[str, np.ndarray]:
+    """Fresh [batch, seq] token ids and an attention mask whose rows keep a random number (>= 1) of leading tokens."""
+    rng = np.random.default_rng(seed)
+    feed: dict[str, np.ndarray] = {}
+    for value in model.graph.input:
+        if "mask" in value.name:
+            lengths = rng.integers(1, seq + 1, batch)
+            lengths[0] = seq // 2  # at least one padded row
+            feed[value.name] = (np.arange(seq)[None, :] < lengths[:, None]).astype(np.int64)
+        else:
+            feed[value.name] = rng.integers(0, 100, (batch, seq))
+    return feed
+
+
+def _shapes(model: onnx.ModelProto) -> dict[str, list[int | str]]:
+    """Every value's inferred shape (symbolic dims by name)."""
+    inferred = onnx.shape_inference.infer_shapes(model)
+    return {v.name: [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim] for v in (*inferred.graph.value_info, *inferred.graph.input)}
+
+
+def _mask_shapes(model: onnx.ModelProto) -> list[list[int | str]]:
+    """The inferred shape of every FusedMHA's Mask."""
+    shapes = _shapes(model)
+    return [shapes[n.input[3]] for n in model.graph.node if n.op_type == "FusedMHA"]
+
+
+def _query_wide(model: onnx.ModelProto) -> set[str]:
+    """The ops on the FusedMHA Masks' producer chains making a 4-D value wider than 1 on the query axis."""
+    producers, shapes = {o: n for n in model.graph.node for o in n.output}, _shapes(model)
+    wide: set[str] = set()
+    todo = [n.input[3] for n in model.graph.node if n.op_type == "FusedMHA"]
+    while todo:
+        name = todo.pop()
+        node, shape = producers.get(name), shapes.get(name, [])
+        if node is not None:
+            if len(shape) == 4 and shape[2] != 1:
+                wide.add(node.op_type)
+            todo.extend(node.input)
+    return wide
+
+
+def _assert_same(with_rule: onnx.ModelProto, without: onnx.ModelProto, batch: int, seq: int) -> None:
+    """Bit-equal outputs on two fresh padded feeds (ONNX Runtime CPU, optimisations off, the function bodies)."""
+    for seed in range(2):
+        feed = _padded_feed(without, seed, batch, seq)
+        want = run(session(without, optimize=False), feed)
+        got = run(session(with_rule, optimize=False), feed)
+        assert set(got) == set(want)
+        for name, value in want.items():
+            np.testing.assert_array_equal(got[name], value, err_msg=name)
+
+
+def _assert_row_masks(model: onnx.ModelProto, batch: int, seq: int, layers: int) -> None:
+    assert _mask_shapes(model) == [[batch, 1, 1, seq]] * layers
+    assert not _query_wide(model), _query_wide(model)
+    masks = {n.input[3] for n in model.graph.node if n.op_type == "FusedMHA"}
+    assert len(masks) == 1, "the layers' rebuilt masks are merged into one"
+
+
+def test_fp8_export_hands_fused_mha_the_padding_row(tmp_path) -> None:
+    torch.manual_seed(0)
+    config = transformers.BertConfig(vocab_size=100, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128, max_position_embeddings=32)
+    model = transformers.BertModel(config).eval()
+    ids = torch.randint(0, config.vocab_size, (2, 16))
+    example = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    artefacts = {}
+    for name, skipped in (("with", ()), ("without", (mask_broadcast.FAMILY,))):
+        result = deployfuse.export(model, tmp_path / f"{name}.onnx", example_inputs=example, target="ort-cuda", precision="fp8", seed=0,
+                                   verify=False, skip_fusions=skipped)
+        artefacts[name] = onnx.load(result.onnx_path)
+        if not skipped:
+            assert result.fusion is not None
+            (family,) = [f for f in result.fusion.families if f.family == mask_broadcast.FAMILY]
+            assert family.matches == {mask_broadcast.FAMILY: 2} and not family.rolled_back, family
+    assert _mask_shapes(artefacts["without"]) == [[2, 1, 16, 16]] * 2 and "And" in _query_wide(artefacts["without"])
+    _assert_row_masks(artefacts["with"], 2, 16, 2)
+    _assert_same(artefacts["with"], artefacts["without"], 2, 16)
+
+
+def test_fp16_fused_mha_form() -> None:
+    """The fp16 artefact with packed_qkv skipped (bench/gpu_quant.py's FusedMHA form)."""
+    model = exported("bert", Form(precision="fp16")).model
+    with_rule, report = _fused("bert", model, ("packed_qkv",))
+    without, _ = _fused("bert", model, ("packed_qkv", mask_broadcast.FAMILY))
+    assert report.counts()[mask_broadcast.FAMILY] == 2, report.counts()
+    batch, seq = (d.dim_param or d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim)
+    assert _mask_shapes(without) == [[batch, 1, seq, seq]] * 2 and "And" in _query_wide(without)
+    _assert_row_masks(with_rule, batch, seq, 2)
+    _assert_same(with_rule, without, 3, 12)  # dynamic batch and sequence
+
+
+def test_gpt2_causal_mask_is_left_alone() -> None:
+    """GPT-2's mask is And(causal [1, 1, S, S], padding): genuinely per query row."""
+    model = exported("gpt2", Form(precision="fp16")).model
+    fused, report = _fused("gpt2", model, ("packed_qkv",))
+    assert report.counts()[mask_broadcast.FAMILY] == 0 and report.counts()["packed_mha"] == 2, report.counts()
+
+
+def _graph(*, shared: bool, causal: bool) -> onnx.ModelProto:
+    """pad [2, 1, 1, 7] -> Expand to [2, 1, 7, 7] -> Mul by a scalar (or by a causal [1, 1, 7, 7] constant) -> FusedMHA's Mask;
+    with `shared`, the Expand's output is also a graph output."""
+    extra = np.tril(np.ones((1, 1, 7, 7), np.float32)) if causal else np.array(2.0, np.float32)
+    inits = [numpy_helper.from_array(np.array([2, 1, 7, 7], np.int64), "shape"), numpy_helper.from_array(extra, "extra")]
+    nodes = [helper.make_node("Expand", ["pad", "shape"], ["wide"]), helper.make_node("Mul", ["wide", "extra"], ["mask"]),
+             helper.make_node("FusedMHA", ["q", "k", "v", "mask"], ["y"], domain="deployfuse", num_heads=2)]
+    inputs = [helper.make_tensor_value_info(n, F32, [2, 7, 16]) for n in "qkv"] + [helper.make_tensor_value_info("pad", F32, [2, 1, 1, 7])]
+    outputs = [helper.make_tensor_value_info(o, F32, None) for o in ("y", *(["wide"] if shared else []))]
+    graph = helper.make_graph(nodes, "masked", inputs, outputs, inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20), helper.make_opsetid("deployfuse", 1)], ir_version=10)
+    attach_functions(model)
+    return onnx.shape_inference.infer_shapes(model)  # the rule reads the shapes, as the exports carry them
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_expand_read_elsewhere_stays_for_its_reader(shared: bool) -> None:
+    model = _graph(shared=shared, causal=False)
+    feeds = [{n: np.random.default_rng(i).standard_normal((2, 7, 16)).astype(np.float32) for n in "qkv"}
+             | {"pad": np.where(np.arange(7) < [[[[5]]], [[[7]]]], 0, -1e4).astype(np.float32)} for i in range(2)]
+    out, report = fuse(model, "ort-cuda", feeds, families=[mask_broadcast.FAMILY])
+    assert report.counts()[mask_broadcast.FAMILY] == 1, report.counts()
+    assert _mask_shapes(out) == [[2, 1, 1, 7]] and not _query_wide(out)
+    assert [n.op_type for n in out.graph.node].count("Expand") == int(shared), "the Expand stays only for its other reader"
+    for feed in feeds:
+        want, got = run(session(model, optimize=False), feed), run(session(out, optimize=False), feed)
+        for name, value in want.items():
+            np.testing.assert_array_equal(got[name], value, err_msg=name)
+
+
+def test_per_query_operand_refuses() -> None:
+    model = _graph(shared=False, causal=True)
+    feeds = [{n: np.ones((2, 7, 16), np.float32) for n in "qkv"} | {"pad": np.zeros((2, 1, 1, 7), np.float32)}]
+    out, report = fuse(model, "ort-cuda", feeds, families=[mask_broadcast.FAMILY], debug=True)
+    assert report.counts()[mask_broadcast.FAMILY] == 0 and _mask_shapes(out) == [[2, 1, 7, 7]]
+    (family,) = report.families
+    assert any("query axis" in r for r in family.near_misses.get(mask_broadcast.FAMILY, [])), family.near_misses
+
+
+def test_only_ort_cuda_lowers_it() -> None:
+    assert mask_broadcast.rules("ort-cuda") and not mask_broadcast.rules("ort-cpu") and not mask_broadcast.rules("tensorrt")
