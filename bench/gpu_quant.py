@@ -395,7 +395,7 @@ def split_mha(model):
     from onnx import helper
 
     model = _attention_out_unfused(model)
-    nodes = []
+    nodes, wide = [], {}  # wide: each Mask back at [B, 1, S, S] (mask_broadcast undone: MultiHeadAttention's bias needs the query axis), once
     for node in model.graph.node:
         attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
         if node.op_type != "FusedMHA" or not attrs.get("packed_qkv"):
@@ -404,6 +404,13 @@ def split_mha(model):
         parts = [f"{node.name}_{p}" for p in "qkv"]
         nodes.append(helper.make_node("Split", [node.input[0]], parts, name=f"{node.name}_split", axis=-1, num_outputs=3))
         mask = node.input[3] if len(node.input) > 3 else ""
+        if mask and mask not in wide:
+            wide[mask] = f"{mask}_over_queries"
+            shape = [f"{wide[mask]}_{p}" for p in ("bh", "s", "l", "shape")]
+            nodes += [helper.make_node("Shape", [mask], [shape[0]], end=2), helper.make_node("Shape", [node.input[0]], [shape[1]], start=1, end=2),
+                      helper.make_node("Shape", [mask], [shape[2]], start=-1), helper.make_node("Concat", shape[:3], [shape[3]], axis=0),
+                      helper.make_node("Expand", [mask, shape[3]], [wide[mask]])]
+        mask = wide.get(mask, "")
         nodes.append(helper.make_node("MultiHeadAttention", [*parts, "", "", mask] if mask else parts, list(node.output), name=node.name, domain="com.microsoft",
                                       num_heads=attrs["num_heads"], scale=float(attrs.get("scale", 0.0))))
     del model.graph.node[:]
