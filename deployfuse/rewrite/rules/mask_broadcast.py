@@ -118,23 +118,32 @@ def _is_identity(value: ir.Value | None, op_type: str) -> bool:
     return const is not None and bool(np.all(const == _IDENTITY[op_type][0]))
 
 
-def _narrowed(value: ir.Value, depth: int = 0) -> _Plan:
+def _narrowed(value: ir.Value, depth: int = 0, seen: dict[int, _Plan] | None = None) -> _Plan:
     """The plan computing `value` without the broadcast-only steps behind it; `value` itself where
-    some op on the way is neither element-wise nor a broadcast (the caller checks the plan's shape)."""
+    some op on the way is neither element-wise nor a broadcast (the caller checks the plan's shape).
+    `seen`: the plans made so far, so a value read twice is walked once."""
+    seen = {} if seen is None else seen
+    if id(value) not in seen:
+        seen[id(value)] = _walked(value, depth, seen)
+    return seen[id(value)]
+
+
+def _walked(value: ir.Value, depth: int, seen: dict[int, _Plan]) -> _Plan:
+    """`_narrowed` for a value not seen yet: one step back through its producer."""
     node = value.producer()
     shape = value.shape
     if node is None or depth > _MAX_DEPTH or len(node.outputs) != 1 or (shape is not None and (len(shape) < 2 or shape[-2] == 1)):
         return _Plan(value)
     if is_op(node, "Expand") and node.inputs[0] is not None:
-        return _narrowed(node.inputs[0], depth + 1)
+        return _narrowed(node.inputs[0], depth + 1, seen)
     if is_op(node, *_IDENTITY) and len(node.inputs) == 2:
         for position in _IDENTITY[node.op_type][1]:
             other = node.inputs[1 - position]
             if other is not None and other.dtype == value.dtype and _is_identity(node.inputs[position], node.op_type):
-                return _narrowed(other, depth + 1)
+                return _narrowed(other, depth + 1, seen)
     if not is_op(node, *_ELEMENTWISE) or any(i is None for i in node.inputs):
         return _Plan(value)
-    inputs = [_narrowed(i, depth + 1) for i in node.inputs if i is not None]
+    inputs = [_narrowed(i, depth + 1, seen) for i in node.inputs if i is not None]
     if all(p.node is None and p.value is i for p, i in zip(inputs, node.inputs)):
         return _Plan(value)  # nothing behind it changed
     return _Plan(value, node, inputs)
@@ -167,19 +176,22 @@ class RowMask(FusionRule):
         inputs = list(node.inputs)
         old, inputs[3] = inputs[3], _emit(op, self.plan)
         shape = self.plan.shape()
-        if inputs[3] is not old and old is not None and old.shape is not None and shape is not None:  # the original's dims where they stay
+        if self.plan.node is not None and old is not None and old.shape is not None and shape is not None:  # a new value: the old dims where they stay
             inputs[3].dtype = old.dtype
             inputs[3].shape = ir.Shape([1 if d == 1 else old.shape[axis] for axis, d in zip(range(-len(shape), 0), shape)])
         attrs = {k: a.value for k, a in node.attributes.items()}
         return self.emit(op, *inputs, **attrs)
 
 
-def _emit(op, plan: _Plan) -> ir.Value:
-    """The plan's value: the kept value, or its node rebuilt on the rebuilt inputs."""
+def _emit(op, plan: _Plan, made: dict[int, ir.Value] | None = None) -> ir.Value:
+    """The plan's value: the kept value, or its node rebuilt on the rebuilt inputs (once per plan: `made`)."""
     if plan.node is None:
         return plan.value
-    attrs = {k: a.value for k, a in plan.node.attributes.items()}
-    return getattr(op, plan.node.op_type)(*(_emit(op, p) for p in plan.inputs), _domain=plan.node.domain, **attrs)
+    made = {} if made is None else made
+    if id(plan) not in made:
+        attrs = {k: a.value for k, a in plan.node.attributes.items()}
+        made[id(plan)] = getattr(op, plan.node.op_type)(*(_emit(op, p, made) for p in plan.inputs), _domain=plan.node.domain, **attrs)
+    return made[id(plan)]
 
 
 def rules(target: str | Target) -> list[pattern.RewriteRule]:
