@@ -17,6 +17,7 @@ import onnx
 import pytest
 import torch
 import transformers
+from _export import feeds
 from _forms import Form, exported
 from onnx import helper, numpy_helper
 from test_split_qkv import _fused
@@ -122,10 +123,15 @@ def test_fp16_fused_mha_form() -> None:
 
 
 def test_gpt2_causal_mask_is_left_alone() -> None:
-    """GPT-2's mask is And(causal [1, 1, S, S], padding): genuinely per query row."""
+    """GPT-2's mask is And(And(True, k_idx <= q_idx), Equal(q's and k's packed-sequence ids)): genuinely per query row.
+    Only the families that make its FusedMHA run (its Conv1D is a packed QKV already)."""
     model = exported("gpt2", Form(precision="fp16")).model
-    fused, report = _fused("gpt2", model, ("packed_qkv",))
+    families = ["attention", "packed_mha", mask_broadcast.FAMILY]
+    fused, report = fuse(model, "ort-cuda", feeds("gpt2", model, count=1, seed=1), families=families, debug=True)
     assert report.counts()[mask_broadcast.FAMILY] == 0 and report.counts()["packed_mha"] == 2, report.counts()
+    assert not any(f.rolled_back for f in report.families) and _mask_shapes(fused) == [["batch", 1, "seq", "seq"]] * 2
+    (family,) = [f for f in report.families if f.family == mask_broadcast.FAMILY]
+    assert any("without its broadcasts" in r for r in family.near_misses[mask_broadcast.FAMILY]), family.near_misses
 
 
 def _model(nodes: list[onnx.NodeProto], mask_input: onnx.ValueInfoProto, inits: list[onnx.TensorProto], shared: bool) -> onnx.ModelProto:
