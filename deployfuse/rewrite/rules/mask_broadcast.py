@@ -4,18 +4,18 @@ so the Hopper kernel reads one mask row per batch (its kRow path) instead of a [
     FusedMHA(Q, K, V, f(broadcast(M), c...)) = FusedMHA(Q, K, V, f(M, c...))
 
 HF's SDPA mask preparation turns a [B, S] padding mask into [B, 1, S, S] before the attention:
-in the dynamo export `And(T, padding)` with T an all-True [1, 1, S, 1] (the "every query row" half of
-its mask functions: a folded constant with static shapes, `q_idx >= 0` over a Range with dynamic
-ones), then a Where into 0 / the dtype's min; an older spelling uses `Expand`. FusedMHA broadcasts its Mask to [batch, heads, q_seq, k_seq] itself, so
-the broadcast only costs bandwidth. Walking back from the Mask through element-wise ops (`_ELEMENTWISE`),
-the rule drops each broadcast-only step it meets: an Expand, or an And / Or / Add / Sub / Mul /
-Div whose other operand is that op's identity everywhere (provably all True, or a constant all
-False, 0, 1). Element-wise
-ops commute with broadcasting, so the rebuilt Mask, broadcast to the old one's shape, is the old Mask
-value for value. The rule applies only where the rebuilt Mask has rank <= 4 (FusedMHA's
-numpy broadcasting; a lower rank is not reshaped, as the exports never need it) and a query axis
-(axis -2) of 1: a genuinely per-query mask (GPT-2's causal part, a constant [1, 1, S, S])
-keeps its shape and the node is left alone.
+in the dynamo export `And(T, padding)` with T an all-True [1, 1, S, 1] (the "every query row"
+half of its mask functions: a folded constant with static shapes, `q_idx >= 0` over a Range with
+dynamic ones), then a Where into 0 / the dtype's min; other spellings use an Expand. FusedMHA
+broadcasts its Mask to [batch, heads, q_seq, k_seq] itself, so the broadcast only costs
+bandwidth. Walking back from the Mask through element-wise ops (`_ELEMENTWISE`), the rule drops
+each broadcast-only step it meets: an Expand, or an And / Or / Add / Sub / Mul / Div whose other
+operand is that op's identity everywhere (provably all True; a constant all False, 0 or 1).
+Element-wise ops commute with broadcasting, so the rebuilt Mask, broadcast to the old one's
+shape, is the old Mask value for value. The rule applies only where the rebuilt Mask has rank
+<= 4 (FusedMHA broadcasts numpy-style; a lower rank is not reshaped, the exports never need it)
+and a query axis (axis -2) of 1: a genuinely per-query mask (GPT-2's: causal `k_idx <= q_idx`
+and an Equal of packed-sequence ids) keeps its shape and the node is left alone.
 
 The rebuilt chain is new nodes feeding this FusedMHA only; the old chain stays for any other reader
 and is removed when FusedMHA was its last (so a shared Expand is kept, never reshaped under a
