@@ -42,19 +42,6 @@ def _is_attention(node: onnx.NodeProto) -> bool:
     return node.domain == DEPLOYFUSE and node.op_type == fused_mha.SPEC.name and not (len(node.input) > _Y_SCALE and node.input[_Y_SCALE])
 
 
-def _refusal(g: _Graph, fp8: list[int]) -> str | None:
-    """Why FusedMHA cannot take its fp8 readers' quantize pass, or None."""
-    scales = [g.const(g.nodes[i].input[1]) for i in fp8]
-    if any(s is None for s in scales):
-        return "an XScale is not a constant"
-    if len({float(np.asarray(s).reshape(-1)[0]) for s in scales if s is not None}) > 1:
-        return "its fp8 GEMM readers use different XScale values"
-    weights = [g.const(g.nodes[i].input[2]) for i in fp8]
-    if any(w is None or w.ndim != 2 or w.shape[1] % 16 for w in weights):
-        return "a reader's K is not a multiple of 16 (the CUDA GEMM reads a float8 X as it is, in rows of 16 bytes)"
-    return None
-
-
 def _writing_yq(g: _Graph, node: onnx.NodeProto, fp8: list[int], reshapes: list[int]) -> onnx.NodeProto:
     """The FusedMHA node given YScale and writing YQ (Y kept only for readers other than `fp8` and `reshapes`); the readers
     re-pointed at YQ."""
@@ -79,7 +66,7 @@ def fuse(model: onnx.ModelProto, target: str | Target) -> tuple[onnx.ModelProto,
     (every one but ort-cuda) gets the model unchanged."""
     if not get_target(target).lowering(FAMILY):
         return model, 0, []
-    return quantizing_producers(model, _is_attention, lambda g, node, fp8: _refusal(g, fp8), _writing_yq)
+    return quantizing_producers(model, _is_attention, _writing_yq)
 
 
 def without_fp8_x(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -107,4 +94,3 @@ def autotune(model: onnx.ModelProto, feed: Mapping[str, np.ndarray], library: st
     if not any(n.domain == DEPLOYFUSE and n.op_type == fused_mha.SPEC.name and len(n.output) > 1 and n.output[1] for n in model.graph.node):
         return model, ""
     return _timed_against(model, without_fp8_x(model), FAMILY, feed, library)
-

@@ -74,13 +74,8 @@ def _fp8_uses(g: _Graph, y: str) -> tuple[list[int], list[int]]:
 
 
 def _refusal(g: _Graph, node: onnx.NodeProto, kind: str, fp8: list[int]) -> str | None:
-    """Why the norm cannot take its fp8 readers' quantize pass, or None."""
+    """Why the norm cannot take its fp8 readers' quantize pass, or None (the readers' own checks: `_readers_refusal`)."""
     attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
-    scales = [g.const(g.nodes[i].input[1]) for i in fp8]
-    if any(s is None for s in scales):
-        return "an XScale is not a constant"
-    if len({float(np.asarray(s).reshape(-1)[0]) for s in scales if s is not None}) > 1:
-        return "its fp8 GEMM readers use different XScale values"
     gamma = g.const(node.input[2 if kind == "skip" else 1])
     if gamma is None or gamma.ndim != 1:
         return "Gamma is not a constant vector"
@@ -90,6 +85,16 @@ def _refusal(g: _Graph, node: onnx.NodeProto, kind: str, fp8: list[int]) -> str 
             return f"LayerNormalization over more than the last axis (axis={attrs['axis']})"
     if any(_used(g, o) for o in node.output[1:3]):
         return "its mean / inverse-std outputs are read"
+    return None
+
+
+def _readers_refusal(g: _Graph, fp8: list[int]) -> str | None:
+    """Why one float8 output cannot feed the fp8 GEMMs `fp8` (whatever writes it), or None."""
+    scales = [g.const(g.nodes[i].input[1]) for i in fp8]
+    if any(s is None for s in scales):
+        return "an XScale is not a constant"
+    if len({float(np.asarray(s).reshape(-1)[0]) for s in scales if s is not None}) > 1:
+        return "its fp8 GEMM readers use different XScale values"
     weights = [g.const(g.nodes[i].input[2]) for i in fp8]
     if any(w is None or w.ndim != 2 or w.shape[1] % 16 for w in weights):
         return "a reader's K is not a multiple of 16 (the CUDA GEMM reads a float8 X as it is, in rows of 16 bytes)"
@@ -156,19 +161,20 @@ def fuse(model: onnx.ModelProto, target: str | Target) -> tuple[onnx.ModelProto,
     if not get_target(target).lowering(FAMILY):
         return model, 0, []
     return quantizing_producers(
-        model, lambda node: _norm_kind(node) is not None, lambda g, node, fp8: _refusal(g, node, _norm_kind(node) or "", fp8),
-        lambda g, node, fp8, reshapes: _fused(g, model, node, _norm_kind(node) or "", fp8, reshapes),
+        model, lambda node: _norm_kind(node) is not None, lambda g, node, fp8, reshapes: _fused(g, model, node, _norm_kind(node) or "", fp8, reshapes),
+        refusal=lambda g, node, fp8: _refusal(g, node, _norm_kind(node) or "", fp8),
     )
 
 
 def quantizing_producers(
     model: onnx.ModelProto,
     takes: Callable[[onnx.NodeProto], bool],
-    refusal: Callable[[_Graph, onnx.NodeProto, list[int]], str | None],
     rewritten: Callable[[_Graph, onnx.NodeProto, list[int], list[int]], onnx.NodeProto],
+    refusal: Callable[[_Graph, onnx.NodeProto, list[int]], str | None] | None = None,
 ) -> tuple[onnx.ModelProto, int, list[str]]:
     """What this rule and `rules.fp8_attention_out` share: each node that `takes` whose first output feeds fp8 GEMM X
-    inputs (directly, or through a Reshape only they read, which moves past them) and whose `refusal` is None becomes
+    inputs (directly, or through a Reshape only they read, which moves past them), refused neither by those readers
+    (`_readers_refusal`: one XScale, K a multiple of 16) nor by the producer's own `refusal`, becomes
     `rewritten(g, node, readers, reshapes)`, which re-points the readers at its float8 output (in place, main graph); how
     many; why each refused one was refused ("<node>: <reason>")."""
     g = _Graph(model.graph)
@@ -182,7 +188,7 @@ def quantizing_producers(
         fp8, reshapes = _fp8_uses(g, node.output[0])
         if not fp8:
             continue
-        why = refusal(g, node, fp8)
+        why = _readers_refusal(g, fp8) or (refusal(g, node, fp8) if refusal else None)
         if why is not None:
             refused.append(f"{node.name or node.output[0]}: {why}")
             continue
