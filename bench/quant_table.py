@@ -4,7 +4,9 @@ The issue's bar is the best fp16 *alternative*: PyTorch eager, torch.compile, ON
 onnxscript-optimized fp16 files (other tools, at their best settings in the run). deployfuse's own fp16 artefacts are a second
 column, not the bar: they carry the same fusions as the fp8 one, so that ratio is what fp8 itself gives.
 
-    python3 bench/quant_table.py bench/results/h200_quant_packed_norm.json [--kernels bert:64:deployfuse-fp8-tuned+cudagraph]
+    python3 bench/quant_table.py bench/results/h200_quant_narrow_yq.json [--kernels bert:64:deployfuse-fp8-tuned+cudagraph]
+
+(--kernels needs a run whose rows carry kernel_profile's `top`: h200_quant_narrow_yq.json and later.)
 """
 
 from __future__ import annotations
