@@ -151,7 +151,7 @@ ORT_CUDA = Target(
         "fp8_attention_out": (Lowering(DEPLOYFUSE, "FusedMHA"),),  # FusedMHA writing its fp8 output projection's X (after fp8_norm)
         "packed_mha": (Lowering(DEPLOYFUSE, "FusedMHA", {"packed_qkv": 1}),),  # MHA on a Split packed QKV (fp8's split_qkv, GPT-2)
         "mask_broadcast": (Lowering(DEPLOYFUSE, "FusedMHA"),),  # a FusedMHA Mask broadcast over the query axis -> its row (the kernel's row path)
-        "patch_embed": (Lowering("", "MatMul"),),  # a patchify Conv as a GEMM (slower on ORT CPU; TensorRT runs the Conv well)
+        "patch_embed": (Lowering("", "MatMul"),),  # a patchify Conv as a GEMM (not faster on ORT CPU; TensorRT runs the Conv well)
         **_NORM_ACT,
     },
     # gemm_act, fp8_gemm: cuBLASLt's epilogues
