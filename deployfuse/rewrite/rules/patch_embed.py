@@ -186,7 +186,7 @@ class PatchEmbed(FusionRule):
 
 
 def rules(target: str | Target) -> list[pattern.RewriteRule]:
-    """The patch-embedding rules where the target lowers them (ONNX Runtime targets)."""
+    """The patch-embedding rules where the target lowers them (ort-cuda); none elsewhere."""
     if not get_target(target).lowering(FAMILY):
         return []
     return [PatchEmbed.rule(target, form) for form in _FORMS]
