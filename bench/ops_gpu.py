@@ -266,7 +266,8 @@ def check_yq():
             requantized = to_element_type(y.float().cpu() / xs[4].cpu(), "float8e4m3fn").view(torch.uint8)
             flips, alone = (yq.cpu() != requantized).sum().item(), (yq_alone != yq).sum().item()
             good = rel < TOL[dtype] and flips == 0 and alone == 0 and not torch.isnan(y).any()
-            worst = max(worst, rel / TOL[dtype], 0.0 if flips == alone == 0 else math.inf)
+            # a NaN rel (Y left unwritten) compares False with anything, so max() would skip it: it counts as a failure
+            worst = max(worst, rel / TOL[dtype], 0.0 if flips == alone == 0 and not math.isnan(rel) else math.inf)
             print(f"check-yq {'ok' if good else 'FAIL':4} FusedMHA {str(shape):22} {str(dtype):15} rel_err={rel:.2e} yq_mismatches={flips} "
                   f"yq_without_y_mismatches={alone} {attrs}")
     return worst
@@ -341,7 +342,7 @@ def ort_check_yq(ort_lib):
             rel = ((torch.from_numpy(y.astype(np.float64)) - ref).norm() / ref.norm()).item()
             requantized = to_element_type(torch.from_numpy(y).float() / torch.from_numpy(xs[4]), "float8e4m3fn").view(torch.uint8).numpy()
             flips, alone = int((yq != requantized).sum()), int((yq_alone != yq).sum())
-            worst = max(worst, rel / tol, 0.0 if flips == alone == 0 else math.inf)
+            worst = max(worst, rel / tol, 0.0 if flips == alone == 0 and not math.isnan(rel) else math.inf)  # NaN: as in check_yq
             print(f"ort-cuda-yq {'ok' if rel < tol and flips == alone == 0 else 'FAIL':4} FusedMHA {str(shape):18} {np.dtype(dtype).name:8} "
                   f"rel_err={rel:.2e} yq_mismatches={flips} yq_without_y_mismatches={alone} {attrs}")
     return worst
