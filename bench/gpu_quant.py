@@ -27,13 +27,16 @@ Variants, each the alternative at its best settings:
   batch 8 (`--fp8-export-batch`), where its calibration and accuracy gate run on the host CPU
   (at batch 64 they take many minutes); `--fp8-export-batch 0` exports each row at its own batch.
 - `deployfuse-fp8-tuned+cudagraph`: the same artefact with its Fp8GemmAct and Fp8Mlp nodes' cuBLASLt algorithms
-  tuned at the row's shapes on this GPU (a copy, through `deployfuse.rewrite.gemm_tuning.tune`, what
-  `--autotune` runs after the gate: no second export or gate; the CUDA library beside `--ort-library`),
+  tuned at the row's shapes on this GPU (a copy, through `deployfuse.quantize.speed_precision.choose_precision` then
+  `deployfuse.rewrite.gemm_tuning.tune`, what `--autotune` runs after the gate: no second export or gate; the CUDA
+  library beside `--ort-library`),
   timed as `deployfuse-fp8+cudagraph`; its settings say how many nodes left the heuristic's choice
   (`--dry-run`: `deployfuse-fp8-tuned`, not tuned on the CPU, and its settings say so). Kernels timed at
   the row's shapes are a setting the torch rows get only from torch.compile's `max-autotune` mode, which
   the default `--compile-modes` (and bench/gpu_quant.sh) leave out: compare it with `deployfuse-fp8+cudagraph`
   unless `--compile-modes` adds `max-autotune`.
+- `deployfuse-fp8-{split-mha,norm-unfused,attn-out-unfused}+cudagraph`: the fp8 artefact with one of its own fusions
+  undone (`ABLATIONS`), timed in the same run: what packed_mha, fp8_norm and fp8_attention_out each give.
 
 Each variant records `median_ms` (host wall clock per call after a device synchronise,
 bench/gpu_models.py's `median_ms`), `max_abs_err` of the first output against PyTorch fp32
