@@ -170,14 +170,13 @@ class OpSpec:
         wide = [None if t is None else (t if t.dtype == torch.float64 else t.float()) for t in tensors]
         return self.reference_fn(*wide, **resolved).to(first.dtype)
 
-    def variant_key(self, attrs: dict[str, Any], present_inputs: int | Collection[str]) -> str:
+    def variant_key(self, attrs: dict[str, Any], present_inputs: Collection[str]) -> str:
         """The overload name of the function body for these (resolved) attributes, e.g.
-        ``activation=gelu``; "" when the op has a single body. present_inputs: how many leading inputs
-        the node gives, or the names of those it gives (an absent optional input may precede a present
-        one: FusedMHA's Mask named "" before its YScale)."""
-        present = set(self.inputs[:present_inputs]) if isinstance(present_inputs, int) else set(present_inputs)
+        ``activation=gelu``; "" when the op has a single body. present_inputs: the names of the inputs
+        the node gives (an absent optional input may precede a present one: FusedMHA's Mask named ""
+        before its YScale)."""
         parts = [f"{k}={attrs[k]}" for k, a in self.attrs.items() if a.variant]
-        parts += [f"{name}={int(name in present)}" for name in self.inputs if name in self.optional]
+        parts += [f"{name}={int(name in present_inputs)}" for name in self.inputs if name in self.optional]
         return ",".join(parts)
 
 
