@@ -62,8 +62,6 @@ def _library_only(model: onnx.ModelProto) -> onnx.ModelProto:
     """`model` without its deployfuse function bodies: only the custom-op library's CPU kernels can run its nodes."""
     out = onnx.ModelProto()
     out.CopyFrom(model)
-    del out.graph.node[:]
-    out.graph.node.extend(model.graph.node)
     del out.functions[:]
     return out
 
