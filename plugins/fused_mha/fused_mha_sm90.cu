@@ -409,8 +409,8 @@ cudaError_t launch_mask(cudaStream_t stream, int device, const T* q, const T* k,
 // or "triple" (three: each K/V tile serves 192 rows). DEPLOYFUSE_MHA_TILE names one, or "sm80" for none
 // (the call goes to fused_mha_tc.cu's tensor-core kernel), for benchmarks to compare them. Otherwise keys
 // that fit in four tiles get narrow CTAs (H200, bench/results/mha_tiles_h200.log: 0.90x of wide at 128
-// keys, 0.69x of triple at ViT's 197, 0.90x of triple at 512), and longer sequences triple (11 % faster
-// than wide at seq 2048) unless it pads the queries by more than 64 rows over wide.
+// keys, 0.70x of triple at ViT's 197, 0.90x of triple at 512), and longer sequences triple (0.86x of
+// wide at seq 2048, same log) unless it pads the queries by more than 64 rows over wide.
 enum class Sm90Shape { kNarrow, kWide, kTriple, kNone };  // kNone: leave the call to the sm_80 tensor-core kernel
 
 Sm90Shape choose_shape(const MhaShape& s) {
