@@ -84,8 +84,9 @@ ORT_FP16_FILES = ("ort-plain", "ort-opt", "onnxscript", "deployfuse")
 # 20-40x fp16's: bench/results/h200_quant_torchao.json, h200_quant_partial.json).
 FP8_BUDGET = "cos=0.995,rel=0.1"
 TORCHAO_GRANULARITIES = ("perrow", "pertensor")
-SKIPPABLE = ("torch", "torchao", "fp16-onnx", "fp8")
-"""--skip's groups: PyTorch eager and torch.compile, torchao float8, the fp16 ONNX files on ORT, deployfuse fp8."""
+SKIPPABLE = ("torch", "torchao", "fp16-onnx", "fp8", "ablations")
+"""--skip's groups: PyTorch eager and torch.compile, torchao float8, the fp16 ONNX files on ORT, deployfuse fp8, and the fp8
+artefact's ABLATIONS alone."""
 RESULTS = "h200_quant.json"
 
 
@@ -374,7 +375,7 @@ def _fp8_rows(model_name: str, batch: int, build: Callable, inputs32: dict, work
 
     record("deployfuse-fp8-tuned" + ("+cudagraph" if device.cuda else ""), "fp8",
            f"deployfuse export --target ort-cuda --precision fp8, {tuning}: {holds}; {runs_on}" + (", CUDA graph" if device.cuda else ""), make_tuned, fields)
-    for ablation, (undo, what) in ABLATIONS.items():  # the artefact with one of its fusions undone, to time what that fusion gives
+    for ablation, (undo, what) in ABLATIONS.items() if "ablations" not in args.skip else ():  # one fusion undone: what it gives
         def make_ablated(undo=undo, ablation=ablation):
             if artefact is None:
                 raise RuntimeError(holds)
