@@ -42,7 +42,8 @@ Each variant records `median_ms` (host wall clock per call after a device synchr
 bench/gpu_models.py's `median_ms`), `max_abs_err` of the first output against PyTorch fp32
 eager (TF32 off) on the same inputs, and with --gpu-time the CUPTI kernel-time sum `gpu_ms`, the
 kernels per call, the time by kernel class (`by_class_ms`, bench/kernel_profile.py: GEMMs, fp8
-quantize passes, attention, norms, copies, the rest) and every kernel's time and launches (`top`).
+quantize passes, attention, norms, copies, the rest), every kernel's time and launches (`top`), and the idle time
+between kernels inside a call (`gap_ms`, each kernel's share in `top` as `gap_before_ms`).
 A failing variant records `error`. Rows merge into WORKDIR/h200_quant.json after every variant
 (a re-run skips the variants it has) and are copied to --out.
 
@@ -248,7 +249,7 @@ def bench_row(model_name: str, batch: int, device: Device, workdir: Path, result
                     import kernel_profile
 
                     profiled = kernel_profile.profile(fn, iters=args.profile_iters)
-                    row.update({k: profiled[k] for k in ("gpu_ms", "kernels_per_call", "by_class_ms", "top")})
+                    row.update({k: profiled[k] for k in ("gpu_ms", "gap_ms", "kernels_per_call", "by_class_ms", "top")})
         except Exception as exc:  # a failing variant gets its error, not a time
             row["error"] = short_error(exc)
         row["setup_s"] = round(time.time() - start, 1)

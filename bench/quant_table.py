@@ -51,13 +51,17 @@ def table(rows: list[dict]) -> str:
 
 
 def kernels(rows: list[dict], model: str, batch: int, variant: str, count: int = 25) -> str:
-    """The row's largest kernels (bench/kernel_profile.py's `top`): ms and launches per call."""
+    """The row's largest kernels (bench/kernel_profile.py's `top`): ms, launches and the idle time before them, per call
+    (the gap column where the run recorded it)."""
     row = next((r for r in rows if r["model"] == model and r["batch"] == batch and r["variant"] == variant), None)
     if row is None or not row.get("top"):
         return f"{model} batch {batch} {variant}: no kernel list in this file"
-    out = [f"{model} batch {batch} {variant}: {row.get('gpu_ms')} ms GPU, {row.get('kernels_per_call')} kernels a call",
-           "| kernel | class | ms | launches |", "| --- | --- | --- | --- |"]
-    out += [f"| `{k['kernel'][:100]}` | {k['class']} | {k['ms']:.4f} | {k['calls']:g} |" for k in row["top"][:count]]
+    gaps = "gap_ms" in row
+    out = [f"{model} batch {batch} {variant}: {row.get('gpu_ms')} ms GPU, {row.get('kernels_per_call')} kernels a call"
+           + (f", {row['gap_ms']} ms idle between them" if gaps else ""),
+           "| kernel | class | ms | launches |" + (" gap before (ms) |" if gaps else ""), "| --- | --- | --- | --- |" + (" --- |" if gaps else "")]
+    out += [f"| `{k['kernel'][:100]}` | {k['class']} | {k['ms']:.4f} | {k['calls']:g} |" + (f" {k['gap_before_ms']:.4f} |" if gaps else "")
+            for k in row["top"][:count]]
     return "\n".join(out)
 
 
