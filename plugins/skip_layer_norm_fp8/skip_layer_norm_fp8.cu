@@ -1,14 +1,26 @@
 // SkipLayerNormFp8's kernels. Rows of whole 16-byte vectors (cols % (16 / sizeof(T)) == 0, every pointer 16-byte aligned) keep the
-// row's float32 sum in registers and read X (and Skip) once:
-// - up to 32 * kWarpVecs vectors (2048 fp16/bf16, 1024 fp32 columns: BERT's 768 and 1024 among them): a warp per row,
-//   kRowsPerBlock rows a block, statistics by warp shuffles only (no shared memory, no block barrier), as LayerNormGelu's;
-// - longer rows, up to kMaxThreads * kBlockVecs vectors: a block per row, block reductions.
-// Both: the sum, then the mean, then the sum of squared deviations from it (exact two-pass statistics from registers), then per
+// row's float32 sum in registers and read X (and Skip) once, by one of two paths (DEPLOYFUSE_SLN_PATH=block|warp, read once,
+// forces one, for bench/skip_layer_norm_fp8_gpu.py to time them against each other; the slower goes once the H200 has measured):
+// - "block" (the default): up to kOneVecThreads vectors (8192 fp16/bf16, 4096 fp32 columns), a block per row and ONE vector a
+//   thread (threads = the row's vectors rounded up to 32: BERT's 768 fp16 -> 96, 1024 -> 128), so that the short-row,
+//   few-row launches (1024 rows: 8 rows an SM) have many warps in flight, each with one independent load per input: ORT's
+//   SkipLayerNormalization is shaped so and took 2.6 us at 1024 x 768 against the warp path's 4.9 us (H200,
+//   bench/results/h200_quant_narrow_yq.json);
+// - "warp": up to 32 * kWarpVecs vectors (2048 fp16/bf16, 1024 fp32 columns), a warp per row, kRowsPerBlock rows a block, up to
+//   kWarpVecs vectors a lane, statistics by warp shuffles only (no shared memory, no block barrier), as LayerNormGelu's;
+// - longer rows (either path), up to kMaxThreads * kBlockVecs vectors: a block per row, kBlockVecs vectors a thread.
+// The block kernels reduce by warp shuffles, then one barrier and each thread adding the warps' totals from shared memory, each
+// statistic in its own slots (the second reduction's writes cannot meet the first's reads: one barrier a statistic).
+// All: the sum, then the mean, then the sum of squared deviations from it (exact two-pass statistics from registers), then per
 // element y = fma(fma(s, rstd, -mean rstd), gamma, beta) rounded to T, and the float8 copy from that rounded y: y / y_scale
 // (correctly rounded division, as the CPU kernel and the function body's Div) -> e4m3 with saturation, two elements a
-// conversion, one 8-byte (16-bit T) or 4-byte (fp32) store a vector. Any other row: a block per row that recomputes the sum in
-// each of its three sweeps (from L1/L2).
+// conversion, one 8-byte (16-bit T) or 4-byte (fp32) store a vector. The paths sum in different orders: the statistics, and so
+// Y, may differ in the last bit between them (Sum is the same). Any other row: a block per row that recomputes the sum in each
+// of its three sweeps (from L1/L2).
 #include <cuda_fp8.h>
+
+#include <cstdlib>
+#include <cstring>
 
 #include "common/cuda_check.h"
 #include "common/dtype.cuh"
@@ -18,10 +30,11 @@
 namespace deployfuse {
 namespace {
 
-constexpr int kRowsPerBlock = 4;  // warp-per-row path: 128-thread blocks
-constexpr int kWarpVecs = 8;      // vectors a lane at most on the warp path
-constexpr int kBlockVecs = 8;     // vectors a thread on the block path
-constexpr int kMaxThreads = 512;
+constexpr int kRowsPerBlock = 4;      // warp-per-row path: 128-thread blocks
+constexpr int kWarpVecs = 8;          // vectors a lane at most on the warp path
+constexpr int kOneVecThreads = 1024;  // the block path's one-vector kernel: at most a vector a thread
+constexpr int kBlockVecs = 8;         // vectors a thread of the longer rows' block kernel
+constexpr int kMaxThreads = 512;      // its threads
 constexpr int kFallbackThreads = 256;
 
 // The pointers and sizes of a launch: one argument for every kernel.
@@ -134,13 +147,27 @@ __global__ void __launch_bounds__(kRowsPerBlock * 32) warp_kernel(Rows<T> a, int
   s.store(a, r, mean, rstd, lane, 32, n);
 }
 
-// A block per row (n <= blockDim.x * kBlockVecs vectors).
-template <typename T>
-__global__ void __launch_bounds__(kMaxThreads) block_kernel(Rows<T> a, int n, float inv_cols) {
+// The block's total of v (blockDim.x a multiple of 32); every thread gets it, the same bits. kSlot: the statistic's own slots of
+// partial, so that two reductions need no barrier between them.
+template <int kSlot>
+__device__ __forceinline__ float row_total(float v, float (&partial)[2][32]) {
+  v = warp_sum(v);
+  if ((threadIdx.x & 31) == 0) partial[kSlot][threadIdx.x >> 5] = v;
+  __syncthreads();
+  const int warps = static_cast<int>(blockDim.x >> 5);
+  float total = partial[kSlot][0];
+  for (int w = 1; w < warps; ++w) total += partial[kSlot][w];
+  return total;
+}
+
+// A block per row (n <= blockDim.x * kVecs vectors), kVecs vectors a thread.
+template <typename T, int kVecs>
+__global__ void __launch_bounds__(kVecs == 1 ? kOneVecThreads : kMaxThreads) block_kernel(Rows<T> a, int n, float inv_cols) {
+  __shared__ float partial[2][32];
   const int64_t r = blockIdx.x;
-  RowSum<T, kBlockVecs> s;
-  const float mean = block_sum(s.load(a, r, threadIdx.x, blockDim.x, n)) * inv_cols;
-  const float rstd = rsqrtf(block_sum(s.squared_deviations(mean, threadIdx.x, blockDim.x, n)) * inv_cols + a.epsilon);
+  RowSum<T, kVecs> s;
+  const float mean = row_total<0>(s.load(a, r, threadIdx.x, blockDim.x, n), partial) * inv_cols;
+  const float rstd = rsqrtf(row_total<1>(s.squared_deviations(mean, threadIdx.x, blockDim.x, n), partial) * inv_cols + a.epsilon);
   s.store(a, r, mean, rstd, threadIdx.x, blockDim.x, n);
 }
 
@@ -202,6 +229,28 @@ cudaError_t launch_warp(cudaStream_t stream, const Rows<T>& a, int n) {
   return cudaSuccess;
 }
 
+// kVecs vectors a thread: threads = n / kVecs rounded up to 32.
+template <typename T, int kVecs>
+cudaError_t launch_block(cudaStream_t stream, const Rows<T>& a, int n) {
+  const int threads = ((n + kVecs - 1) / kVecs + 31) / 32 * 32;
+  for (int64_t r0 = 0; r0 < a.rows; r0 += 0x7fffffff) {  // grid.x limit
+    const int64_t count = a.rows - r0 < 0x7fffffff ? a.rows - r0 : 0x7fffffff;
+    block_kernel<T, kVecs>
+        <<<static_cast<unsigned>(count), threads, 0, stream>>>(rows_from(a, r0, count), n, 1.f / static_cast<float>(a.cols));
+    DF_RETURN_IF_ERROR(cudaGetLastError());
+  }
+  return cudaSuccess;
+}
+
+// DEPLOYFUSE_SLN_PATH=warp: the warp path where it applies (read once); anything else, or unset: the block path.
+bool warp_path_forced() {
+  static const bool forced = [] {
+    const char* name = std::getenv("DEPLOYFUSE_SLN_PATH");
+    return name != nullptr && std::strcmp(name, "warp") == 0;
+  }();
+  return forced;
+}
+
 }  // namespace
 
 template <typename T>
@@ -212,19 +261,12 @@ cudaError_t launch_skip_layer_norm_fp8(cudaStream_t stream, const T* x, const T*
   const float inv_cols = 1.f / static_cast<float>(cols);
   if (vectorisable(a)) {
     const int64_t n = cols / Vec<T>::kSize;
+    if (!warp_path_forced() && n <= kOneVecThreads) return launch_block<T, 1>(stream, a, static_cast<int>(n));
     if (n <= 32) return launch_warp<T, 1>(stream, a, static_cast<int>(n));
     if (n <= 64) return launch_warp<T, 2>(stream, a, static_cast<int>(n));
     if (n <= 128) return launch_warp<T, 4>(stream, a, static_cast<int>(n));
     if (n <= 32 * kWarpVecs) return launch_warp<T, kWarpVecs>(stream, a, static_cast<int>(n));
-    if (n <= int64_t{kMaxThreads} * kBlockVecs) {
-      const int threads = static_cast<int>(((n + kBlockVecs - 1) / kBlockVecs + 31) / 32 * 32);
-      for (int64_t r0 = 0; r0 < rows; r0 += 0x7fffffff) {
-        const int64_t count = rows - r0 < 0x7fffffff ? rows - r0 : 0x7fffffff;
-        block_kernel<T><<<static_cast<unsigned>(count), threads, 0, stream>>>(rows_from(a, r0, count), static_cast<int>(n), inv_cols);
-        DF_RETURN_IF_ERROR(cudaGetLastError());
-      }
-      return cudaSuccess;
-    }
+    if (n <= int64_t{kMaxThreads} * kBlockVecs) return launch_block<T, kBlockVecs>(stream, a, static_cast<int>(n));
   }
   for (int64_t r0 = 0; r0 < rows; r0 += 0x7fffffff) {
     const int64_t count = rows - r0 < 0x7fffffff ? rows - r0 : 0x7fffffff;
