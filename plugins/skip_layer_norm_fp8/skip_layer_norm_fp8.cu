@@ -54,11 +54,27 @@ __device__ __forceinline__ __nv_fp8x2_storage_t e4m3_pair(float a, float b, floa
   return __nv_cvt_float2_to_fp8x2(make_float2(a / scale, b / scale), __NV_SATFINITE, __NV_E4M3);
 }
 
-// This thread's vectors of one row, c = first + j * step (j < kVecs, c < n), summed in float32.
-template <typename T, int kVecs>
+// This thread's vectors of one row, c = first + j * step (j < kVecs, c < n), summed in float32. kEarly: Gamma, Beta and YScale
+// loaded by prefetch() before the statistics, whose barriers would otherwise leave their latency exposed (the one-vector path).
+template <typename T, int kVecs, bool kEarly = false>
 struct RowSum {
   static constexpr int kSize = Vec<T>::kSize;
   float v[kVecs][kSize];
+  Vec<T> g[kEarly ? kVecs : 1], b[kEarly ? kVecs : 1];
+  float y_scale = 1.f;
+
+  __device__ __forceinline__ void prefetch(const Rows<T>& a, int first, int step, int n) {
+    static_assert(kEarly, "prefetch() fills the kEarly members");
+#pragma unroll
+    for (int j = 0; j < kVecs; ++j) {
+      const int c = first + j * step;
+      if (c < n) {
+        g[j] = reinterpret_cast<const Vec<T>*>(a.gamma)[c];
+        b[j] = reinterpret_cast<const Vec<T>*>(a.beta)[c];
+      }
+    }
+    if (a.yq) y_scale = __ldg(a.y_scale);
+  }
 
   // s = x [+ skip] + bias; returns this thread's share of the row total.
   __device__ __forceinline__ float load(const Rows<T>& a, int64_t row, int first, int step, int n) {
@@ -103,14 +119,14 @@ struct RowSum {
   }
 
   __device__ __forceinline__ void store(const Rows<T>& a, int64_t row, float mean, float rstd, int first, int step, int n) const {
-    const float shift = -mean * rstd, scale = a.yq ? __ldg(a.y_scale) : 1.f;
+    const float shift = -mean * rstd, scale = kEarly ? y_scale : a.yq ? __ldg(a.y_scale) : 1.f;
     const auto* gamma = reinterpret_cast<const Vec<T>*>(a.gamma);
     const auto* beta = reinterpret_cast<const Vec<T>*>(a.beta);
 #pragma unroll
     for (int j = 0; j < kVecs; ++j) {
       const int c = first + j * step;
       if (c >= n) continue;
-      const Vec<T> gv = gamma[c], bv = beta[c];
+      const Vec<T> gv = kEarly ? g[j] : gamma[c], bv = kEarly ? b[j] : beta[c];
       Vec<T> out, total;
       alignas(8) __nv_fp8x2_storage_t q[kSize / 2];
 #pragma unroll
@@ -165,7 +181,8 @@ template <typename T, int kVecs>
 __global__ void __launch_bounds__(kVecs == 1 ? kOneVecThreads : kMaxThreads) block_kernel(Rows<T> a, int n, float inv_cols) {
   __shared__ float partial[2][32];
   const int64_t r = blockIdx.x;
-  RowSum<T, kVecs> s;
+  RowSum<T, kVecs, kVecs == 1> s;
+  if constexpr (kVecs == 1) s.prefetch(a, threadIdx.x, blockDim.x, n);
   const float mean = row_total<0>(s.load(a, r, threadIdx.x, blockDim.x, n), partial) * inv_cols;
   const float rstd = rsqrtf(row_total<1>(s.squared_deviations(mean, threadIdx.x, blockDim.x, n), partial) * inv_cols + a.epsilon);
   s.store(a, r, mean, rstd, threadIdx.x, blockDim.x, n);
