@@ -138,7 +138,7 @@ ORT_CUDA = Target(
         (MS, "BiasGelu"): FLOATS - {"double"}, (MS, "FusedConv"): F32, (MS, "SkipLayerNormalization"): F32_F16,
         (MS, "SkipSimplifiedLayerNormalization"): F32_F16, ("", "SimplifiedLayerNormalization"): FLOATS,
         ("", "LayerNormalization"): FLOATS, (MS, "MultiHeadAttention"): F32_F16, (MS, "Attention"): F32_F16, (MS, "GroupQueryAttention"): F16,
-        (MS, "RotaryEmbedding"): FLOATS - {"double"},
+        (MS, "RotaryEmbedding"): FLOATS - {"double"}, (MS, "EmbedLayerNormalization"): F32_F16,
     },
     lowerings={
         "gelu_erf": (Lowering(MS, "Gelu"),),
@@ -152,6 +152,7 @@ ORT_CUDA = Target(
         "packed_mha": (Lowering(DEPLOYFUSE, "FusedMHA", {"packed_qkv": 1}),),  # MHA on a Split packed QKV (fp8's split_qkv, GPT-2)
         "mask_broadcast": (Lowering(DEPLOYFUSE, "FusedMHA"),),  # a FusedMHA Mask broadcast over the query axis -> its row (the kernel's row path)
         "patch_embed": (Lowering("", "MatMul"),),  # a patchify Conv as a GEMM (not faster on ORT CPU; TensorRT runs the Conv well)
+        "embed_layer_norm": (Lowering(MS, "EmbedLayerNormalization"),),  # BERT's word + position (+ segment) lookups and their LayerNorm
         **_NORM_ACT,
     },
     # gemm_act, fp8_gemm: cuBLASLt's epilogues

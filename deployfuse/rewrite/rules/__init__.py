@@ -15,7 +15,9 @@ deployfuse.FusedMHA read Q, K, V out of that Split's input in place (ort-cuda); 
 right after it (it only rewrites FusedMHA nodes), hands them the padding row their Mask was
 broadcast from over the query axis. patch_embed (a ViT's patchify Conv as a MatMul + Add) runs
 before gemm_act, bias_gelu and bias_act, so its new MatMul + Add can take their epilogues, and an
-fp8 export (which skips those) quantizes it.
+fp8 export (which skips those) quantizes it. embed_layer_norm (BERT's embedding lookups and their
+LayerNorm as one EmbedLayerNormalization, ort-cuda) runs right after layernorm writes that norm and
+before skip_layernorm would take its last Add.
 
 `fp8_gemm` (float8 Q/DQ'd GEMMs -> deployfuse.Fp8GemmAct) is no family here: the guard's
 element-wise comparison cannot judge rewrites of a quantized graph, so the fp8 quantizer applies
@@ -31,6 +33,7 @@ from types import ModuleType
 FAMILY_MODULES: tuple[str, ...] = (
     "batchnorm_fold",
     "layernorm",
+    "embed_layer_norm",
     "gelu",
     "rmsnorm",
     "rotary",
