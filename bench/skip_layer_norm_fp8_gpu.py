@@ -1,27 +1,48 @@
 """GPU check and timing of SkipLayerNormFp8 (a skip LayerNorm writing Y, its float8 copy YQ = e4m3(Y / YScale) and the sum) and
-of Fp8GemmAct / Fp8Mlp fed that float8 X (no quantize pass), run by bench/fp8_gemm_gpu.py as its stages.
+of Fp8GemmAct / Fp8Mlp fed that float8 X (no quantize pass), run by bench/fp8_gemm_gpu.py as its stages, or alone (below).
 
-Checks (outputs poisoned before each launch: NaN in Y and Sum, 0x7F = e4m3 NaN in YQ): fp32, fp16, bf16; hidden 768 and 1024
-(the warp-per-row path), 4096 (a block per row), 771 and a misaligned X (the element-wise fallback); rows 1024 and 8192; with and
-without Skip; every output, YQ + Sum (GPT-2's pre-LN), YQ alone. Y and Sum against a float64 reference (relative L2 within T's
-rounding); YQ bit for bit against e4m3(Y / YScale) of the Y the kernel wrote (q as the op and Fp8GemmAct define it, division
-correctly rounded; Fp8GemmAct's CUDA pass multiplies by 1 / YScale instead) or, where Y is not written, against the launch that
-writes it; dq(YQ) against the float64 Y within a float8 step.
+The CUDA kernel has two paths for rows of up to 256 vectors (2048 fp16 columns), which DEPLOYFUSE_SLN_PATH=warp|block forces
+(plugins/skip_layer_norm_fp8/skip_layer_norm_fp8.cu; block, the default: a block per row, one 16-byte vector a thread; warp: a warp
+per row, the kernel before it). The library reads the variable once, so each path's checks and timings run in a process of
+their own (this file with --worker), and this process compares them.
+
+Checks, under each path (outputs poisoned before each launch: NaN in Y and Sum, 0x7F = e4m3 NaN in YQ): fp32, fp16, bf16; hidden
+768, 776 (97 vectors: a partly idle warp) and 1024 (the two paths), 4096 (block: 512 one-vector threads; warp: the 8-vector block
+kernel), 8192 and 8200 fp16/bf16 (1024 vectors, the one-vector kernel's largest; 1025, the 8-vector kernel), 771 and a misaligned
+X (the element-wise fallback); rows 1024 and 8192; with and without Skip; every output, YQ + Sum (GPT-2's pre-LN), YQ alone. Y
+and Sum against a float64 reference (relative L2 within T's rounding); YQ bit for bit against e4m3(Y / YScale) of the Y the
+kernel wrote (q as the op and Fp8GemmAct define it, division correctly rounded; Fp8GemmAct's CUDA pass multiplies by 1 / YScale
+instead) or, where Y is not written, against the launch that writes it; dq(YQ) against the float64 Y within a float8 step.
+Then the paths against each other on the same inputs (the cases of at most 1024 rows): Sum bit for bit; Y within one rounding
+of T (the paths sum the row in different orders, so the statistics may differ in their last bits); YQ equal wherever Y is (YQ
+is q(Y), checked above, so it may differ only where Y does: the count is printed).
 Fp8GemmAct / Fp8Mlp with X given in float8 (df_fp8_gemm_act / df_fp8_mlp, options bit 1) against the float64 reference of the same
 quantization, and K off a multiple of 16 refused (cudaErrorNotSupported). Through ONNX Runtime's CUDA EP with the library:
 SkipLayerNormFp8 -> Fp8GemmAct and -> Fp8Mlp (their float8-X kernels), fp16, against the reference.
 
-Timing (fp16, GPU ms per call from CUDA-graph replays): SkipLayerNormFp8 (Y, YQ, Sum) against the same kernel without YQ plus
-Fp8GemmAct's quantize pass alone (df_fp8_quantize_e4m3), and ONNX Runtime's com.microsoft.SkipLayerNormalization (its own CUDA
-graph, per run) plus that pass, at (1024, 768), (8192, 768), (8192, 1024).
-"""
+Timing (fp16, with Skip): the paths table (`sln-paths`): each path's kernel, GPU us per call from the profiler's kernel records
+(200 launches) and ms per call from CUDA-graph replays (200 calls), and ONNX Runtime's com.microsoft.SkipLayerNormalization
+kernel (profiler, 200 runs of a one-node session), at (1024, 768), (1576, 768), (8192, 768), (12608, 768), (8192, 1024): BERT /
+GPT-2 at batch 8 and 64, ViT-B/16 at batch 8 and 64, BERT-large. With bench/fp8_gemm_gpu.py's timings, also SkipLayerNormFp8
+(Y, YQ, Sum) against the same kernel without YQ plus Fp8GemmAct's quantize pass alone (df_fp8_quantize_e4m3), and ONNX Runtime's
+SkipLayerNormalization (its own CUDA graph, per run) plus that pass, at (1024, 768), (8192, 768), (8192, 1024).
 
+    python3 bench/skip_layer_norm_fp8_gpu.py LIB [--ort ORT_LIB] [--check-only | --time-only] [--small]
+"""
 from __future__ import annotations
 
+import argparse
 import ctypes
 import itertools
+import json
 import math
+import os
+import re
+import subprocess
+import sys
+import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -30,8 +51,10 @@ import torch
 import torch.nn.functional as F
 from onnx import helper, numpy_helper
 
-from deployfuse.ops.defs.fp8_gemm_act import quantize_e4m3
-from deployfuse.ops.schema import DOMAIN, E4M3_MAX
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from deployfuse.ops.defs.fp8_gemm_act import quantize_e4m3  # noqa: E402
+from deployfuse.ops.schema import DOMAIN, E4M3_MAX  # noqa: E402
 
 DT = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 ONNX_TYPE = {torch.float32: onnx.TensorProto.FLOAT, torch.float16: onnx.TensorProto.FLOAT16, torch.bfloat16: onnx.TensorProto.BFLOAT16}
@@ -40,6 +63,9 @@ TOL_YQ = 0.05  # dq(YQ) against the float64 Y: e4m3 keeps 3 mantissa bits (a ste
 EPS = 1e-5
 OPTION_FP8_X = 2  # df_fp8_gemm_act / df_fp8_mlp options bit: X given in float8 (bit 0: fast accumulation)
 NOT_SUPPORTED = 801  # cudaErrorNotSupported
+PATH_ENV, PATHS = "DEPLOYFUSE_SLN_PATH", ("warp", "block")  # the kernel's paths (read once by the library: a process each)
+PATH_SHAPES = ((1024, 768), (1576, 768), (8192, 768), (12608, 768), (8192, 1024))  # rows x hidden of the paths table
+RUNS = 200  # launches (and graph-replayed calls) a timing
 
 
 def declare(lib: ctypes.CDLL) -> None:
@@ -84,7 +110,8 @@ def _rel_l2(got: torch.Tensor, ref: torch.Tensor) -> float:
     return float(torch.linalg.vector_norm(got.double() - ref) / torch.linalg.vector_norm(ref).clamp_min(1e-30))
 
 
-def _check_norm_case(lib: ctypes.CDLL, rows: int, cols: int, dtype: torch.dtype, skip: bool, misalign: bool) -> bool:
+def _check_norm_case(lib: ctypes.CDLL, rows: int, cols: int, dtype: torch.dtype, skip: bool, misalign: bool, saved: dict[str, dict] | None) -> bool:
+    """One case under this process's path; its full launch's outputs (on the host) into `saved` for the paths' comparison."""
     n = Norm(rows, cols, dtype, skip, misalign)
     ref_y, ref_sum = n.reference()
     full: torch.Tensor | None = None
@@ -108,6 +135,8 @@ def _check_norm_case(lib: ctypes.CDLL, rows: int, cols: int, dtype: torch.dtype,
             good = err_y <= TOL[dtype] and err_sum <= TOL[dtype] and mismatched == 0 and err_q <= TOL_YQ
             notes.append(f"Y {err_y:.1e} Sum {err_sum:.1e} YQ≠q(Y) {mismatched} dq(YQ) {err_q:.1e}")
             full = yq
+            if saved is not None:
+                saved[_case_key(rows, cols, dtype, skip, misalign)] = {name: t.to("cpu", copy=True) for name, t in (("Y", n.y), ("YQ", yq), ("Sum", n.sum))}
         else:
             same = full is not None and torch.equal(yq, full)
             sum_ok = "Sum" not in outputs or _rel_l2(n.sum, ref_sum) <= TOL[dtype]
@@ -115,21 +144,76 @@ def _check_norm_case(lib: ctypes.CDLL, rows: int, cols: int, dtype: torch.dtype,
             good = same and sum_ok and untouched
             notes.append(f"{'+'.join(outputs)}: YQ {'=' if same else '≠'} full launch{'' if untouched else ', an absent output written'}")
         ok &= good
-    where = f"{rows}x{cols} {str(dtype)[6:]}{' skip' if skip else ''}{' misaligned' if misalign else ''}"
-    print(f"{'ok  ' if ok else 'FAIL'} SkipLayerNormFp8 {where}: " + "; ".join(notes))
+    print(f"{'ok  ' if ok else 'FAIL'} SkipLayerNormFp8 [{os.environ.get(PATH_ENV, 'default')}] {_case_key(rows, cols, dtype, skip, misalign)}: "
+          + "; ".join(notes))
+    return ok
+
+
+def _case_key(rows: int, cols: int, dtype: torch.dtype, skip: bool, misalign: bool) -> str:
+    return f"{rows}x{cols} {str(dtype)[6:]}{' skip' if skip else ''}{' misaligned' if misalign else ''}"
+
+
+def _check_cases(lib: ctypes.CDLL, small: bool, saved: dict[str, dict] | None) -> bool:
+    """Every case (see the module docstring) under this process's path; the outputs of those of at most 1024 rows into `saved`."""
+    ok = True
+    for dtype, cols, rows, skip in itertools.product((torch.float16, torch.bfloat16), (768, 776, 1024, 771, 4096), (1024, 8192), (True, False)):
+        if small and (rows > 1024 or cols == 4096):
+            continue
+        ok &= _check_norm_case(lib, rows, cols, dtype, skip, False, saved if rows <= 1024 else None)
+    for dtype, cols, skip in ((torch.float32, 768, True), (torch.float32, 37, False), (torch.float16, 768, True), (torch.bfloat16, 64, False),
+                              (torch.float16, 8192, True), (torch.bfloat16, 8200, False)):
+        ok &= _check_norm_case(lib, 3 if cols == 37 else 33, cols, dtype, skip, dtype == torch.float16 and cols == 768, saved)
+    return ok
+
+
+def _worker(lib_path: str, path: str, mode: str, out: Path, small: bool = False) -> int:
+    """This file's --worker `mode` (check, time) in a process of its own under DEPLOYFUSE_SLN_PATH=path; its output passes
+    through; returns its exit status."""
+    env = {**os.environ, PATH_ENV: path, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    cmd = [sys.executable, str(Path(__file__).resolve()), lib_path, "--worker", mode, "--save", str(out), *(["--small"] if small else [])]
+    sys.stdout.flush()
+    return subprocess.run(cmd, env=env, check=False).returncode
+
+
+def _paths_agree(warp: dict[str, dict], block: dict[str, dict]) -> bool:
+    """The two paths' outputs on the same inputs (see the module docstring); a line a case."""
+    ok = True
+    for key in sorted(set(warp) | set(block)):
+        if key not in warp or key not in block:
+            print(f"FAIL SkipLayerNormFp8 warp vs block {key}: only one path wrote it")
+            ok = False
+            continue
+        a, b = warp[key], block[key]
+        eps = torch.finfo(a["Y"].dtype).eps
+        y_a, y_b = a["Y"].double(), b["Y"].double()
+        y_diff = y_a != y_b
+        y_ok = bool(((y_a - y_b).abs() <= eps * torch.maximum(y_a.abs(), y_b.abs()).clamp_min(1.0)).all())  # one rounding of T
+        q_diff = a["YQ"] != b["YQ"]
+        sum_same = torch.equal(a["Sum"].view(torch.uint8), b["Sum"].view(torch.uint8))
+        q_ok = not bool((q_diff & ~y_diff).any())
+        good = y_ok and sum_same and q_ok
+        ok &= good
+        print(f"{'ok  ' if good else 'FAIL'} SkipLayerNormFp8 warp vs block {key}: Sum {'=' if sum_same else '≠'}; Y differs at {int(y_diff.sum())} "
+              f"of {y_diff.numel()} ({'within' if y_ok else 'BEYOND'} one rounding); YQ differs at {int(q_diff.sum())}"
+              f"{'' if q_ok else ', some where Y does not'}")
     return ok
 
 
 def check_norm(lib: ctypes.CDLL, small: bool) -> bool:
-    """Every dtype, path and output subset against the float64 reference (see the module docstring)."""
-    declare(lib)
+    """Every dtype, path and output subset against the float64 reference, each path in a process of its own (lib._name: the
+    library's path), then the paths against each other (see the module docstring)."""
     ok = True
-    for dtype, cols, rows, skip in itertools.product((torch.float16, torch.bfloat16), (768, 1024, 771, 4096), (1024, 8192), (True, False)):
-        if small and (rows > 1024 or cols == 4096):
-            continue
-        ok &= _check_norm_case(lib, rows, cols, dtype, skip, False)
-    for dtype, cols, skip in ((torch.float32, 768, True), (torch.float32, 37, False), (torch.float16, 768, True), (torch.bfloat16, 64, False)):
-        ok &= _check_norm_case(lib, 3 if cols == 37 else 33, cols, dtype, skip, dtype == torch.float16)
+    with tempfile.TemporaryDirectory() as tmp:
+        for path in PATHS:
+            rc = _worker(lib._name, path, "check", Path(tmp) / path, small)
+            if rc != 0:
+                print(f"FAIL SkipLayerNormFp8 [{path}] checks: exit status {rc}")
+                ok = False
+        if all((Path(tmp) / path / "outputs.pt").exists() for path in PATHS):
+            ok &= _paths_agree(*(torch.load(Path(tmp) / path / "outputs.pt") for path in PATHS))
+        else:
+            print("FAIL SkipLayerNormFp8 warp vs block: a path's outputs are missing")
+            ok = False
     return ok
 
 
@@ -225,18 +309,25 @@ def check_ort(library: str, tol: dict[str, float]) -> bool:
     return ok
 
 
-def _ort_ms(library: str, model: onnx.ModelProto, feeds: dict[str, torch.Tensor], outputs: dict[str, torch.Tensor], runs: int = 200) -> float:
-    """ms per run of a session on ONNX Runtime's CUDA EP with its CUDA graph (inputs and outputs bound on the device)."""
+def _ort_session(library: str, model: onnx.ModelProto, feeds: dict[str, torch.Tensor], outputs: dict[str, torch.Tensor], graph: bool) -> tuple[Any, Any]:
+    """A session on ONNX Runtime's CUDA EP (with its CUDA graph where `graph`) and its binding of the device tensors."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
     options.register_custom_ops_library(library)
-    sess = ort.InferenceSession(model.SerializeToString(), options, providers=[("CUDAExecutionProvider", {"enable_cuda_graph": "1"})])
+    provider = ("CUDAExecutionProvider", {"enable_cuda_graph": "1"} if graph else {})
+    sess = ort.InferenceSession(model.SerializeToString(), options, providers=[provider])
     binding = sess.io_binding()
     for name, t in feeds.items():
         binding.bind_input(name, "cuda", 0, np.float16, tuple(t.shape), t.data_ptr())
     for name, t in outputs.items():
         binding.bind_output(name, "cuda", 0, np.float16, tuple(t.shape), t.data_ptr())
+    return sess, binding
+
+
+def _ort_ms(library: str, model: onnx.ModelProto, feeds: dict[str, torch.Tensor], outputs: dict[str, torch.Tensor], runs: int = 200) -> float:
+    """ms per run of a session on ONNX Runtime's CUDA EP with its CUDA graph (inputs and outputs bound on the device)."""
+    sess, binding = _ort_session(library, model, feeds, outputs, graph=True)
     for _ in range(5):
         sess.run_with_iobinding(binding)
     torch.cuda.synchronize()
@@ -245,6 +336,83 @@ def _ort_ms(library: str, model: onnx.ModelProto, feeds: dict[str, torch.Tensor]
         sess.run_with_iobinding(binding)
     torch.cuda.synchronize()
     return (time.perf_counter() - start) * 1e3 / runs
+
+
+def _kernel_us(fn: Any, name: str, runs: int = RUNS) -> tuple[float, list[str]]:
+    """Mean GPU us of the kernels whose name holds `name` over `runs` calls of fn, and their short names, from the profiler's
+    trace (CUPTI records every kernel of the process, ONNX Runtime's too)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(runs):
+            fn()
+        torch.cuda.synchronize()
+    with tempfile.TemporaryDirectory() as tmp:
+        trace = Path(tmp) / "trace.json"
+        prof.export_chrome_trace(str(trace))
+        events = json.loads(trace.read_text())["traceEvents"]
+    kernels = [e for e in events if e.get("cat") == "kernel" and name in e.get("name", "")]
+    if not kernels:
+        raise RuntimeError(f"no kernel named *{name}* in the profile")
+    names = {(m.group(1) if (m := re.search(r"(\w+<[^()]*>)\(", e["name"])) else e["name"][:60]) for e in kernels}
+    return sum(float(e["dur"]) for e in kernels) / len(kernels), sorted(names)
+
+
+def _time_worker(lib: ctypes.CDLL, out: Path) -> None:
+    """This process's path at the paths table's shapes, into `out` (JSON by shape: us, ms, the kernels that ran)."""
+    from gemm_gpu import gpu_ms  # bench/ (this file's folder) leads sys.path in a worker
+
+    times = {}
+    for rows, cols in PATH_SHAPES:
+        n = Norm(rows, cols, torch.float16, skip=True)
+        us, kernels = _kernel_us(lambda n=n: n.launch(lib), "deployfuse")
+        times[f"{rows}x{cols}"] = {"us": us, "ms": gpu_ms(lambda n=n: n.launch(lib), calls=20, replays=RUNS // 20), "kernels": kernels}
+    out.write_text(json.dumps(times))
+
+
+def _ort_kernel_us(library: str, rows: int, cols: int) -> tuple[float, list[str]]:
+    """ONNX Runtime's SkipLayerNormalization kernel on [rows, cols] fp16 with Skip (a one-node session, no CUDA graph)."""
+    n = Norm(rows, cols, torch.float16, skip=True)
+    assert n.skip is not None
+    sess, binding = _ort_session(library, _norm_model(n, "SkipLayerNormalization"), {"x": n.x, "skip": n.skip}, {"y": n.y, "sum": n.sum}, graph=False)
+    return _kernel_us(lambda: sess.run_with_iobinding(binding), "SkipLayerNorm")
+
+
+def bench_paths(lib_path: str, library: str | None) -> None:
+    """The paths table (see the module docstring): each path timed in a process of its own, ONNX Runtime's kernel in this one."""
+    times: dict[str, dict] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for path in PATHS:
+            out = Path(tmp) / f"{path}.json"
+            rc = _worker(lib_path, path, "time", out)
+            times[path] = json.loads(out.read_text()) if rc == 0 and out.exists() else {}
+            if not times[path]:
+                print(f"sln-paths: the {path} path's timing failed (exit status {rc})")
+    print("\nsln-paths: SkipLayerNormFp8 (Y, YQ, Sum) by path (DEPLOYFUSE_SLN_PATH) vs ONNX Runtime's SkipLayerNormalization (Y, Sum); fp16 with "
+          f"Skip; us: mean kernel time from the profiler ({RUNS} launches); ms: GPU ms per call from CUDA-graph replays ({RUNS} calls)")
+    print("| sln-paths rows x hidden | warp us | warp ms | block us | block ms | ORT us | block / warp (us) | block / ORT (us) | kernels |\n"
+          "|---|---|---|---|---|---|---|---|---|")
+    for rows, cols in PATH_SHAPES:
+        key = f"{rows}x{cols}"
+        warp, block = times["warp"].get(key), times["block"].get(key)
+        ort_us, kernels = None, [*(warp or {}).get("kernels", []), *(block or {}).get("kernels", [])]
+        if library:
+            try:
+                ort_us, ort_kernels = _ort_kernel_us(library, rows, cols)
+                kernels += ort_kernels
+            except Exception as exc:  # noqa: BLE001 (the paths' columns still print)
+                kernels.append(f"ORT failed: {str(exc).splitlines()[0][:120]}")
+
+        def cell(t: dict | None, unit: str, fmt: str) -> str:
+            return format(t[unit], fmt) if t else "-"
+
+        ratio_w = f"{block['us'] / warp['us']:.2f}" if warp and block else "-"
+        ratio_o = f"{block['us'] / ort_us:.2f}" if block and ort_us else "-"
+        print(f"| {key} | {cell(warp, 'us', '.2f')} | {cell(warp, 'ms', '.4f')} | {cell(block, 'us', '.2f')} | {cell(block, 'ms', '.4f')} | "
+              f"{'-' if ort_us is None else f'{ort_us:.2f}'} | {ratio_w} | {ratio_o} | {', '.join(kernels)} |")
 
 
 def _norm_model(n: Norm, op: str) -> onnx.ModelProto:
@@ -288,3 +456,46 @@ def bench(lib: ctypes.CDLL, library: str | None, gpu_ms: Any) -> None:
                   f"{fused / (plain + alone):.2f} |")
         except Exception as exc:  # noqa: BLE001 (one failed row does not cost the others)
             print(f"| {rows}x{cols} | FAILED: {str(exc).splitlines()[0][:200]} |")
+    bench_paths(lib._name, library)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description="SkipLayerNormFp8's CUDA kernel on the GPU: checks under each path (DEPLOYFUSE_SLN_PATH=warp|block) "
+                                 "against the float64 reference and each other, and the paths table (see the module docstring).",
+                                 epilog="Exit status: 0 when every check passes, 1 otherwise, 2 for bad arguments.")
+    ap.add_argument("lib", help="libdeployfuse_ops_cuda.so (plugins/build/gpu, built by bench/gpu_build.sh)")
+    ap.add_argument("--ort", metavar="LIB", help="libdeployfuse_ort.so: time ONNX Runtime's SkipLayerNormalization too (onnxruntime-gpu importable)")
+    only = ap.add_mutually_exclusive_group()
+    only.add_argument("--check-only", action="store_true", help="no timings")
+    only.add_argument("--time-only", action="store_true", help="no checks: the paths table alone")
+    ap.add_argument("--small", action="store_true", help="only the small checks (for compute-sanitizer)")
+    ap.add_argument("--worker", choices=("check", "time"), help=argparse.SUPPRESS)  # one path's part, in its own process
+    ap.add_argument("--save", type=Path, help=argparse.SUPPRESS)  # where a worker leaves its outputs / timings
+    args = ap.parse_args()
+    if not Path(args.lib).is_file():
+        ap.error(f"{args.lib}: no such file (build it with bench/gpu_build.sh)")
+    if args.worker and not args.save:
+        ap.error("--worker needs --save")
+    lib = ctypes.CDLL(args.lib)
+    declare(lib)
+    torch.manual_seed(0)  # the same inputs in every worker: the paths' outputs compare element for element
+    if args.worker == "check":
+        saved: dict[str, dict] = {}
+        ok = _check_cases(lib, args.small, saved)
+        args.save.mkdir(parents=True, exist_ok=True)
+        torch.save(saved, args.save / "outputs.pt")
+        return 0 if ok else 1
+    if args.worker == "time":
+        _time_worker(lib, args.save)
+        return 0
+    print(torch.cuda.get_device_name(), "torch", torch.__version__)
+    ok = args.time_only or check_norm(lib, args.small)
+    if not args.check_only:
+        bench_paths(args.lib, args.ort)
+    if not args.time_only:
+        print("all checks passed" if ok else "SOME CHECKS FAILED")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
