@@ -8,9 +8,10 @@
 //   bench/results/h200_quant_narrow_yq.json);
 // - "warp": up to 32 * kWarpVecs vectors (2048 fp16/bf16, 1024 fp32 columns), a warp per row, kRowsPerBlock rows a block, up to
 //   kWarpVecs vectors a lane, statistics by warp shuffles only (no shared memory, no block barrier), as LayerNormGelu's;
-// - longer rows (either path), up to kMaxThreads * kBlockVecs vectors: a block per row, kBlockVecs vectors a thread.
+// - rows longer than the path's own, up to kMaxThreads * kBlockVecs vectors: a block per row, kBlockVecs vectors a thread.
 // The block kernels reduce by warp shuffles, then one barrier and each thread adding the warps' totals from shared memory, each
-// statistic in its own slots (the second reduction's writes cannot meet the first's reads: one barrier a statistic).
+// statistic in its own slots (the second reduction's writes cannot meet the first's reads: one barrier a statistic); the
+// one-vector kernel loads Gamma, Beta and YScale before the statistics, so that their latency hides behind the barriers.
 // All: the sum, then the mean, then the sum of squared deviations from it (exact two-pass statistics from registers), then per
 // element y = fma(fma(s, rstd, -mean rstd), gamma, beta) rounded to T, and the float8 copy from that rounded y: y / y_scale
 // (correctly rounded division, as the CPU kernel and the function body's Div) -> e4m3 with saturation, two elements a
