@@ -64,7 +64,7 @@ from gemm_gpu import gpu_ms  # noqa: E402 (GemmAct's check: median GPU ms per ca
 from deployfuse.ops.defs import fp8_mlp  # noqa: E402
 from deployfuse.ops.defs.fp8_gemm_act import quantize_e4m3  # noqa: E402
 from deployfuse.ops.schema import DOMAIN, E4M3_MAX, apply_activation, to_element_type  # noqa: E402
-from deployfuse.rewrite.gemm_tuning import ACT_CODES, load_library  # noqa: E402
+from deployfuse.rewrite.gemm_tuning import ACT_CODES, FP8_X_OPTION, load_library  # noqa: E402
 
 OP = "Fp8GemmAct"
 DT = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
@@ -253,12 +253,16 @@ class CApi:
                                         p.w_scale.data_ptr(), p.bias.data_ptr(), p.y.data_ptr(), p.m, p.n, p.k, ACT_CODES[p.act], algo,
                                         p.fast_accum | options, s.data_ptr(), s.numel())
 
-    def run_mlp(self, p: MlpProblem, algos: tuple[int, int] = (-1, -1), x: torch.Tensor | None = None, options: int = 0) -> int:
-        """df_fp8_mlp on p (its X, or the tensor `x` with extra `options` bits, as `run`)."""
+    def run_mlp(self, p: MlpProblem, algos: tuple[int, int] = (-1, -1), x: torch.Tensor | None = None, options: int = 0,
+                h_scale_inverse: torch.Tensor | None = None) -> int:
+        """df_fp8_mlp on p (its X, or the tensor `x` with extra `options` bits, as `run`; 1/HScale computed by the launch, or given
+        on the device as the ORT adapter keeps it for a constant HScale)."""
         s = self._scratch(p)
         x = p.inputs[0] if x is None else x
+        inverse = None if h_scale_inverse is None else h_scale_inverse.data_ptr()
         return self.lib.df_fp8_mlp(DT[p.dtype], torch.cuda.current_stream().cuda_stream, x.data_ptr(), *(t.data_ptr() for t in p.inputs[1:]),
-                                   p.y.data_ptr(), p.m, p.k, p.n1, p.n2, ACT_CODES[p.act], *algos, p.fast_accum | options, s.data_ptr(), s.numel())
+                                   p.y.data_ptr(), p.m, p.k, p.n1, p.n2, ACT_CODES[p.act], *algos, p.fast_accum | options, s.data_ptr(), s.numel(),
+                                   inverse)
 
     def mlp_candidates(self, p: MlpProblem) -> tuple[int, int]:
         """FC1's and FC2's candidate counts (df_fp8_mlp_candidates); raises on an error code."""
@@ -527,6 +531,61 @@ def check_mlp_gpu(api: CApi, small: bool) -> bool:
         same = replay_equals_eager(lambda p=p: api.run_mlp(p), p.y)
         ok &= same
         print(f"{'ok  ' if same else 'FAIL'} Fp8Mlp {str(dtype)[6:]:8} CUDA-graph capture (quantize + FC1 to float8 + FC2) and replay = eager launch")
+    return ok & check_mlp_h_scale_inverse(api, small)
+
+
+RECIPROCAL_KERNEL = "reciprocal_kernel"
+"""fp8_mlp.cu's one-thread kernel writing 1/HScale (X given in float8, no h_scale_inverse; once per constant HScale in ORT)."""
+
+
+def cuda_kernels(launch: Any) -> list[str]:
+    """The names of the CUDA kernels launch() runs, as torch's profiler records them (CUPTI: every kernel of the process, those of
+    this library and of ONNX Runtime included)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        launch()
+        torch.cuda.synchronize()
+    return [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA and not e.name.startswith(("Memcpy", "Memset"))]
+
+
+def ieee_inverse(scale: torch.Tensor) -> torch.Tensor:
+    """1 / scale in float32 rounded to nearest (numpy's IEEE division, as CUDA's `1.f / s` without fast math), on scale's device."""
+    return torch.from_numpy(np.asarray(np.float32(1) / scale.cpu().numpy().astype(np.float32), np.float32)).to(scale.device)
+
+
+def mlp_launch_with_h_scale(api: CApi, p: MlpProblem, x: torch.Tensor, options: int, inverse: torch.Tensor | None) -> tuple[int, int, torch.Tensor]:
+    """(return code, reciprocal kernels launched, Y) of one df_fp8_mlp launch into a NaN-poisoned Y, 1/HScale `inverse` or computed."""
+    rc = [-1]
+
+    def launch() -> None:
+        rc[0] = api.run_mlp(p, x=x, options=options, h_scale_inverse=inverse)
+
+    p.y.fill_(float("nan"))
+    reciprocals = sum(RECIPROCAL_KERNEL in name for name in cuda_kernels(launch))
+    return rc[0], reciprocals, p.y.clone()
+
+
+def check_mlp_h_scale_inverse(api: CApi, small: bool) -> bool:
+    """Fp8Mlp with 1/HScale given (h_scale_inverse, as the ORT adapter keeps it for a constant HScale) against the launch computing
+    it: Y bit for bit, X in T and given in float8, fp16 and bf16; the launch runs the reciprocal kernel only with X in float8 and
+    nothing given; a CUDA-graph replay with it given = the eager launch."""
+    ok = True
+    lead, k, n1, n2 = ((2, 64), 256, 512, 256) if small else ((8, 128), 768, 3072, 768)
+    for dtype, x_fp8 in itertools.product((torch.float16, torch.bfloat16), (0, 1)):
+        p = MlpProblem(lead, k, n1, n2, "gelu_tanh", dtype, "cuda", 1)
+        x = quantize_e4m3(p.inputs[0], p.inputs[1]).to(torch.float8_e4m3fn) if x_fp8 else p.inputs[0]
+        options, inverse = FP8_X_OPTION if x_fp8 else 0, ieee_inverse(p.inputs[5])
+        rc_computed, computed_reciprocals, computed = mlp_launch_with_h_scale(api, p, x, options, None)
+        rc_given, given_reciprocals, given = mlp_launch_with_h_scale(api, p, x, options, inverse)
+        same = bool(torch.equal(given, computed)) and not bool(torch.isnan(given).any())
+        replay = replay_equals_eager(lambda p=p, x=x, o=options, i=inverse: api.run_mlp(p, x=x, options=o, h_scale_inverse=i), p.y)
+        good = rc_computed == rc_given == 0 and same and (computed_reciprocals, given_reciprocals) == (x_fp8, 0) and replay
+        ok &= good
+        print(f"{'ok  ' if good else 'FAIL'} Fp8Mlp {str(dtype)[6:]:8} X in {'float8' if x_fp8 else 'T     '} 1/HScale given = computed bit for bit: "
+              f"{same} (rc {rc_computed}, {rc_given}); reciprocal kernels computed {computed_reciprocals} (want {x_fp8}), given "
+              f"{given_reciprocals} (want 0); CUDA-graph replay with it given = eager: {replay}")
     return ok
 
 
@@ -576,7 +635,48 @@ def check_ort_mlp(library: str) -> bool:
         ok &= good
         print(f"{'ok  ' if good else 'FAIL'} ORT CUDA EP{' + CUDA graph' if graph == '1' else ''}, Fp8Mlp fp16 X{list(lead) + [k]} N1={n1} N2={n2} {act}: "
               f"rel_l2={err:.2e}")
-    return ok
+    return ok & check_ort_mlp_constant_h_scale(library)
+
+
+def mlp_fp8_x_models(p: MlpProblem) -> dict[str, onnx.ModelProto]:
+    """Fp8Mlp on input X in float8e4m3fn [m, k] (fp16 B1, B2 and Y), its other inputs initializers ("constant"), or HScale a graph
+    input too ("fed")."""
+    constant = mlp_node_model(p, torch.float16)
+    constant.graph.input[0].type.tensor_type.elem_type = onnx.TensorProto.FLOAT8E4M3FN
+    fed = onnx.ModelProto.FromString(constant.SerializeToString())
+    h_scale = next(t for t in fed.graph.initializer if t.name == "HScale")
+    fed.graph.input.append(helper.make_tensor_value_info("HScale", h_scale.data_type, list(h_scale.dims)))
+    fed.graph.initializer.remove(h_scale)
+    return {"constant": constant, "fed": fed}
+
+
+def check_ort_mlp_constant_h_scale(library: str, runs: int = 3) -> bool:
+    """Fp8Mlp fed X in float8 through ONNX Runtime's CUDA EP, HScale a constant initializer (as every fp8 export writes it) and
+    HScale fed: the same Y bit for bit, within TOL_MLP_FAST of the reference, and over `runs` runs the fed node launches the
+    reciprocal kernel each run, the constant one once (its first run keeps 1/HScale on the device)."""
+    import onnxruntime as ort
+
+    p = MlpProblem((8, 128), 768, 3072, 768, "gelu_tanh", torch.float16, "cuda", 1)
+    xq = quantize_e4m3(p.inputs[0], p.inputs[1]).to(torch.float8_e4m3fn).reshape(p.m, p.k)
+    x = ort.OrtValue.ortvalue_from_numpy_with_onnx_type(xq.view(torch.uint8).cpu().numpy(), onnx.TensorProto.FLOAT8E4M3FN)
+    options = ort.SessionOptions()
+    options.register_custom_ops_library(library)
+    ys, reciprocals = {}, {}
+    for name, model in mlp_fp8_x_models(p).items():
+        sess = ort.InferenceSession(model.SerializeToString(), options, providers=["CUDAExecutionProvider"])
+        feed = {"X": x, **({"HScale": p.inputs[5].cpu().numpy()} if name == "fed" else {})}
+
+        def launch(sess: Any = sess, feed: dict[str, Any] = feed, name: str = name) -> None:
+            for _ in range(runs):
+                ys[name] = sess.run(None, feed)[0]
+
+        reciprocals[name] = sum(RECIPROCAL_KERNEL in kernel for kernel in cuda_kernels(launch))
+    same = bool(np.array_equal(ys["constant"], ys["fed"]))
+    err = rel_l2(torch.from_numpy(ys["constant"].astype(np.float64)), p.reference().reshape(p.m, p.n2).cpu())
+    good = same and err <= TOL_MLP_FAST[torch.float16] and reciprocals == {"constant": 1, "fed": runs}
+    print(f"{'ok  ' if good else 'FAIL'} ORT CUDA EP, Fp8Mlp fp16 X in float8, HScale constant = fed bit for bit: {same}, rel_l2={err:.2e}; "
+          f"reciprocal kernels in {runs} runs: constant {reciprocals['constant']} (want 1), fed {reciprocals['fed']} (want {runs})")
+    return good
 
 
 def fastest(api: CApi, p: Problem) -> tuple[float, float, int, int]:

@@ -244,11 +244,13 @@ DF_EXPORT int df_fp8_gemm_act_candidates(int dtype, const void* x_scale, const v
 // x [m, k] and y [m, n2] in dtype, the scales device pointers to one float32 each, w1 float8e4m3fn [n1, k], w2 [n2, n1], b1 [n1]
 // and b2 [n2] in dtype; act: FC1's activation; scratch: scratch_bytes of 256-byte aligned device memory (at least
 // df_fp8_mlp_scratch_bytes); algo1, algo2: FC1's and FC2's candidate (-1: the heuristic's choice; df_fp8_mlp_candidates counts
-// them); options as df_fp8_gemm_act's (fast accumulation, X given in float8 [m, k]). cudaErrorNotSupported for n1 (or, X given in
-// float8, k) not a multiple of 16.
+// them); options as df_fp8_gemm_act's (fast accumulation, X given in float8 [m, k]); h_scale_inverse: a device float32 holding
+// 1 / *h_scale (what the ORT adapter keeps for a constant HScale), or NULL: the launch computes it (with X given in float8, one more
+// kernel). cudaErrorNotSupported for n1 (or, X given in float8, k) not a multiple of 16.
 DF_EXPORT int df_fp8_mlp(int dtype, void* stream, const void* x, const void* x_scale, const void* w1, const void* w1_scale, const void* b1,
                          const void* h_scale, const void* w2, const void* w2_scale, const void* b2, void* y, int64_t m, int64_t k,
-                         int64_t n1, int64_t n2, int act, int algo1, int algo2, int options, void* scratch, size_t scratch_bytes) {
+                         int64_t n1, int64_t n2, int act, int algo1, int algo2, int options, void* scratch, size_t scratch_bytes,
+                         const void* h_scale_inverse) {
   FixedScratch fixed(scratch, scratch_bytes);
   const Fp8MlpProblem p{m, k, n1, n2, static_cast<Act>(act), (options & kOptionFastAccum) != 0, algo1, algo2, (options & kOptionFp8X) != 0};
   return static_cast<int>(with_dtype(static_cast<DType>(dtype), [&](auto* t) {
@@ -256,7 +258,7 @@ DF_EXPORT int df_fp8_mlp(int dtype, void* stream, const void* x, const void* x_s
     return launch_fp8_mlp<T>(process_fp8_gemm_act_runner(), static_cast<cudaStream_t>(stream), p, x, static_cast<const float*>(x_scale),
                              static_cast<const uint8_t*>(w1), static_cast<const float*>(w1_scale), static_cast<const T*>(b1),
                              static_cast<const float*>(h_scale), static_cast<const uint8_t*>(w2), static_cast<const float*>(w2_scale),
-                             static_cast<const T*>(b2), static_cast<T*>(y), fixed);
+                             static_cast<const T*>(b2), static_cast<T*>(y), fixed, static_cast<const float*>(h_scale_inverse));
   }));
 }
 

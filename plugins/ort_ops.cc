@@ -66,7 +66,7 @@ struct Op : Ort::CustomOpBase<Op<Adapter>, Kernel<Adapter>, true> {
   Op(const char* provider, ElemType elem, bool float8_x = false) : ep(provider), type(elem), fp8_x(float8_x) {}
   OrtStatusPtr CreateKernelV2(const OrtApi& api, const OrtKernelInfo* info, void** kernel) const {
     try {
-      *kernel = new Kernel<Adapter>{Adapter(read_attrs<Spec>(Ort::ConstKernelInfo(info))), type, std::strcmp(ep, kCuda) == 0};
+      *kernel = new Kernel<Adapter>{make_adapter<Adapter>(Ort::ConstKernelInfo(info)), type, std::strcmp(ep, kCuda) == 0};
       return nullptr;
     } catch (const std::exception& e) {
       return api.CreateStatus(ORT_INVALID_ARGUMENT, (std::string(Spec::kName) + ": " + e.what()).c_str());

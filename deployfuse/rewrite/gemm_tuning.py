@@ -243,10 +243,11 @@ class Fp8MlpProblem:
         scratch = torch.empty(scratch_bytes, dtype=torch.uint8, device="cuda")
         shape, fast = (self.m, self.k, self.n1, self.n2), self.fast_accum
         options = fast | (FP8_X_OPTION if self.x_fp8 else 0)
+        h_inverse = 1 / inputs[5]  # 1/HScale given, as the ORT adapter keeps it for the constant HScale an export has
 
         def launch(setting: Setting) -> None:  # the closure keeps the tensors alive as long as the launch
             _checked("df_fp8_mlp", lib.df_fp8_mlp(code, torch.cuda.current_stream().cuda_stream, *(t.data_ptr() for t in inputs), y.data_ptr(), *shape,
-                                                  act, *setting, options, scratch.data_ptr(), scratch_bytes), self, setting)
+                                                  act, *setting, options, scratch.data_ptr(), scratch_bytes, h_inverse.data_ptr()), self, setting)
 
         counts = (ctypes.c_int(), ctypes.c_int())
         err = lib.df_fp8_mlp_candidates(code, *(t.data_ptr() for t in inputs[1:]), y.data_ptr(), *shape, act, fast, *(ctypes.byref(c) for c in counts))
@@ -320,7 +321,7 @@ def load_library(library: Path | str) -> ctypes.CDLL:
     lib.df_fp8_gemm_act_candidates.argtypes = [c_int, p, p, p, p, p, i64, i64, i64, c_int, c_int]
     lib.df_fp8_gemm_act_scratch_bytes.argtypes = [c_int, i64, i64, i64]
     lib.df_fp8_gemm_act_scratch_bytes.restype = size
-    lib.df_fp8_mlp.argtypes = [c_int, p, *[p] * 10, i64, i64, i64, i64, c_int, c_int, c_int, c_int, p, size]
+    lib.df_fp8_mlp.argtypes = [c_int, p, *[p] * 10, i64, i64, i64, i64, c_int, c_int, c_int, c_int, p, size, p]
     lib.df_fp8_mlp_candidates.argtypes = [c_int, *[p] * 9, i64, i64, i64, i64, c_int, c_int, p, p]
     lib.df_fp8_mlp_scratch_bytes.argtypes = [c_int, i64, i64, i64, i64]
     lib.df_fp8_mlp_scratch_bytes.restype = size

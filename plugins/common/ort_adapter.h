@@ -6,7 +6,7 @@
 // <Op>Attrs::y_dims says); an op that needs more (a runner, scratch, several outputs) writes its
 // own, a small struct on the op's attributes (plugins/<op>/<op>.h):
 //   struct <Op> : <Op>Attrs {                       // Spec = spec::<Op>: name, inputs, attributes
-//     using <Op>Attrs::<Op>Attrs;                   // from AttrValues; throws on a bad value
+//     using <Op>Attrs::<Op>Attrs;                   // from AttrValues (make_adapter: or with the kernel info); throws on a bad value
 //     void Run(Call&, bool on_cuda) const;          // throws std::runtime_error on a bad input
 //     static bool takes_on_cuda(ElemType);          // optional: the CUDA EP types it runs in
 //   };
@@ -64,6 +64,17 @@ AttrValues read_attrs(const Ort::ConstKernelInfo& info) {
       return false;
     }
   });
+}
+
+// A kernel instance's adapter, made from the node's attributes, and from its kernel info too where the adapter has a constructor
+// (const AttrValues&, const Ort::ConstKernelInfo&) to read more of the node (Fp8Mlp: whether HScale is a constant initializer).
+template <typename Adapter>
+Adapter make_adapter(const Ort::ConstKernelInfo& info) {
+  const AttrValues attrs = read_attrs<typename Adapter::Spec>(info);
+  if constexpr (std::is_constructible_v<Adapter, const AttrValues&, const Ort::ConstKernelInfo&>)
+    return Adapter(attrs, info);
+  else
+    return Adapter(attrs);
 }
 
 // The present inputs of the call in the spec's order (an absent optional input ends them: the

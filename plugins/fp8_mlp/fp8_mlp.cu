@@ -1,7 +1,8 @@
 // Fp8Mlp: X's quantize pass, then Fp8GemmAct's runner twice on problems whose X is already float8 (FC1: X's copy, FC2: H) and,
-// for FC1, whose D is float8 (H, scaled by the 1/h_scale the quantize pass wrote). The scratch: [X in float8 | 1/h_scale | H |
-// the GEMMs' own scratch], every part 256-byte aligned, the last shared by the two GEMMs (stream-ordered). Each GEMM takes its own
-// candidate (algo1, algo2) from its own plan, as Fp8GemmAct's algo.
+// for FC1, whose D is float8 (H, scaled by 1/h_scale: the caller's h_scale_inverse, else what the quantize pass, or with X given in
+// float8 a one-thread kernel, wrote). The scratch: [X in float8 | 1/h_scale | H | the GEMMs' own scratch], every part 256-byte
+// aligned, the last shared by the two GEMMs (stream-ordered). Each GEMM takes its own candidate (algo1, algo2) from its own plan, as
+// Fp8GemmAct's algo.
 #include <algorithm>
 
 #include "common/cuda_check.h"
@@ -43,17 +44,47 @@ cudaError_t refusal(const Fp8MlpProblem& p) {
   return p.k <= 0 || p.n1 == 0 ? cudaErrorInvalidValue : cudaSuccess;
 }
 
-// *recip = 1 / *of: FC1's D scale where no quantize pass writes it (X given in float8).
+// *recip = 1 / *of (IEEE division, as the quantize pass's): FC1's D scale where no quantize pass writes it (X given in float8) and
+// the caller gives none, and Fp8MlpHScaleInverse's one write.
 __global__ void reciprocal_kernel(const float* __restrict__ of, float* __restrict__ recip) { *recip = 1.f / *of; }
 
 }  // namespace
+
+Fp8MlpHScaleInverse::~Fp8MlpHScaleInverse() {
+  if (inverse_ != nullptr) cudaFree(inverse_);  // at teardown the runtime may be gone: nothing to report to
+}
+
+cudaError_t Fp8MlpHScaleInverse::get(cudaStream_t stream, const float* h_scale, const float** inverse) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  *inverse = nullptr;
+  if (inverse_ != nullptr) {
+    if (h_scale == of_) *inverse = inverse_;
+    return cudaSuccess;
+  }
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  DF_RETURN_IF_ERROR(cudaStreamIsCapturing(stream, &capture));
+  if (capture != cudaStreamCaptureStatusNone) return cudaSuccess;  // no allocation in a capture: the launch computes it this time
+  float* written = nullptr;
+  DF_RETURN_IF_ERROR(cudaMalloc(&written, sizeof(float)));
+  reciprocal_kernel<<<1, 1, 0, stream>>>(h_scale, written);
+  cudaError_t err = cudaGetLastError();
+  if (err == cudaSuccess) err = cudaStreamSynchronize(stream);  // another thread's stream may read it as soon as it is kept
+  if (err != cudaSuccess) {
+    cudaFree(written);
+    return err;
+  }
+  inverse_ = written;
+  of_ = h_scale;
+  *inverse = inverse_;
+  return cudaSuccess;
+}
 
 size_t fp8_mlp_scratch_bytes(const Fp8MlpProblem& p, size_t elem_bytes) { return MlpScratch(p, elem_bytes).bytes(); }
 
 template <typename T>
 cudaError_t launch_fp8_mlp(Fp8GemmActRunner& runner, cudaStream_t stream, const Fp8MlpProblem& p, const void* x, const float* x_scale,
                            const uint8_t* w1, const float* w1_scale, const T* b1, const float* h_scale, const uint8_t* w2,
-                           const float* w2_scale, const T* b2, T* y, GemmActScratch& scratch) {
+                           const float* w2_scale, const T* b2, T* y, GemmActScratch& scratch, const float* h_scale_inverse) {
   DF_RETURN_IF_ERROR(refusal(p));
   if (p.m == 0 || p.n2 == 0) return cudaSuccess;
   const MlpScratch at(p, sizeof(T));
@@ -63,13 +94,16 @@ cudaError_t launch_fp8_mlp(Fp8GemmActRunner& runner, cudaStream_t stream, const 
   auto* recip = reinterpret_cast<float*>(xq + at.xq);
   uint8_t* h = xq + at.xq + at.recip;
   FixedScratch gemm(h + at.h, at.gemm);
-  if (p.x_fp8) {
+  const bool write_recip = h_scale_inverse == nullptr;
+  if (!p.x_fp8) {
+    DF_RETURN_IF_ERROR(fp8_quantize_e4m3(stream, static_cast<const T*>(x), x_scale, xq, p.m, p.k, write_recip ? h_scale : nullptr,
+                                         write_recip ? recip : nullptr));
+  } else if (write_recip) {
     reciprocal_kernel<<<1, 1, 0, stream>>>(h_scale, recip);
     DF_RETURN_IF_ERROR(cudaGetLastError());
-  } else {
-    DF_RETURN_IF_ERROR(fp8_quantize_e4m3(stream, static_cast<const T*>(x), x_scale, xq, p.m, p.k, h_scale, recip));
   }
-  DF_RETURN_IF_ERROR(launch_fp8_gemm<T>(runner, stream, fc1(p), p.x_fp8 ? x : xq, x_scale, w1, w1_scale, b1, h, recip, gemm));
+  const float* d_scale = write_recip ? recip : h_scale_inverse;
+  DF_RETURN_IF_ERROR(launch_fp8_gemm<T>(runner, stream, fc1(p), p.x_fp8 ? x : xq, x_scale, w1, w1_scale, b1, h, d_scale, gemm));
   return launch_fp8_gemm<T>(runner, stream, fc2(p), h, h_scale, w2, w2_scale, b2, y, nullptr, gemm);
 }
 
@@ -92,7 +126,7 @@ cudaError_t fp8_mlp_candidates(Fp8GemmActRunner& runner, const Fp8MlpProblem& p,
 #define DF_INSTANTIATE(T)                                                                                                                  \
   template cudaError_t launch_fp8_mlp<T>(Fp8GemmActRunner&, cudaStream_t, const Fp8MlpProblem&, const void*, const float*, const uint8_t*, \
                                          const float*, const T*, const float*, const uint8_t*, const float*, const T*, T*,                 \
-                                         GemmActScratch&);                                                                                 \
+                                         GemmActScratch&, const float*);                                                                   \
   template cudaError_t fp8_mlp_candidates<T>(Fp8GemmActRunner&, const Fp8MlpProblem&, const float*, const uint8_t*, const float*,          \
                                              const T*, const float*, const uint8_t*, const float*, const T*, const T*, int*, int*);
 DF_INSTANTIATE(float)

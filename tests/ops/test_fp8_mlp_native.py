@@ -9,7 +9,9 @@ import ctypes
 import shutil
 
 import numpy as np
+import onnx
 import pytest
+from onnx import numpy_helper
 
 from deployfuse.backends.ort import run, session
 from deployfuse.ops import ort_custom_ops_library
@@ -60,6 +62,24 @@ def test_algo_attributes_leave_the_cpu_kernel_as_it_is_and_a_bad_one_is_refused(
         run(session(bad, custom_ops_library=library), ort_feed(OP, xs))
 
 
+def test_hscale_as_a_constant_initializer_or_a_feed_gives_the_function_bodys_output():
+    """The kernel instance reads at creation whether HScale is a constant initializer (the CUDA kernel then keeps 1/HScale on the
+    device): the node with HScale an initializer and with HScale fed, through the library's kernel, equals the function body."""
+    xs = example_inputs(OP, (2, 3, 32, 48, 16))
+    library = ort_custom_ops_library()
+    want = run(session(single_op_model(OP, xs, activation="relu"), optimize=False), ort_feed(OP, xs))["Y"]
+    assert np.abs(want).max() > 0
+    fed = single_op_model(OP, xs, activation="relu")
+    del fed.functions[:]  # only the library's kernel can run the node
+    constant = onnx.ModelProto.FromString(fed.SerializeToString())
+    h_scale = xs[SPECS[OP].inputs.index("HScale")]
+    constant.graph.initializer.append(numpy_helper.from_array(np.asarray(h_scale, np.float32), "HScale"))
+    constant.graph.input.remove(next(i for i in constant.graph.input if i.name == "HScale"))
+    for model, feed in ((fed, ort_feed(OP, xs)), (constant, {k: v for k, v in ort_feed(OP, xs).items() if k != "HScale"})):
+        y = run(session(model, optimize=False, custom_ops_library=library), feed)["Y"]
+        np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-6 * np.abs(want).max())
+
+
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="no CUDA toolkit (nvcc): the C ABI library cannot compile")
 def test_c_abi_refuses_what_the_launcher_cannot_run_and_sizes_its_scratch():
     """N1 not a multiple of 16 (H's float8 rows) answers cudaErrorNotSupported and K = 0 cudaErrorInvalidValue, both before
@@ -75,7 +95,7 @@ def test_c_abi_refuses_what_the_launcher_cannot_run_and_sizes_its_scratch():
     nulls = [None] * 11
 
     def call(m: int, k: int, n1: int, n2: int, algo1: int = -1, algo2: int = -1) -> int:
-        return lib.df_fp8_mlp(fp16, *nulls, m, k, n1, n2, 0, algo1, algo2, 1, None, 0)
+        return lib.df_fp8_mlp(fp16, *nulls, m, k, n1, n2, 0, algo1, algo2, 1, None, 0, None)
 
     def candidates(m: int, k: int, n1: int, n2: int) -> tuple[int, int, int]:
         counts = (ctypes.c_int(-7), ctypes.c_int(-7))
