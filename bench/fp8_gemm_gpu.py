@@ -31,6 +31,9 @@ K not a multiple of 16, N2 not of 8, BERT's FC1 -> FC2, full and fast accumulati
 cudaErrorNotSupported), every candidate of FC1 and of FC2 (algo1, algo2; df_fp8_mlp_candidates counts them) paired with the
 other GEMM's last one, a CUDA-graph replay = the eager launch, and through ONNX Runtime's CUDA EP, plain and with its CUDA
 graph; and timed against its two Fp8GemmAct calls (FC1 writing H in fp16, FC2 quantizing it again) at BERT's MLP shapes.
+FC1's D scale 1/HScale given (h_scale_inverse) = computed by the launch, Y bit for bit with X in T and in float8, the one-thread
+reciprocal kernel (torch's profiler counts it) launched only where computed with X in float8; through ORT, X in float8: HScale a
+constant initializer launches it once in three runs (the kernel instance keeps it), HScale fed three times, the same Y.
 
 SkipLayerNormFp8 (the norm writing the float8 X of the GEMMs it feeds) and Fp8GemmAct / Fp8Mlp fed that float8 X: the stages and
 the timing table of bench/skip_layer_norm_fp8_gpu.py.
