@@ -14,8 +14,8 @@ and Sum against a float64 reference (relative L2 within T's rounding); YQ bit fo
 kernel wrote (q as the op and Fp8GemmAct define it, division correctly rounded; Fp8GemmAct's CUDA pass multiplies by 1 / YScale
 instead) or, where Y is not written, against the launch that writes it; dq(YQ) against the float64 Y within a float8 step.
 Then the paths against each other on the same inputs (the cases of at most 1024 rows): Sum bit for bit; Y within one rounding
-of T (the paths sum the row in different orders, so the statistics may differ in their last bits); YQ equal wherever Y is (YQ
-is q(Y), checked above, so it may differ only where Y does: the count is printed).
+of T plus 2^-18 of the largest |Y| (the paths sum the row in different orders, so the float32 statistics may differ in their
+last bits); YQ equal wherever Y is (YQ is q(Y), checked above, so it may differ only where Y does: the count is printed).
 Fp8GemmAct / Fp8Mlp with X given in float8 (df_fp8_gemm_act / df_fp8_mlp, options bit 1) against the float64 reference of the same
 quantization, and K off a multiple of 16 refused (cudaErrorNotSupported). Through ONNX Runtime's CUDA EP with the library:
 SkipLayerNormFp8 -> Fp8GemmAct and -> Fp8Mlp (their float8-X kernels), fp16, against the reference.
@@ -187,7 +187,9 @@ def _paths_agree(warp: dict[str, dict], block: dict[str, dict]) -> bool:
         eps = torch.finfo(a["Y"].dtype).eps
         y_a, y_b = a["Y"].double(), b["Y"].double()
         y_diff = y_a != y_b
-        y_ok = bool(((y_a - y_b).abs() <= eps * torch.maximum(y_a.abs(), y_b.abs()).clamp_min(1.0)).all())  # one rounding of T
+        # one rounding of T, plus float32 statistics a few ulps apart (2^-18 of the largest |Y|: fp32 Y where gamma and beta cancel)
+        bound = eps * torch.maximum(y_a.abs(), y_b.abs()).clamp_min(1.0) + 2.0**-18 * float(y_a.abs().max())
+        y_ok = bool(((y_a - y_b).abs() <= bound).all())
         q_diff = a["YQ"] != b["YQ"]
         sum_same = torch.equal(a["Sum"].view(torch.uint8), b["Sum"].view(torch.uint8))
         q_ok = not bool((q_diff & ~y_diff).any())
