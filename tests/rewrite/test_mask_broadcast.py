@@ -24,6 +24,7 @@ from test_split_qkv import _fused
 
 import deployfuse
 from deployfuse.backends.ort import run, session
+from deployfuse.inputs import DynamicAxis
 from deployfuse.ops import attach_functions
 from deployfuse.rewrite.fuser import fuse
 from deployfuse.rewrite.rules import mask_broadcast
@@ -104,7 +105,7 @@ def test_fp8_export_hands_fused_mha_the_padding_row(tmp_path) -> None:
         if not skipped:
             assert result.fusion is not None
             (family,) = [f for f in result.fusion.families if f.family == mask_broadcast.FAMILY]
-            assert family.matches == {mask_broadcast.FAMILY: 2} and not family.rolled_back, family
+            assert family.matches == {mask_broadcast.FAMILY: 2, f"{mask_broadcast.FAMILY}_batch": 0} and not family.rolled_back, family
     assert _mask_shapes(artefacts["without"]) == [[2, 1, 16, 16]] * 2 and "And" in _query_wide(artefacts["without"])
     _assert_row_masks(artefacts["with"], 2, 16, 2)
     _assert_same(artefacts["with"], artefacts["without"], 2, 16)
@@ -189,9 +190,69 @@ def test_per_query_operand_refuses(model: onnx.ModelProto) -> None:
     out, report = fuse(model, "ort-cuda", _feeds(model), families=[mask_broadcast.FAMILY], debug=True)
     assert report.counts()[mask_broadcast.FAMILY] == 0 and _mask_shapes(out) == [[2, 1, 7, 7]]
     (family,) = report.families
-    assert not family.rolled_back and family.matches == {mask_broadcast.FAMILY: 0}, "the rule refuses it (not the guard)"
+    assert not family.rolled_back and family.matches == {mask_broadcast.FAMILY: 0, f"{mask_broadcast.FAMILY}_batch": 0}, "the rules refuse it (not the guard)"
     assert any("without its broadcasts the Mask is [2, 1, 7, 7]" in r for r in family.near_misses.get(mask_broadcast.FAMILY, [])), family.near_misses
 
 
 def test_only_ort_cuda_lowers_it() -> None:
     assert mask_broadcast.rules("ort-cuda") and not mask_broadcast.rules("ort-cpu") and not mask_broadcast.rules("tensorrt")
+
+
+def test_gpt2_causal_mask_built_at_the_batch_size_becomes_one_constant_row(tmp_path) -> None:
+    """GPT-2 exported with a dynamic batch and a static sequence (bench/gpu_quant.py's fp8 artefact): HF expands the
+    position ids to the batch and builds its causal and packed-sequence mask from them (Expand, Slice, CumSum,
+    GatherND, Equal, And...: [B, 1, S, S], every batch row the same). mask_batch hands every FusedMHA its one
+    batch row as a constant; the outputs stay bit-equal to the graph without the family at another batch."""
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(vocab_size=100, n_embd=64, n_layer=2, n_head=4, n_positions=32, use_cache=False)
+    ids = torch.randint(0, config.vocab_size, (2, 16))
+    path = tmp_path / "gpt2.onnx"
+    deployfuse.export(transformers.GPT2Model(config).eval().half(), path, example_inputs={"input_ids": ids}, dynamic=[DynamicAxis("input_ids", 0, "batch")],
+                      target="ort-cuda", precision="fp16", fuse=False, verify=False)
+    model = onnx.load(path)
+    draws = [{"input_ids": np.random.default_rng(seed).integers(0, config.vocab_size, (3, 16))} for seed in range(2)]
+    families = ["attention", "packed_mha"]
+    without, _ = fuse(model, "ort-cuda", draws, families=families)
+    fused, report = fuse(model, "ort-cuda", draws, families=[*families, mask_broadcast.FAMILY])
+    (family,) = [f for f in report.families if f.family == mask_broadcast.FAMILY]
+    assert family.matches.get(f"{mask_broadcast.FAMILY}_batch") == 2 and not family.rolled_back, family
+    assert {"GatherND", "CumSum", "Expand"} <= {n.op_type for n in without.graph.node}
+    assert not {"GatherND", "CumSum", "Expand", "And", "Where"} & {n.op_type for n in fused.graph.node}
+    initializers = {i.name: i for i in fused.graph.initializer}
+    masks = {n.input[3] for n in fused.graph.node if n.op_type == "FusedMHA"}
+    assert len(masks) == 1 and list(initializers[masks.pop()].dims) == [1, 1, 16, 16]
+    for feed in draws:
+        want, got = run(session(without, optimize=False), feed), run(session(fused, optimize=False), feed)
+        for name, value in want.items():
+            np.testing.assert_array_equal(got[name], value, err_msg=name)
+
+
+def _batch_mask(rows: list[onnx.NodeProto]) -> onnx.ModelProto:
+    """q, k, v [B, 7, 16]; `rows` make "mask" [B, 1, 7, 7] from B = Shape(q)[0] ("batch", [1]) and "tril" [1, 1, 7, 7]."""
+    inits = [numpy_helper.from_array(np.tril(np.ones((1, 1, 7, 7), np.float32)), "tril"), numpy_helper.from_array(np.array([1, 7, 7], np.int64), "rest")]
+    nodes = [helper.make_node("Shape", ["q"], ["batch"], end=1), *rows, helper.make_node("FusedMHA", ["q", "k", "v", "mask"], ["y"], domain="deployfuse", num_heads=2)]
+    graph = helper.make_graph(nodes, "masked", [helper.make_tensor_value_info(n, F32, ["B", 7, 16]) for n in "qkv"], [helper.make_tensor_value_info("y", F32, None)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20), helper.make_opsetid("deployfuse", 1)], ir_version=10)
+    attach_functions(model)
+    return onnx.shape_inference.infer_shapes(model, data_prop=True)
+
+
+def test_batch_rows_only_when_provably_equal() -> None:
+    """An Expand of a constant over the batch becomes its row; a mask reading the batch index as data (rows differ) is
+    left alone by the rule itself."""
+    expanded = _batch_mask([helper.make_node("Concat", ["batch", "rest"], ["shape"], axis=0), helper.make_node("Expand", ["tril", "shape"], ["mask"])])
+    zero, one = numpy_helper.from_array(np.array(0, np.int64), "zero"), numpy_helper.from_array(np.array(1, np.int64), "one")
+    by_index = _batch_mask([helper.make_node("Squeeze", ["batch"], ["b"]), helper.make_node("Range", ["zero", "b", "one"], ["index"]),
+                            helper.make_node("Cast", ["index"], ["indexf"], to=F32),
+                            helper.make_node("Unsqueeze", ["indexf", "axes"], ["column"]), helper.make_node("Mul", ["column", "tril"], ["mask"])])
+    by_index.graph.initializer.extend([zero, one, numpy_helper.from_array(np.array([1, 2, 3], np.int64), "axes")])
+    by_index = onnx.shape_inference.infer_shapes(by_index, data_prop=True)
+    draws = [{n: np.random.default_rng(i).standard_normal((3, 7, 16)).astype(np.float32) for n in "qkv"} for i in range(2)]
+    for model, rewritten in ((expanded, 1), (by_index, 0)):
+        out, report = fuse(model, "ort-cuda", draws, families=[mask_broadcast.FAMILY], debug=True)
+        (family,) = report.families
+        assert family.matches.get(f"{mask_broadcast.FAMILY}_batch") == rewritten and not family.rolled_back, family
+        masks = [n.input[3] for n in out.graph.node if n.op_type == "FusedMHA"]
+        assert (masks[0] in {i.name for i in out.graph.initializer}) == bool(rewritten), "the Mask is its batch row, as a constant"
+        for feed in draws:
+            np.testing.assert_array_equal(run(session(out, optimize=False), feed)["y"], run(session(model, optimize=False), feed)["y"])

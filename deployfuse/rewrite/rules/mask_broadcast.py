@@ -22,6 +22,14 @@ and is removed when FusedMHA was its last (so a shared Expand is kept, never res
 reader that needs its shape). Every layer's FusedMHA rebuilds the same small chain; the merge of
 duplicates after the last family (`fuser._merge_duplicates`) makes them one again. ort-cuda only
 (its FusedMHA kernel has the row path); runs right after packed_mha, which makes the FusedMHA nodes.
+
+A Mask broadcast over the batch axis goes first (`BatchRowMask`, rule `mask_broadcast_batch`): with
+a dynamic batch and no attention-mask input, HF expands GPT-2's position ids to [B, S] and builds
+its causal and packed-sequence mask from them at run time (Expand, Slice, Sub, Concat, CumSum,
+GatherND, Equal, And, Where: some 20 small kernels a call, all folded away when the batch is
+static). Every batch row of that Mask is the same tensor, which no input's data or dims decide
+(`_same_rows` proves it op by op); the rule computes that row once on ONNX Runtime's CPU at batch
+1 and hands every FusedMHA it as one [1, ...] constant, which the kernel broadcasts back.
 """
 
 from __future__ import annotations
@@ -29,10 +37,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
+import onnx
 import onnx_ir as ir
 from onnxscript.rewriter import MatchResult, pattern
 
-from deployfuse.rewrite.rules._common import FusionRule, is_op
+from deployfuse.rewrite.rules._common import FusionRule, default_opset, is_op
 from deployfuse.targets import DEPLOYFUSE, Target, get_target
 
 FAMILY = "mask_broadcast"
@@ -43,6 +52,7 @@ _ELEMENTWISE = frozenset({"Cast", "Sub", "Add", "Mul", "Div", "Where", "Not", "E
 # op -> (identity element, operand positions the identity may take): op(identity, x) == x broadcast.
 _IDENTITY = {"And": (True, (0, 1)), "Or": (False, (0, 1)), "Add": (0, (0, 1)), "Mul": (1, (0, 1)), "Sub": (0, (1,)), "Div": (1, (1,))}
 _MAX_DEPTH = 16  # a Mask chain is a handful of ops; deeper walks are not masks
+_MAX_CONE_BYTES = 1 << 24  # a Mask built from shapes reads small constants; a cone reading weights is no such Mask
 
 
 @dataclass
@@ -194,8 +204,169 @@ def _emit(op, plan: _Plan, made: dict[int, ir.Value] | None = None) -> ir.Value:
     return made[id(plan)]
 
 
+def _static_rows(value: ir.Value | None) -> bool:
+    """True when `value`'s shape is known with every axis but the first a number."""
+    shape = None if value is None else value.shape
+    return shape is not None and len(shape) >= 1 and all(isinstance(d, int) for d in list(shape)[1:])
+
+
+def _axes(value: ir.Value | None, rank: int) -> list[int] | None:
+    """A constant axes operand as non-negative axes of a rank-`rank` value, else None."""
+    const = _const(value)
+    return None if const is None else [int(a) % rank for a in const.reshape(-1)]
+
+
+def _same_rows(value: ir.Value | None, depth: int = 0) -> bool:
+    """True when every slice of `value` along axis 0 is one tensor that neither the graph inputs' data nor their
+    dims decide: a constant whose rows are equal, or an Expand / element-wise op / Unsqueeze / Slice / Concat /
+    CumSum (all off axis 0) / GatherND of such values, with every other axis a number. The batch axis (any size)
+    only enters through an Expand's shape, and through the first index of a GatherND reading such a value,
+    which picks one of its equal rows (HF's `packed_sequence_mask[batch_idx, q_idx]` over position ids expanded
+    to the batch)."""
+    const = _const(value)
+    if const is not None:
+        return const.ndim >= 1 and bool(np.all(const == const[:1]))
+    node = None if value is None else value.producer()
+    if node is None or depth > _MAX_DEPTH or not _static_rows(value) or len(node.outputs) != 1 or node.domain not in ("", "ai.onnx"):
+        return False
+    assert value is not None and value.shape is not None
+    rank, inputs = len(value.shape), list(node.inputs)
+    if is_op(node, "Expand"):
+        return _operand_rows(inputs[0], rank, depth)
+    if is_op(node, *_ELEMENTWISE):
+        return all(_operand_rows(i, rank, depth) for i in inputs)
+    if is_op(node, "Unsqueeze", "CumSum") and len(inputs) == 2:
+        axes = _axes(inputs[1], rank)  # Unsqueeze's axes index its output, CumSum's its input: both of this rank
+        return axes is not None and 0 not in axes and _same_rows(inputs[0], depth + 1)
+    if is_op(node, "Slice") and len(inputs) >= 4:
+        axes = _axes(inputs[3], rank)
+        fixed = all(_const(i) is not None for i in inputs[1:] if i is not None)
+        return axes is not None and 0 not in axes and fixed and _same_rows(inputs[0], depth + 1)
+    if is_op(node, "Concat"):
+        axis = node.attributes.get_int("axis", 0) % rank
+        return axis != 0 and all(_same_rows(i, depth + 1) for i in inputs)
+    if is_op(node, "GatherND") and node.attributes.get_int("batch_dims", 0) == 0 and len(inputs) == 2:
+        return _same_rows(inputs[0], depth + 1) and _batch_first_index(inputs[1], depth + 1)
+    return False
+
+
+def _operand_rows(operand: ir.Value | None, rank: int, depth: int) -> bool:
+    """An operand of a rank-`rank` broadcast: a constant below that rank (it broadcasts over axis 0), or a value of
+    that rank with `_same_rows`."""
+    if operand is None or operand.shape is None:
+        return False
+    if len(operand.shape) < rank:
+        return _const(operand) is not None
+    return len(operand.shape) == rank and _same_rows(operand, depth + 1)
+
+
+def _batch_first_index(indices: ir.Value | None, depth: int) -> bool:
+    """GatherND indices Concat(b, rest..., axis=-1) with b one index wide (whatever it holds: it picks among equal
+    rows) and every `rest` of `_same_rows`."""
+    node = None if indices is None else indices.producer()
+    if node is None or not is_op(node, "Concat") or indices is None or indices.shape is None or len(indices.shape) < 2:
+        return False
+    rank = len(indices.shape)
+    first = node.inputs[0]
+    if node.attributes.get_int("axis", 0) % rank != rank - 1 or first is None or first.shape is None or first.shape[-1] != 1:
+        return False
+    return all(i is not None and i.shape is not None and len(i.shape) == rank and _same_rows(i, depth) for i in node.inputs[1:])
+
+
+def _cone(value: ir.Value) -> tuple[list[ir.Node], list[ir.Value], list[ir.Value]]:
+    """The nodes computing `value` in topological order, the initializers and the graph inputs they read."""
+    nodes: list[ir.Node] = []
+    constants: dict[int, ir.Value] = {}
+    inputs: dict[int, ir.Value] = {}
+    seen: set[int] = set()
+
+    def visit(v: ir.Value) -> None:
+        node = v.producer()
+        if node is None:
+            (constants if v.const_value is not None else inputs)[id(v)] = v
+        elif id(node) not in seen:
+            seen.add(id(node))
+            for i in node.inputs:
+                if i is not None:
+                    visit(i)
+            nodes.append(node)
+
+    visit(value)
+    return nodes, list(constants.values()), list(inputs.values())
+
+
+def batch_row(value: ir.Value, opset: int) -> np.ndarray | None:
+    """`value`'s first slice along axis 0 ([1, ...]), computed on ONNX Runtime's CPU with every graph input it reads
+    at 1 on its dynamic axes (zeros: `_same_rows` proved the row independent of them), or None when that fails."""
+    from onnx import TensorProto, helper
+
+    from deployfuse.backends.ort import run, session
+
+    const = _const(value)
+    if const is not None:
+        return const[:1]
+    nodes, constants, inputs = _cone(value)
+    if any(n.domain not in ("", "ai.onnx") for n in nodes) or any(i.shape is None or i.dtype is None for i in inputs):
+        return None
+    if sum(c.const_value.nbytes for c in constants if c.const_value is not None) > _MAX_CONE_BYTES:
+        return None
+    feeds = {i.name: np.zeros([d if isinstance(d, int) else 1 for d in i.shape], i.dtype.numpy()) for i in inputs}
+    graph = helper.make_graph([ir.serde.serialize_node(n) for n in nodes], "batch_row",
+                              [helper.make_tensor_value_info(i.name, i.dtype.value, feeds[i.name].shape) for i in inputs],
+                              [helper.make_tensor_value_info(value.name, value.dtype.value if value.dtype else TensorProto.UNDEFINED, None)],
+                              [_named(ir.serde.serialize_tensor(c.const_value), c.name) for c in constants if c.const_value is not None])
+    try:
+        row = next(iter(run(session(helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=10), optimize=False), feeds).values()))
+    except Exception:  # an Expand or index the dummy inputs make invalid: not provably one row, so not rewritten
+        return None
+    return row[:1] if row.ndim >= 1 and row.shape[0] >= 1 else None
+
+
+def _named(tensor: onnx.TensorProto, name: str | None) -> onnx.TensorProto:
+    """`tensor` named as the value it initializes."""
+    tensor.name = name or tensor.name
+    return tensor
+
+
+class BatchRowMask(FusionRule):
+    """FusedMHA(Q, K, V, M) -> FusedMHA(Q, K, V, M[:1]) as a constant, when M's rows over the batch axis are one
+    tensor made from constants and shapes only (`_same_rows`): a causal mask built at the batch size."""
+
+    def __init__(self, target: str | Target) -> None:
+        super().__init__(f"{FAMILY}_batch", target)
+        self.row: np.ndarray | None = None
+
+    def pattern(self, op, query, key, value, mask):
+        return op.FusedMHA(query, key, value, mask, _allow_other_inputs=True, _allow_other_attributes=True, _domain=DEPLOYFUSE, _outputs=["attended"])
+
+    def check(self, context, mask, attended, **_) -> MatchResult:
+        fail = MatchResult().fail
+        if mask is None or mask.shape is None or len(mask.shape) != 4 or mask.shape[0] == 1:
+            return fail("no Mask, a Mask of unknown rank, or already one batch row", attended)
+        if not _same_rows(mask):
+            return fail("the Mask's batch rows are not provably one tensor of constants and shapes", mask)
+        self.row = batch_row(mask, default_opset(context))
+        if self.row is None:
+            return fail("the Mask's batch row does not evaluate at batch 1", mask)
+        return self.choose(context, attended, self.target.lowering(FAMILY))
+
+    def rewrite(self, op, attended, **_):
+        node = attended.producer()
+        assert node is not None and node.graph is not None and self.row is not None
+        inputs = list(node.inputs)
+        name = f"{inputs[3].name}_batch_row"
+        row = node.graph.initializers.get(name)
+        if row is None:  # every layer reads the same Mask: one initializer for them all
+            row = ir.Value(name=name, shape=ir.Shape(self.row.shape), type=ir.TensorType(ir.DataType.from_numpy(self.row.dtype)),
+                           const_value=ir.tensor(self.row, name=name))
+            node.graph.register_initializer(row)
+        inputs[3] = row
+        attrs = {k: a.value for k, a in node.attributes.items()}
+        return self.emit(op, *inputs, **attrs)
+
+
 def rules(target: str | Target) -> list[pattern.RewriteRule]:
-    """The row-mask rule where the target lowers it (ort-cuda); none elsewhere."""
+    """The batch-row and row-mask rules where the target lowers them (ort-cuda); none elsewhere."""
     if not get_target(target).lowering(FAMILY):
         return []
-    return [RowMask.rule(target)]
+    return [BatchRowMask.rule(target), RowMask.rule(target)]
