@@ -341,26 +341,16 @@ def _ort_ms(library: str, model: onnx.ModelProto, feeds: dict[str, torch.Tensor]
 
 
 def _kernel_us(fn: Any, name: str, runs: int = RUNS) -> tuple[float, list[str]]:
-    """Mean GPU us of the kernels whose name holds `name` over `runs` calls of fn, and their short names, from the profiler's
-    trace (CUPTI records every kernel of the process, ONNX Runtime's too)."""
-    from torch.profiler import ProfilerActivity, profile
+    """Mean GPU us a launch of the kernels whose name holds `name` over `runs` calls of fn, and their short names, from
+    bench/kernel_profile.py (CUPTI: every kernel of the process, ONNX Runtime's too)."""
+    from kernel_profile import profile  # bench/, on sys.path as this file's folder or through bench/fp8_gemm_gpu.py
 
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(runs):
-            fn()
-        torch.cuda.synchronize()
-    with tempfile.TemporaryDirectory() as tmp:
-        trace = Path(tmp) / "trace.json"
-        prof.export_chrome_trace(str(trace))
-        events = json.loads(trace.read_text())["traceEvents"]
-    kernels = [e for e in events if e.get("cat") == "kernel" and name in e.get("name", "")]
+    batch = 100  # calls of fn a profiled call: its per-call ms (rounded to 1e-4) then keeps 0.1 % of a 1 us kernel
+    kernels = [k for k in profile(lambda: [fn() for _ in range(batch)], max(runs // batch, 1))["top"] if name in k["kernel"]]
     if not kernels:
         raise RuntimeError(f"no kernel named *{name}* in the profile")
-    names = {(m.group(1) if (m := re.search(r"(\w+<[^()]*>)\(", e["name"])) else e["name"][:60]) for e in kernels}
-    return sum(float(e["dur"]) for e in kernels) / len(kernels), sorted(names)
+    names = {(m.group(1) if (m := re.search(r"(\w+<[^()]*>)\(", k["kernel"])) else k["kernel"][:60]) for k in kernels}
+    return 1e3 * sum(k["ms"] for k in kernels) / sum(k["calls"] for k in kernels), sorted(names)
 
 
 def _time_worker(lib: ctypes.CDLL, out: Path) -> None:
