@@ -169,7 +169,8 @@ def _check_cases(lib: ctypes.CDLL, small: bool, saved: dict[str, dict] | None) -
 def _worker(lib_path: str, path: str, mode: str, out: Path, small: bool = False) -> int:
     """This file's --worker `mode` (check, time) in a process of its own under DEPLOYFUSE_SLN_PATH=path; its output passes
     through; returns its exit status."""
-    env = {**os.environ, PATH_ENV: path, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    python_path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)  # deployfuse importable there too
+    env = {**os.environ, PATH_ENV: path, "PYTHONPATH": python_path}
     cmd = [sys.executable, str(Path(__file__).resolve()), lib_path, "--worker", mode, "--save", str(out), *(["--small"] if small else [])]
     sys.stdout.flush()
     return subprocess.run(cmd, env=env, check=False).returncode
