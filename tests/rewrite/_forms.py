@@ -34,7 +34,7 @@ FUSED_OPS = frozenset({
     "com.microsoft::Gelu", "com.microsoft::FastGelu", "com.microsoft::QuickGelu", "com.microsoft::BiasGelu",
     "com.microsoft::SkipLayerNormalization", "com.microsoft::SkipSimplifiedLayerNormalization",
     "com.microsoft::MultiHeadAttention", "com.microsoft::Attention", "com.microsoft::GroupQueryAttention",
-    "com.microsoft::RotaryEmbedding", "com.microsoft::FusedConv",
+    "com.microsoft::RotaryEmbedding", "com.microsoft::FusedConv", "com.microsoft::EmbedLayerNormalization",
     "deployfuse::LayerNormGelu", "deployfuse::GroupNormAct", "deployfuse::BiasAct", "deployfuse::FusedMHA",
 })
 # What each fused op covers: a form that fused a bigger op (SkipLayerNormalization) instead of
@@ -44,6 +44,7 @@ COVERS = {
     "com.microsoft::SkipSimplifiedLayerNormalization": "SimplifiedLayerNormalization",
     "deployfuse::LayerNormGelu": "LayerNormalization",
     "com.microsoft::BiasGelu": "com.microsoft::Gelu",
+    "com.microsoft::EmbedLayerNormalization": "LayerNormalization",
 }
 
 
