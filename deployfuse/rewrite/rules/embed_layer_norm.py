@@ -12,12 +12,17 @@ Gathers, two broadcast Adds and a SkipLayerNormalization: ~0.085 ms and five lau
 Matched: a LayerNormalization over the last axis of a sum of 2 or 3 terms (Adds in any order and
 operand order, each intermediate sum read only by the next Add): a Gather (axis 0) of a [V, H]
 table by [B, S] int ids (the word ids; with three terms the larger table is the word table, the
-other the segment table, whose ids must have the word ids' shape), and the positions: a Gather of
+other the segment table, whose ids must be 2-D with no static size unlike the word ids': sizes
+not known statically the kernel checks, failing where the graph would have broadcast), and the
+positions: a Gather of
 a [N, H] table by arange(S) (a Slice [0, S) of a constant buffer whose values are checked to be
 0, 1, ..., N-1, as HF BERT / DistilBERT's `position_ids` buffer, S proven to be the ids' sequence
 length: a constant end with static shapes, or the size of axis 1 of a tensor whose axis 1 is
 declared the ids' axis 1), or that Gather constant-folded by a static export into a [1, S, H] or
-[S, H] constant (passed as the position table). ELN's mask_index output is named but unused: the
+[S, H] constant (passed as the position table). A segment lookup by all-zero ids (HF's
+token_type_ids buffer, where the caller passes none) whose shape is known to broadcast into
+[B, S] adds row T[0] to every token: it is folded into the position rows (P[s] + T[0], rounded once
+in the table's dtype), and the node has no segment input. ELN's mask_index output is named but unused: the
 CUDA kernel writes it unconditionally, and ORT's type inference wants the output to exist.
 Refused: a sum of other terms, positions not provably 0..S-1 (RoBERTa's padding-offset positions
 from the input ids, a model's position_ids input: passing them would be exact, but no zoo model
@@ -86,14 +91,18 @@ def _terms(value: ir.Value, depth: int = 0) -> list[ir.Value]:
     return [t for v in node.inputs if v is not None for t in _terms(v, depth + 1)]
 
 
-def _same_dim(a: ir.Value, b: ir.Value, axis: int) -> bool:
-    """True when axis `axis` of `a` and `b` is declared the same size (one int, or one named symbol)."""
-    if a.shape is None or b.shape is None or len(a.shape) <= axis or len(b.shape) <= axis:
-        return False
-    x, y = a.shape[axis], b.shape[axis]
+def _equal_dims(x: int | ir.SymbolicDim, y: int | ir.SymbolicDim) -> bool:
+    """True when two dims are declared the same size (one int, or one named symbol)."""
     if isinstance(x, int) or isinstance(y, int):
         return x == y
     return x.value is not None and x.value == y.value
+
+
+def _same_dim(a: ir.Value, b: ir.Value, axis: int) -> bool:
+    """True when axis `axis` of `a` and `b` is declared the same size."""
+    if a.shape is None or b.shape is None or len(a.shape) <= axis or len(b.shape) <= axis:
+        return False
+    return _equal_dims(a.shape[axis], b.shape[axis])
 
 
 def _ints(value: ir.Value | None) -> list[int] | None:
@@ -113,8 +122,9 @@ def _is_seq_len(end: ir.Value, ids: ir.Value) -> bool:
         node = picked.inputs[0].producer() if picked.inputs[0] is not None else None
         if not is_op(node, "Shape") or node is None or node.attributes.get_int("start", 0) != 0 or "end" in node.attributes:
             return False
-    elif is_op(node, "Shape") and node is not None:
-        if node.attributes.get_int("start", 0) != 1 or node.attributes.get_int("end", 2) != 2:
+    elif is_op(node, "Shape") and node is not None and node.inputs[0] is not None and node.inputs[0].shape is not None:
+        end = node.attributes.get_int("end", len(node.inputs[0].shape))
+        if node.attributes.get_int("start", 0) != 1 or end != 2:
             return False
     else:
         return False
@@ -158,6 +168,21 @@ def _folded_positions(value: ir.Value, word_ids: ir.Value, hidden: int) -> np.nd
     return rows.reshape(seq, hidden)
 
 
+def _broadcasts_into(ids: ir.Value, word_ids: ir.Value) -> bool:
+    """True when `ids`' shape is known to broadcast into the word ids' (each axis 1 or the same size)."""
+    if ids.shape is None or len(ids.shape) > 2:
+        return False
+    words = word_ids.shape
+    return words is not None and all(ids.shape[axis] == 1 or _equal_dims(ids.shape[axis], words[axis]) for axis in range(-len(ids.shape), 0))
+
+
+def _maybe_same_shape(ids: ir.Value, word_ids: ir.Value) -> bool:
+    """True when `ids` is 2-D with no static size unlike the word ids' (unknown sizes the kernel checks at run time)."""
+    if ids.shape is None or word_ids.shape is None or len(ids.shape) != 2:
+        return False
+    return not any(isinstance(a, int) and isinstance(b, int) and a != b for a, b in zip(ids.shape, word_ids.shape))
+
+
 def _all_zero(ids: ir.Value, depth: int = 0) -> bool:
     """True when `ids` are all 0: a constant all-zero buffer moved only by ops that pick or repeat
     elements of their first input (HF's `token_type_ids` buffer where the caller passes none)."""
@@ -198,7 +223,7 @@ def plan(x: ir.Value, hidden: int) -> _Plan | str:
         refusal = _arange_refusal(lk.ids, word_ids)
         if refusal is None:
             positions.append(lk.table)
-        elif lk not in tokens and _all_zero(lk.ids):
+        elif lk not in tokens and _all_zero(lk.ids) and _broadcasts_into(lk.ids, word_ids):
             table = constant(lk.table)
             if table is None:
                 return "a lookup by all-zero ids reads a table that is not a constant"
@@ -208,8 +233,8 @@ def plan(x: ir.Value, hidden: int) -> _Plan | str:
             others.append(lk)
     if len(positions) != 1:
         return f"{len(positions)} position terms ({'; '.join(reasons) or 'none refused'})"
-    if not all(lk.ids.shape is not None and len(lk.ids.shape) == 2 and _same_dim(lk.ids, word_ids, 0) and _same_dim(lk.ids, word_ids, 1) for lk in others):
-        return "the segment ids are not known to have the word ids' shape"
+    if not all(_maybe_same_shape(lk.ids, word_ids) for lk in others):  # where they differ, the kernel fails instead of broadcasting
+        return "the segment ids are not [B, S] like the word ids"
     position = positions[0]
     if rows:  # folded into the position rows: P[s] + T[0], rounded once in the table's dtype
         table = position if isinstance(position, np.ndarray) else constant(position)
