@@ -13,7 +13,8 @@ self-attentions packed_qkv leaves: all of them where an export skips packed_qkv 
 whose Q/DQ must reach the QKV GEMM; int8 on ort-cpu skips both). packed_mha, right after it, lets
 deployfuse.FusedMHA read Q, K, V out of that Split's input in place (ort-cuda); mask_broadcast,
 right after it (it only rewrites FusedMHA nodes), hands them the padding row their Mask was
-broadcast from over the query axis. patch_embed (a ViT's patchify Conv as a MatMul + Add) runs
+broadcast from over the query axis, or as a constant the one batch row of a Mask built at the batch
+size from shapes only (GPT-2's causal mask with a dynamic batch). patch_embed (a ViT's patchify Conv as a MatMul + Add) runs
 before gemm_act, bias_gelu and bias_act, so its new MatMul + Add can take their epilogues, and an
 fp8 export (which skips those) quantizes it. embed_layer_norm (BERT's embedding lookups and their
 LayerNorm as one EmbedLayerNormalization, ort-cuda) runs right after layernorm writes that norm and
