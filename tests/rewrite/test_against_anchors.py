@@ -20,7 +20,9 @@ from _export import build, exported, fused
 
 KINDS = {
     "attention": {"Attention", "MultiHeadAttention", "GroupQueryAttention", "PackedAttention", "PackedMultiHeadAttention"},
-    "norm": {"LayerNormalization", "SkipLayerNormalization", "SimplifiedLayerNormalization", "SkipSimplifiedLayerNormalization", "RMSNormalization"},
+    # EmbedLayerNormalization: the embeddings' lookups and their LayerNorm (embed_layer_norm, ort-cuda)
+    "norm": {"LayerNormalization", "SkipLayerNormalization", "SimplifiedLayerNormalization", "SkipSimplifiedLayerNormalization", "RMSNormalization",
+             "EmbedLayerNormalization"},
     "skip": {"SkipLayerNormalization", "SkipSimplifiedLayerNormalization"},
     "gelu": {"Gelu", "FastGelu", "BiasGelu", "QuickGelu"},
     "rotary": {"RotaryEmbedding"},
