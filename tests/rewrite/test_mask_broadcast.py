@@ -212,8 +212,8 @@ def test_gpt2_causal_mask_built_at_the_batch_size_becomes_one_constant_row(tmp_p
     model = onnx.load(path)
     draws = [{"input_ids": np.random.default_rng(seed).integers(0, config.vocab_size, (3, 16))} for seed in range(2)]
     families = ["attention", "packed_mha"]
-    without, _ = fuse(model, "ort-cuda", draws, families=families)
-    fused, report = fuse(model, "ort-cuda", draws, families=[*families, mask_broadcast.FAMILY])
+    without, _ = fuse(model, "ort-cuda", draws[:1], families=families)
+    fused, report = fuse(model, "ort-cuda", draws[:1], families=[*families, mask_broadcast.FAMILY])
     (family,) = [f for f in report.families if f.family == mask_broadcast.FAMILY]
     assert family.matches.get(f"{mask_broadcast.FAMILY}_batch") == 2 and not family.rolled_back, family
     assert {"GatherND", "CumSum", "Expand"} <= {n.op_type for n in without.graph.node}
