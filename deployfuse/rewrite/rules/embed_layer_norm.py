@@ -10,30 +10,32 @@ s for token s). On an H200 (ORT CUDA EP, fp16) BERT-base's embeddings at batch 6
 Gathers, two broadcast Adds and a SkipLayerNormalization: ~0.085 ms and five launches.
 
 Matched: a LayerNormalization over the last axis of a sum of 2 or 3 terms (Adds in any order and
-operand order, each intermediate sum read only by the next Add): a Gather (axis 0) of a [V, H]
-table by [B, S] int ids (the word ids; with three terms the larger table is the word table, the
-other the segment table, whose ids must be 2-D with no static size unlike the word ids': sizes
-not known statically the kernel checks, failing where the graph would have broadcast), and the
-positions: a Gather of
-a [N, H] table by arange(S) (a Slice [0, S) of a constant buffer whose values are checked to be
-0, 1, ..., N-1, as HF BERT / DistilBERT's `position_ids` buffer, S proven to be the ids' sequence
-length: a constant end with static shapes, or the size of axis 1 of a tensor whose axis 1 is
-declared the ids' axis 1), or that Gather constant-folded by a static export into a [1, S, H] or
-[S, H] constant (passed as the position table). A segment lookup by all-zero ids (HF's
-token_type_ids buffer, where the caller passes none) whose shape is known to broadcast into
-[B, S] adds row T[0] to every token: it is folded into the position rows (P[s] + T[0], rounded once
-in the table's dtype), and the node has no segment input. ELN's mask_index output is named but unused: the
-CUDA kernel writes it unconditionally, and ORT's type inference wants the output to exist.
-Refused: a sum of other terms, positions not provably 0..S-1 (RoBERTa's padding-offset positions
-from the input ids, a model's position_ids input: passing them would be exact, but no zoo model
-needs it yet), ids whose shape is not known to be [B, S], a bfloat16 graph (no kernel), and a sum
-another node also reads. Invalid ids (negative, or past a table) fail in the kernel where ONNX's
-Gather would wrap a negative one; PyTorch's Embedding rejects both.
+operand order, each intermediate sum read only by the next Add):
+- the word lookup: a Gather (axis 0) of a [V, H] table by 2-D int ids; with two such lookups the
+  larger table is the word table, the other the segment table, whose ids must be 2-D with no
+  static size unlike the word ids' (sizes not known statically the kernel checks: it fails where
+  the graph would have broadcast);
+- the positions: a Gather of a [N, H] table by arange(S), a Slice [0, S) of a constant buffer
+  whose values are checked to be 0, 1, ..., N-1 (HF BERT / DistilBERT's `position_ids`), S proven
+  the word ids' axis 1 (a constant end with static shapes, or the size of axis 1 of a tensor
+  declared to share it); or that Gather constant-folded by a static export into a [1, S, H] or
+  [S, H] constant, passed as the position table;
+- a segment lookup by all-zero ids (HF's token_type_ids buffer, when the caller passes none)
+  whose shape is known to broadcast into [B, S]: every token gets row T[0], folded into the
+  position rows (P[s] + T[0], rounded once in the table's dtype); the node has no segment input.
+The mask_index output is named and unused: the CUDA kernel writes it, and ORT's type inference
+wants it. Refused: other terms, positions not provably 0..S-1 (RoBERTa's, computed from the ids
+with a padding offset; a model's position_ids input: passing them would be exact, but no zoo
+model needs it yet), bfloat16 (no kernel), a sum another node also reads. Invalid ids (negative
+or past a table) are an error in ORT's CPU kernel and recent CUDA ones, where ONNX's Gather wraps
+a negative one; PyTorch's Embedding rejects both.
 
 ort-cuda only: ONNX Runtime's CPU kernel is fp32-only (fp16 runs through ORT's inserted casts),
-and CPU Gathers cost little next to the encoder; TensorRT parses no com.microsoft op. Runs right
+and CPU lookups cost little next to the encoder; TensorRT parses no com.microsoft op. Runs right
 after `layernorm` (which writes the LayerNormalization it matches) and before `skip_layernorm`,
-which would otherwise take the last Add into a SkipLayerNormalization.
+which would otherwise take the last Add. In an fp8 export `fp8_norm` cannot take this norm, so
+the first layer's QKV GEMM quantizes its X itself (tiny BERT fp8: Slice, 3 Gathers, 2 Adds and a
+SkipLayerNormFp8 become 2 Casts and this node).
 """
 
 from __future__ import annotations
