@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import warnings
+from typing import Any
 
 import numpy as np
 import onnx
@@ -36,7 +37,7 @@ from deployfuse.rewrite.report import FamilyResult
 from deployfuse.rewrite.rules import embed_layer_norm
 
 VOCAB, POSITIONS, TYPES = 96, 40, 2
-SMALL = {"vocab_size": VOCAB, "max_position_embeddings": POSITIONS, "num_hidden_layers": 1, "num_attention_heads": 2}
+SMALL: dict[str, Any] = {"vocab_size": VOCAB, "max_position_embeddings": POSITIONS, "num_hidden_layers": 1, "num_attention_heads": 2}
 
 
 def _bert() -> transformers.PreTrainedModel:
