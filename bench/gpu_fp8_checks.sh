@@ -7,6 +7,7 @@
 #   - Fp8GemmAct, Fp8Mlp and SkipLayerNormFp8 (bench/fp8_gemm_gpu.py --check-only; SkipLayerNormFp8 under each kernel path,
 #     DEPLOYFUSE_SLN_PATH=warp|block), which gpu_quant.sh then skips;
 #   - SkipLayerNormFp8's paths timed against ONNX Runtime's SkipLayerNormalization (bench/skip_layer_norm_fp8_gpu.py --time-only).
+# MHA=0 leaves FusedMHA's checks and timings out (a session that changed no FusedMHA code: ~100 s of device time).
 # Logs under $OUT (default /tmp). Exit 1 when a check failed; the timings run either way.
 set -uo pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH="/tmp/site:$PWD:${PYTHONPATH:-}"
@@ -16,26 +17,29 @@ source bench/gpu_build.sh
 gpu_build deployfuse_ops_cuda deployfuse_ort || exit 1
 LIB=$BUILD/libdeployfuse_ops_cuda.so
 status=0
-for tile in narrow wide triple sm80; do
-  size=()  # narrow is new: every case; the others' cases up to 2M (b*sq*sk*hidden), their new YQ epilogue included
-  [ "$tile" = narrow ] || size=(--max-size 2000000)
-  DEPLOYFUSE_MHA_TILE=$tile python3 bench/ops_gpu.py "$LIB" --only FusedMHA --check-only "${size[@]}" > "$OUT/mha_checks_$tile.log" 2>&1 || status=1
-  echo "== FusedMHA checks, $tile CTAs: $(grep -cE '^check(-yq)? +ok' "$OUT/mha_checks_$tile.log") ok; $(tail -n 1 "$OUT/mha_checks_$tile.log") ($(( $(date +%s) - start )) s)"
-  grep -vE '^check ok' "$OUT/mha_checks_$tile.log" | grep -iE 'fail|error|mismatch' | head -n 10
-done
-python3 bench/ops_gpu.py "$LIB" --only FusedMHA --check-only --ort "$BUILD/libdeployfuse_ort.so" > "$OUT/mha_checks_auto.log" 2>&1 || status=1
-echo "== FusedMHA checks, the launcher's CTAs, C ABI and ORT CUDA EP: $(tail -n 1 "$OUT/mha_checks_auto.log") ($(( $(date +%s) - start )) s)"
-for tile in auto narrow wide triple sm80; do
-  if [ "$tile" = auto ]; then unset DEPLOYFUSE_MHA_TILE; else export DEPLOYFUSE_MHA_TILE=$tile; fi
-  python3 bench/ops_gpu.py "$LIB" --mha-tiles 2>&1 | grep '^mha-tile' | tee -a "$OUT/mha_tiles.log"
-done
-unset DEPLOYFUSE_MHA_TILE
-echo "== CTA shapes timed ($(( $(date +%s) - start )) s)"
+if [ "${MHA:-1}" != 0 ]; then
+  for tile in narrow wide triple sm80; do
+    size=()  # narrow is new: every case; the others' cases up to 2M (b*sq*sk*hidden), their new YQ epilogue included
+    [ "$tile" = narrow ] || size=(--max-size 2000000)
+    DEPLOYFUSE_MHA_TILE=$tile python3 bench/ops_gpu.py "$LIB" --only FusedMHA --check-only "${size[@]}" > "$OUT/mha_checks_$tile.log" 2>&1 || status=1
+    echo "== FusedMHA checks, $tile CTAs: $(grep -cE '^check(-yq)? +ok' "$OUT/mha_checks_$tile.log") ok; $(tail -n 1 "$OUT/mha_checks_$tile.log") ($(( $(date +%s) - start )) s)"
+    grep -vE '^check ok' "$OUT/mha_checks_$tile.log" | grep -iE 'fail|error|mismatch' | head -n 10
+  done
+  python3 bench/ops_gpu.py "$LIB" --only FusedMHA --check-only --ort "$BUILD/libdeployfuse_ort.so" > "$OUT/mha_checks_auto.log" 2>&1 || status=1
+  echo "== FusedMHA checks, the launcher's CTAs, C ABI and ORT CUDA EP: $(tail -n 1 "$OUT/mha_checks_auto.log") ($(( $(date +%s) - start )) s)"
+  for tile in auto narrow wide triple sm80; do
+    if [ "$tile" = auto ]; then unset DEPLOYFUSE_MHA_TILE; else export DEPLOYFUSE_MHA_TILE=$tile; fi
+    python3 bench/ops_gpu.py "$LIB" --mha-tiles 2>&1 | grep '^mha-tile' | tee -a "$OUT/mha_tiles.log"
+  done
+  unset DEPLOYFUSE_MHA_TILE
+  echo "== CTA shapes timed ($(( $(date +%s) - start )) s)"
+fi
 fp8=0
 python3 bench/fp8_gemm_gpu.py "$LIB" --ort "$BUILD/libdeployfuse_ort.so" --check-only > "$OUT/fp8_gemm_checks.log" 2>&1 || fp8=$?
 if [ "$fp8" -eq 0 ]; then touch "$BUILD/fp8_checked"; else status=1; fi  # the stamp bench/gpu_quant.sh reads: passed on this build
 echo "== fp8 checks rc $fp8: $(grep -ciE '\bok\b' "$OUT/fp8_gemm_checks.log") ok lines ($(( $(date +%s) - start )) s)"
 grep -E '^FAIL|FAILED|Error' "$OUT/fp8_gemm_checks.log" | head -n 20
+grep -E 'HScale|warp vs block' "$OUT/fp8_gemm_checks.log" | head -n 16  # Fp8Mlp's kept 1/HScale, the SkipLayerNormFp8 paths' A/B
 python3 bench/skip_layer_norm_fp8_gpu.py "$LIB" --ort "$BUILD/libdeployfuse_ort.so" --time-only > "$OUT/sln_paths.log" 2>&1
 grep -E '^(\||sln-paths)' "$OUT/sln_paths.log" || tail -n 5 "$OUT/sln_paths.log"
 echo "== SkipLayerNormFp8 paths timed ($(( $(date +%s) - start )) s)"
