@@ -8,8 +8,9 @@ does (the exporter, then its cleanups): BERT with token_type_ids as an input (po
 from the position_ids buffer), the zoo's BERT without them (its all-zero token_type_ids buffer
 folded into the position rows) with dynamic and static shapes (the static export constant-folds
 the position lookup) and the TorchScript exporter (the forms the form matrix shares, cached),
-DistilBERT (no segment embedding). RoBERTa's positions are computed from the input ids with a
-padding offset, and a BERT whose position_ids buffer is not 0..N-1 keeps its graph. fp32 only on CPU: ONNX Runtime's CPU kernel of the op is float32 (its fp16 kernel is the
+DistilBERT (no segment embedding). RoBERTa's positions, computed from the input ids with a
+padding offset, and a BERT position_ids buffer that is not 0..N-1 are passed as position_ids;
+GPT-2's embedding sum, also the residual stream, keeps its graph. fp32 only on CPU: ONNX Runtime's CPU kernel of the op is float32 (its fp16 kernel is the
 CUDA one, run on the H200, not here).
 """
 
@@ -168,13 +169,18 @@ def test_distilbert_has_no_segment_input() -> None:
     _assert_same(model, out, ((3, 9), (1, 5)))
 
 
-def test_positions_not_from_zero_are_refused() -> None:
-    """RoBERTa's positions come from the input ids (padding offset), and a BERT position buffer
-    whose first entry is not 0 is not 0..N-1: both keep their graph, each with its reason."""
+def test_positions_not_proven_arange_are_passed_as_position_ids() -> None:
+    """RoBERTa's positions come from the input ids (padding offset), and a BERT position buffer whose
+    first entry is not 0 is not 0..N-1: both fuse with those ids as position_ids (cast to int32;
+    RoBERTa's all-zero token types folded into the position rows), and compute what the graph did."""
     roberta = _export("roberta", ("input_ids", "attention_mask"))
     out, family = _fused(roberta)
-    assert family.matches == {"embed_layer_norm": 0} and _ops(out, "EmbedLayerNormalization") == 0
-    assert any("position" in reason for reason in family.near_misses["embed_layer_norm"]), family.near_misses
+    assert family.matches == {"embed_layer_norm": 1}, family
+    node = _embed_node(out)
+    assert [bool(name) for name in node.input] == [True, False, True, True, False, True, True, False, True], list(node.input)
+    (cast,) = [n for n in out.graph.node if node.input[8] in n.output]
+    assert cast.op_type == "Cast" and cast.input[0] not in {i.name for i in out.graph.input}  # the ids RoBERTa computes
+    _assert_same(roberta, out, ((3, 9), (1, 5)))
     shifted = onnx.ModelProto()
     shifted.CopyFrom(_export("bert", ("input_ids", "attention_mask", "token_type_ids")))
     (buffer,) = [t for t in shifted.graph.initializer if t.name.endswith("position_ids")]
@@ -182,8 +188,19 @@ def test_positions_not_from_zero_are_refused() -> None:
     values[0, 0] = 1  # still valid positions, no longer arange
     buffer.CopyFrom(onnx.numpy_helper.from_array(values, buffer.name))
     out, family = _fused(shifted)
-    assert family.matches == {"embed_layer_norm": 0}, family
-    assert any("not 0, 1, ..., N-1" in reason for reason in family.near_misses["embed_layer_norm"]), family.near_misses
+    assert family.matches == {"embed_layer_norm": 1}, family
+    node = _embed_node(out)
+    assert len(node.input) == 9 and not node.input[7], list(node.input)
+    (cast,) = [n for n in out.graph.node if node.input[8] in n.output]
+    assert cast.op_type == "Cast" and _produced_by(out, cast.input[0]) == "Slice"  # the buffer's [0, S), [1, S] broadcast over the batch
+    _assert_same(shifted, out, ((3, 9), (1, POSITIONS)))
+
+
+def test_a_sum_read_elsewhere_is_refused() -> None:
+    """GPT-2's token + position embeddings feed ln_1 and the residual stream: the sum stays, and so does the norm."""
+    out, family = _fused(exported("gpt2", BASE).model)
+    assert family.matches == {"embed_layer_norm": 0} and _ops(out, "EmbedLayerNormalization") == 0, family
+    assert "the embedding sum is read by another node too" in family.near_misses["embed_layer_norm"], family.near_misses
 
 
 def test_only_ort_cuda_lowers_it() -> None:

@@ -20,14 +20,17 @@ operand order, each intermediate sum read only by the next Add):
   the word ids' axis 1 (a constant end with static shapes, or the size of axis 1 of a tensor
   declared to share it); or that Gather constant-folded by a static export into a [1, S, H] or
   [S, H] constant, passed as the position table;
+- or, where no term is such positions, a third lookup by 2-D ids (RoBERTa's, computed from the
+  ids with a padding offset; a buffer that is not 0..N-1; a position_ids input): its ids are passed
+  as position_ids ([B, S] or [1, S]; the one of two lookups whose ids have a first axis of 1, else
+  the larger table);
 - a segment lookup by all-zero ids (HF's token_type_ids buffer, when the caller passes none)
   whose shape is known to broadcast into [B, S]: every token gets row T[0], folded into the
   position rows (P[s] + T[0], rounded once in the table's dtype); the node has no segment input.
 The mask_index output is named and unused: the CUDA kernel writes it, and ORT's type inference
-wants it. Refused: other terms, positions not provably 0..S-1 (RoBERTa's, computed from the ids
-with a padding offset; a model's position_ids input: passing them would be exact, but no zoo
-model needs it yet), bfloat16 (no kernel), a sum another node also reads. Invalid ids (negative
-or past a table) are an error in ORT's CPU kernel and recent CUDA ones, where ONNX's Gather wraps
+wants it. Refused: a term that is neither a lookup nor folded position rows, a lone word lookup
+(no position term), bfloat16 (no kernel), a sum another node also reads (GPT-2's: the residual
+stream). Invalid ids (negative or past a table) are an error in ORT's CPU kernel and recent CUDA ones, where ONNX's Gather wraps
 a negative one; PyTorch's Embedding rejects both.
 
 ort-cuda only: ONNX Runtime's CPU kernel is fp32-only (fp16 runs through ORT's inserted casts),
@@ -71,6 +74,7 @@ class _Plan(NamedTuple):
     word: _Lookup
     positions: ir.Value | np.ndarray
     segment: _Lookup | None
+    position_ids: ir.Value | None  # None: position s for token s
     epsilon: float
 
 
@@ -178,11 +182,22 @@ def _broadcasts_into(ids: ir.Value, word_ids: ir.Value) -> bool:
     return words is not None and all(ids.shape[axis] == 1 or _equal_dims(ids.shape[axis], words[axis]) for axis in range(-len(ids.shape), 0))
 
 
-def _maybe_same_shape(ids: ir.Value, word_ids: ir.Value) -> bool:
-    """True when `ids` is 2-D with no static size unlike the word ids' (unknown sizes the kernel checks at run time)."""
+def _leading_one(ids: ir.Value) -> bool:
+    return ids.shape is not None and len(ids.shape) == 2 and ids.shape[0] == 1
+
+
+def _maybe_same_shape(ids: ir.Value, word_ids: ir.Value, leading_one: bool = False) -> bool:
+    """True when `ids` is 2-D with no static size unlike the word ids' (unknown sizes the kernel
+    checks at run time); with `leading_one`, a first axis of 1 too (position_ids may be [1, S])."""
     if ids.shape is None or word_ids.shape is None or len(ids.shape) != 2:
         return False
-    return not any(isinstance(a, int) and isinstance(b, int) and a != b for a, b in zip(ids.shape, word_ids.shape))
+    if leading_one and ids.shape[0] == 1:
+        return not _differ(ids.shape[1], word_ids.shape[1])
+    return not any(_differ(a, b) for a, b in zip(ids.shape, word_ids.shape))
+
+
+def _differ(a: int | ir.SymbolicDim, b: int | ir.SymbolicDim) -> bool:
+    return isinstance(a, int) and isinstance(b, int) and a != b
 
 
 def _all_zero(ids: ir.Value, depth: int = 0) -> bool:
@@ -233,9 +248,21 @@ def plan(x: ir.Value, hidden: int) -> _Plan | str:
         else:
             reasons.append(refusal)
             others.append(lk)
-    if len(positions) != 1:
-        return f"{len(positions)} position terms ({'; '.join(reasons) or 'none refused'})"
-    if not all(_maybe_same_shape(lk.ids, word_ids) for lk in others):  # where they differ, the kernel fails instead of broadcasting
+    if len(positions) > 1:
+        return f"{len(positions)} position terms"
+    others.sort(key=lambda lk: lk.ids is not word_ids)  # the word lookup first
+    word, rest = others[0], others[1:]
+    position_ids = None
+    if not positions:  # positions by ids the graph is given or computes (RoBERTa's): passed as position_ids
+        if not rest:
+            return f"no position term ({'; '.join(reasons) or 'two terms, one a word lookup'})"
+        by_position = max(rest, key=lambda lk: (_leading_one(lk.ids), lk.table.shape[0] if isinstance(lk.table.shape[0], int) else 0))
+        rest.remove(by_position)
+        if not _maybe_same_shape(by_position.ids, word_ids, leading_one=True):
+            return "the position ids are not [B, S] or [1, S] like the word ids"
+        positions.append(by_position.table)
+        position_ids = by_position.ids
+    if not all(_maybe_same_shape(lk.ids, word_ids) for lk in rest):  # where they differ, the kernel fails instead of broadcasting
         return "the segment ids are not [B, S] like the word ids"
     position = positions[0]
     if rows:  # folded into the position rows: P[s] + T[0], rounded once in the table's dtype
@@ -243,9 +270,7 @@ def plan(x: ir.Value, hidden: int) -> _Plan | str:
         if table is None:
             return "the position table is not a constant to fold the segment row into"
         position = (table.astype(np.float64) + sum(r.astype(np.float64) for r in rows)).astype(table.dtype)
-    others.sort(key=lambda lk: lk.ids is not word_ids)  # the word lookup first
-    return _Plan(others[0], position, others[1] if len(others) > 1 else None, 0.0)
-
+    return _Plan(word, position, rest[0] if rest else None, position_ids, 0.0)
 
 class EmbedLayerNorm(FusionRule):
     """LayerNormalization(word + position (+ segment) lookups) -> EmbedLayerNormalization."""
@@ -299,8 +324,9 @@ class EmbedLayerNorm(FusionRule):
             dtype = x.dtype.numpy() if x.dtype is not None else np.float32
             bias = op.initializer(ir.tensor(np.zeros(last_dim(x) or 0, dtype)), name=f"{name}_{FAMILY}_beta")
         segment = p.segment
+        tail = () if p.position_ids is None else (None, int32(p.position_ids))  # no mask, then the position ids
         y, _mask_index = self.emit(op, int32(p.word.ids), None if segment is None else int32(segment.ids), p.word.table, positions,
-                                   None if segment is None else segment.table, scale, bias, epsilon=p.epsilon, _outputs=2)
+                                   None if segment is None else segment.table, scale, bias, *tail, epsilon=p.epsilon, _outputs=2)
         y.dtype, y.shape = normed.dtype, normed.shape  # later rules (attention, fp8) read the dtype and H of what this writes
         return y
 
