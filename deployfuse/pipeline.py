@@ -428,13 +428,15 @@ def _skip_fusions(names: Sequence[str]) -> tuple[str, ...]:
 
 
 def _families(request: _Request) -> list[str] | None:
-    """The fusion families to run: all (None), less those the caller skips and those a quantized
+    """The fusion families to run: all (None), less those the caller skips, those a quantized
     export runs without (`quantize.lowering.skipped_families`: fused nodes its quantization could
-    not reach)."""
+    not reach) and, without --cuda-graph, those that only pay inside a CUDA graph (`rules.CUDA_GRAPH_ONLY`)."""
     from deployfuse.quantize.lowering import skipped_families
     from deployfuse.rewrite.fuser import family_names
+    from deployfuse.rewrite.rules import CUDA_GRAPH_ONLY
 
-    skipped = {*skipped_families(request.target, request.quantize), *request.skip_fusions}
+    graph_only = () if request.cuda_graph else CUDA_GRAPH_ONLY
+    skipped = {*skipped_families(request.target, request.quantize), *request.skip_fusions, *graph_only}
     return [f for f in family_names() if f not in skipped] if skipped else None
 
 

@@ -207,3 +207,24 @@ def test_only_ort_cuda_lowers_it() -> None:
     """ort-cpu keeps its Gathers (CPU lookups are cheap), TensorRT parses no com.microsoft op."""
     assert embed_layer_norm.rules("ort-cuda")
     assert not embed_layer_norm.rules("ort-cpu") and not embed_layer_norm.rules("tensorrt")
+
+
+def test_an_export_applies_it_only_with_cuda_graph(tmp_path):
+    """ORT's kernel synchronises the stream on every uncaptured call (rules.CUDA_GRAPH_ONLY): `deployfuse export` fuses
+    the embeddings only for --cuda-graph, and that artefact computes what the plain one does."""
+    import deployfuse
+
+    torch.manual_seed(0)
+    model = _bert().eval()
+    ids = torch.randint(0, VOCAB, (2, 12))
+    example = {"input_ids": ids, "token_type_ids": torch.randint(0, TYPES, (2, 12)), "attention_mask": torch.ones_like(ids)}
+    outputs, seed = {}, int(torch.randint(0, 1 << 30, ()))
+    for graph in (False, True):
+        result = deployfuse.export(model, tmp_path / f"graph{graph}.onnx", example_inputs=example, target="ort-cuda", static=True,
+                                   cuda_graph=graph, verify=False)
+        artefact = onnx.load(result.onnx_path)
+        assert sum(n.op_type == "EmbedLayerNormalization" for n in artefact.graph.node) == graph
+        outputs[graph] = run(session(artefact, optimize=False), _feeds(artefact, 2, 12, seed))
+    assert outputs[True].keys() == outputs[False].keys()
+    for name, value in outputs[False].items():
+        np.testing.assert_allclose(outputs[True][name], value, rtol=1e-4, atol=1e-4, err_msg=name)

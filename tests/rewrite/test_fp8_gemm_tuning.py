@@ -72,13 +72,12 @@ def test_fp8_export_with_autotune_succeeds_and_says_whether_it_tuned(fp8_tuned):
     if not torch.cuda.is_available():
         assert f"{names} not tuned: no CUDA device" in steps["quantize"].detail, steps["quantize"].detail
         assert all(_attr(n, a) is None for n in artefact.graph.node for a in ("algo", "algo1", "algo2")), "an untuned export writes no algo"
-        # the norms and attentions write every X in float8 but the first QKV's: the embeddings' EmbedLayerNormalization
-        # (embed_layer_norm) writes it in fp16 and the GEMM quantizes it, the one GEMM whose precision is timed (not here)
-        producers = {o: n.op_type for n in artefact.graph.node for o in n.output}
-        readers = [producers.get(n.input[0]) for n in artefact.graph.node if n.op_type == "Fp8GemmAct"]
-        assert readers.count("EmbedLayerNormalization") == 1 and set(readers) <= {"SkipLayerNormFp8", "FusedMHA", "EmbedLayerNormalization"}, readers
+        producers = {o: n.op_type for n in artefact.graph.node for o in n.output}  # the norms and attentions write every X in float8
+        assert all(producers.get(n.input[0]) in ("SkipLayerNormFp8", "FusedMHA") for n in artefact.graph.node if n.op_type == "Fp8GemmAct")
         assert "fp8_attention_out kept: " in steps["quantize"].detail, steps["quantize"].detail  # its A/B ran (and could not time)
-        assert speed == {"layers": [], "ms": {}, "summary": "Fp8GemmAct precision not timed against fp16: no CUDA device (all 1 kept in fp8)"}
+        fp8 = sum(n.op_type == "Fp8GemmAct" for n in artefact.graph.node)
+        why = f"Fp8GemmAct precision not timed against fp16: all {fp8} read a float8 X, no quantize pass to save"
+        assert speed == {"layers": [], "ms": {}, "summary": why}
     else:
         assert f"{names} tuned on" in steps["quantize"].detail or "not built" in steps["quantize"].detail
 
