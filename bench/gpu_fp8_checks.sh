@@ -4,9 +4,8 @@
 #   - FusedMHA under each Hopper CTA shape and the sm_80 kernel (DEPLOYFUSE_MHA_TILE=narrow|wide|triple|sm80: each checked, whichever the
 #     launcher would pick for a case), then as the launcher picks, through the C ABI and ORT's CUDA EP;
 #   - FusedMHA's CTA shapes timed at BERT's, GPT-2's and ViT's attention shapes (bench/ops_gpu.py --mha-tiles);
-#   - Fp8GemmAct, Fp8Mlp and SkipLayerNormFp8 (bench/fp8_gemm_gpu.py --check-only; SkipLayerNormFp8 under each kernel path,
-#     DEPLOYFUSE_SLN_PATH=warp|block), which gpu_quant.sh then skips;
-#   - SkipLayerNormFp8's paths timed against ONNX Runtime's SkipLayerNormalization (bench/skip_layer_norm_fp8_gpu.py --time-only).
+#   - Fp8GemmAct, Fp8Mlp and SkipLayerNormFp8 (bench/fp8_gemm_gpu.py --check-only), which gpu_quant.sh then skips;
+#   - SkipLayerNormFp8 timed against ONNX Runtime's SkipLayerNormalization (bench/skip_layer_norm_fp8_gpu.py --time-only).
 # MHA=0 leaves FusedMHA's checks and timings out (a session that changed no FusedMHA code: ~100 s of device time).
 # Logs under $OUT (default /tmp). Exit 1 when a check failed; the timings run either way.
 set -uo pipefail
@@ -39,8 +38,8 @@ python3 bench/fp8_gemm_gpu.py "$LIB" --ort "$BUILD/libdeployfuse_ort.so" --check
 if [ "$fp8" -eq 0 ]; then touch "$BUILD/fp8_checked"; else status=1; fi  # the stamp bench/gpu_quant.sh reads: passed on this build
 echo "== fp8 checks rc $fp8: $(grep -ciE '\bok\b' "$OUT/fp8_gemm_checks.log") ok lines ($(( $(date +%s) - start )) s)"
 grep -E '^FAIL|FAILED|Error' "$OUT/fp8_gemm_checks.log" | head -n 20
-grep -E 'HScale|warp vs block' "$OUT/fp8_gemm_checks.log" | head -n 16  # Fp8Mlp's kept 1/HScale, the SkipLayerNormFp8 paths' A/B
-python3 bench/skip_layer_norm_fp8_gpu.py "$LIB" --ort "$BUILD/libdeployfuse_ort.so" --time-only > "$OUT/sln_paths.log" 2>&1
-grep -E '^(\||sln-paths)' "$OUT/sln_paths.log" || tail -n 5 "$OUT/sln_paths.log"
-echo "== SkipLayerNormFp8 paths timed ($(( $(date +%s) - start )) s)"
+grep -E 'HScale' "$OUT/fp8_gemm_checks.log" | head -n 16  # Fp8Mlp's kept 1/HScale
+python3 bench/skip_layer_norm_fp8_gpu.py "$LIB" --ort "$BUILD/libdeployfuse_ort.so" --time-only > "$OUT/sln_vs_ort.log" 2>&1
+grep -E '^(\||sln-vs-ort)' "$OUT/sln_vs_ort.log" || tail -n 5 "$OUT/sln_vs_ort.log"
+echo "== SkipLayerNormFp8 timed ($(( $(date +%s) - start )) s)"
 exit $status

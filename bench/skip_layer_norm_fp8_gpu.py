@@ -1,29 +1,21 @@
 """GPU check and timing of SkipLayerNormFp8 (a skip LayerNorm writing Y, its float8 copy YQ = e4m3(Y / YScale) and the sum) and
 of Fp8GemmAct / Fp8Mlp fed that float8 X (no quantize pass), run by bench/fp8_gemm_gpu.py as its stages, or alone (below).
 
-The CUDA kernel has two paths for rows of up to 256 vectors (2048 fp16 columns), which DEPLOYFUSE_SLN_PATH=warp|block forces
-(plugins/skip_layer_norm_fp8/skip_layer_norm_fp8.cu; block, the default: a block per row, one 16-byte vector a thread; warp: a warp
-per row, the kernel before it). The library reads the variable once, so each path's checks and timings run in a process of
-their own (this file with --worker), and this process compares them.
-
-Checks, under each path (outputs poisoned before each launch: NaN in Y and Sum, 0x7F = e4m3 NaN in YQ): fp32, fp16, bf16; hidden
-768, 776 (97 vectors: a partly idle warp) and 1024 (the two paths), 4096 (block: 512 one-vector threads; warp: the 8-vector block
-kernel), 8192 and 8200 fp16/bf16 (1024 vectors, the one-vector kernel's largest; 1025, the 8-vector kernel), 771 and a misaligned
-X (the element-wise fallback); rows 1024 and 8192; with and without Skip; every output, YQ + Sum (GPT-2's pre-LN), YQ alone. Y
-and Sum against a float64 reference (relative L2 within T's rounding); YQ bit for bit against e4m3(Y / YScale) of the Y the
-kernel wrote (q as the op and Fp8GemmAct define it, division correctly rounded; Fp8GemmAct's CUDA pass multiplies by 1 / YScale
-instead) or, where Y is not written, against the launch that writes it; dq(YQ) against the float64 Y within a float8 step.
-Then the paths against each other on the same inputs (the cases of at most 1024 rows): Sum bit for bit; Y within one rounding
-of T plus 2^-18 of the largest |Y| (the paths sum the row in different orders, so the float32 statistics may differ in their
-last bits); YQ equal wherever Y is (YQ is q(Y), checked above, so it may differ only where Y does: the count is printed).
+Checks (outputs poisoned before each launch: NaN in Y and Sum, 0x7F = e4m3 NaN in YQ): fp32, fp16, bf16; hidden 768, 776 (97
+vectors: a partly idle warp), 1024 and 4096 (512 vectors), all on the one-vector kernel (a block per row, a 16-byte vector a
+thread), 8192 and 8200 fp16/bf16 (1024 vectors, its largest; 1025, the 8-vector kernel), 771 and a misaligned X (the element-wise
+fallback); rows 1024 and 8192; with and without Skip; every output, YQ + Sum (GPT-2's pre-LN), YQ alone. Y and Sum against a
+float64 reference (relative L2 within T's rounding); YQ bit for bit against e4m3(Y / YScale) of the Y the kernel wrote (q as the
+op and Fp8GemmAct define it, division correctly rounded; Fp8GemmAct's CUDA pass multiplies by 1 / YScale instead) or, where Y is
+not written, against the launch that writes it; dq(YQ) against the float64 Y within a float8 step.
 Fp8GemmAct / Fp8Mlp with X given in float8 (df_fp8_gemm_act / df_fp8_mlp, options bit 1) against the float64 reference of the same
 quantization, and K off a multiple of 16 refused (cudaErrorNotSupported). Through ONNX Runtime's CUDA EP with the library:
 SkipLayerNormFp8 -> Fp8GemmAct and -> Fp8Mlp (their float8-X kernels), fp16, against the reference.
 
-Timing (fp16, with Skip): the paths table (`sln-paths`): each path's kernel, GPU us per call from the profiler's kernel records
-(200 launches) and ms per call from CUDA-graph replays (200 calls), and ONNX Runtime's com.microsoft.SkipLayerNormalization
-kernel (profiler, 200 runs of a one-node session), at (1024, 768), (1576, 768), (8192, 768), (12608, 768), (8192, 1024): BERT /
-GPT-2 at batch 8 and 64, ViT-B/16 at batch 8 and 64, BERT-large. With bench/fp8_gemm_gpu.py's timings, also SkipLayerNormFp8
+Timing (fp16, with Skip): the `sln-vs-ort` table: our kernel, GPU us per call from the profiler's kernel records (200 launches)
+and ms per call from CUDA-graph replays (200 calls), against ONNX Runtime's com.microsoft.SkipLayerNormalization kernel
+(profiler, 200 runs of a one-node session), at (1024, 768), (1576, 768), (8192, 768), (12608, 768), (8192, 1024): BERT / GPT-2
+at batch 8 and 64, ViT-B/16 at batch 8 and 64, BERT-large. With bench/fp8_gemm_gpu.py's timings, also SkipLayerNormFp8
 (Y, YQ, Sum) against the same kernel without YQ plus Fp8GemmAct's quantize pass alone (df_fp8_quantize_e4m3), and ONNX Runtime's
 SkipLayerNormalization (its own CUDA graph, per run) plus that pass, at (1024, 768), (8192, 768), (8192, 1024).
 
@@ -34,13 +26,9 @@ from __future__ import annotations
 import argparse
 import ctypes
 import itertools
-import json
 import math
-import os
 import re
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -63,8 +51,7 @@ TOL_YQ = 0.05  # dq(YQ) against the float64 Y: e4m3 keeps 3 mantissa bits (a ste
 EPS = 1e-5
 OPTION_FP8_X = 2  # df_fp8_gemm_act / df_fp8_mlp options bit: X given in float8 (bit 0: fast accumulation)
 NOT_SUPPORTED = 801  # cudaErrorNotSupported
-PATH_ENV, PATHS = "DEPLOYFUSE_SLN_PATH", ("warp", "block")  # the kernel's paths (read once by the library: a process each)
-PATH_SHAPES = ((1024, 768), (1576, 768), (8192, 768), (12608, 768), (8192, 1024))  # rows x hidden of the paths table
+SHAPES = ((1024, 768), (1576, 768), (8192, 768), (12608, 768), (8192, 1024))  # rows x hidden of the sln-vs-ort table
 RUNS = 200  # launches (and graph-replayed calls) a timing
 
 
@@ -110,8 +97,8 @@ def _rel_l2(got: torch.Tensor, ref: torch.Tensor) -> float:
     return float(torch.linalg.vector_norm(got.double() - ref) / torch.linalg.vector_norm(ref).clamp_min(1e-30))
 
 
-def _check_norm_case(lib: ctypes.CDLL, rows: int, cols: int, dtype: torch.dtype, skip: bool, misalign: bool, saved: dict[str, dict] | None) -> bool:
-    """One case under this process's path; its full launch's outputs (on the host) into `saved` for the paths' comparison."""
+def _check_norm_case(lib: ctypes.CDLL, rows: int, cols: int, dtype: torch.dtype, skip: bool, misalign: bool) -> bool:
+    """One case (see the module docstring), a line."""
     n = Norm(rows, cols, dtype, skip, misalign)
     ref_y, ref_sum = n.reference()
     full: torch.Tensor | None = None
@@ -135,8 +122,6 @@ def _check_norm_case(lib: ctypes.CDLL, rows: int, cols: int, dtype: torch.dtype,
             good = err_y <= TOL[dtype] and err_sum <= TOL[dtype] and mismatched == 0 and err_q <= TOL_YQ
             notes.append(f"Y {err_y:.1e} Sum {err_sum:.1e} YQ≠q(Y) {mismatched} dq(YQ) {err_q:.1e}")
             full = yq
-            if saved is not None:
-                saved[_case_key(rows, cols, dtype, skip, misalign)] = {name: t.to("cpu", copy=True) for name, t in (("Y", n.y), ("YQ", yq), ("Sum", n.sum))}
         else:
             same = full is not None and torch.equal(yq, full)
             sum_ok = "Sum" not in outputs or _rel_l2(n.sum, ref_sum) <= TOL[dtype]
@@ -144,79 +129,21 @@ def _check_norm_case(lib: ctypes.CDLL, rows: int, cols: int, dtype: torch.dtype,
             good = same and sum_ok and untouched
             notes.append(f"{'+'.join(outputs)}: YQ {'=' if same else '≠'} full launch{'' if untouched else ', an absent output written'}")
         ok &= good
-    print(f"{'ok  ' if ok else 'FAIL'} SkipLayerNormFp8 [{os.environ.get(PATH_ENV, 'default')}] {_case_key(rows, cols, dtype, skip, misalign)}: "
+    print(f"{'ok  ' if ok else 'FAIL'} SkipLayerNormFp8 {rows}x{cols} {str(dtype)[6:]}{' skip' if skip else ''}{' misaligned' if misalign else ''}: "
           + "; ".join(notes))
     return ok
 
 
-def _case_key(rows: int, cols: int, dtype: torch.dtype, skip: bool, misalign: bool) -> str:
-    return f"{rows}x{cols} {str(dtype)[6:]}{' skip' if skip else ''}{' misaligned' if misalign else ''}"
-
-
-def _check_cases(lib: ctypes.CDLL, small: bool, saved: dict[str, dict] | None) -> bool:
-    """Every case (see the module docstring) under this process's path; the outputs of those of at most 1024 rows into `saved`."""
+def check_norm(lib: ctypes.CDLL, small: bool) -> bool:
+    """Every case (see the module docstring) against the float64 reference; small: rows of at most 1024 and no hidden 4096."""
     ok = True
     for dtype, cols, rows, skip in itertools.product((torch.float16, torch.bfloat16), (768, 776, 1024, 771, 4096), (1024, 8192), (True, False)):
         if small and (rows > 1024 or cols == 4096):
             continue
-        ok &= _check_norm_case(lib, rows, cols, dtype, skip, False, saved if rows <= 1024 else None)
+        ok &= _check_norm_case(lib, rows, cols, dtype, skip, False)
     for dtype, cols, skip in ((torch.float32, 768, True), (torch.float32, 37, False), (torch.float16, 768, True), (torch.bfloat16, 64, False),
                               (torch.float16, 8192, True), (torch.bfloat16, 8200, False)):
-        ok &= _check_norm_case(lib, 3 if cols == 37 else 33, cols, dtype, skip, dtype == torch.float16 and cols == 768, saved)
-    return ok
-
-
-def _worker(lib_path: str, path: str, mode: str, out: Path, small: bool = False) -> int:
-    """This file's --worker `mode` (check, time) in a process of its own under DEPLOYFUSE_SLN_PATH=path; its output passes
-    through; returns its exit status."""
-    python_path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)  # deployfuse importable there too
-    env = {**os.environ, PATH_ENV: path, "PYTHONPATH": python_path}
-    cmd = [sys.executable, str(Path(__file__).resolve()), lib_path, "--worker", mode, "--save", str(out), *(["--small"] if small else [])]
-    sys.stdout.flush()
-    return subprocess.run(cmd, env=env, check=False).returncode
-
-
-def _paths_agree(warp: dict[str, dict], block: dict[str, dict]) -> bool:
-    """The two paths' outputs on the same inputs (see the module docstring); a line a case."""
-    ok = True
-    for key in sorted(set(warp) | set(block)):
-        if key not in warp or key not in block:
-            print(f"FAIL SkipLayerNormFp8 warp vs block {key}: only one path wrote it")
-            ok = False
-            continue
-        a, b = warp[key], block[key]
-        eps = torch.finfo(a["Y"].dtype).eps
-        y_a, y_b = a["Y"].double(), b["Y"].double()
-        y_diff = y_a != y_b
-        # one rounding of T, plus float32 statistics a few ulps apart (2^-18 of the largest |Y|: fp32 Y where gamma and beta cancel)
-        bound = eps * torch.maximum(y_a.abs(), y_b.abs()).clamp_min(1.0) + 2.0**-18 * float(y_a.abs().max())
-        y_ok = bool(((y_a - y_b).abs() <= bound).all())
-        q_diff = a["YQ"] != b["YQ"]
-        sum_same = torch.equal(a["Sum"].view(torch.uint8), b["Sum"].view(torch.uint8))
-        q_ok = not bool((q_diff & ~y_diff).any())
-        good = y_ok and sum_same and q_ok
-        ok &= good
-        print(f"{'ok  ' if good else 'FAIL'} SkipLayerNormFp8 warp vs block {key}: Sum {'=' if sum_same else '≠'}; Y differs at {int(y_diff.sum())} "
-              f"of {y_diff.numel()} ({'within' if y_ok else 'BEYOND'} one rounding); YQ differs at {int(q_diff.sum())}"
-              f"{'' if q_ok else ', some where Y does not'}")
-    return ok
-
-
-def check_norm(lib: ctypes.CDLL, small: bool) -> bool:
-    """Every dtype, path and output subset against the float64 reference, each path in a process of its own (lib._name: the
-    library's path), then the paths against each other (see the module docstring)."""
-    ok = True
-    with tempfile.TemporaryDirectory() as tmp:
-        for path in PATHS:
-            rc = _worker(lib._name, path, "check", Path(tmp) / path, small)
-            if rc != 0:
-                print(f"FAIL SkipLayerNormFp8 [{path}] checks: exit status {rc}")
-                ok = False
-        if all((Path(tmp) / path / "outputs.pt").exists() for path in PATHS):
-            ok &= _paths_agree(*(torch.load(Path(tmp) / path / "outputs.pt") for path in PATHS))
-        else:
-            print("FAIL SkipLayerNormFp8 warp vs block: a path's outputs are missing")
-            ok = False
+        ok &= _check_norm_case(lib, 3 if cols == 37 else 33, cols, dtype, skip, dtype == torch.float16 and cols == 768)
     return ok
 
 
@@ -354,18 +281,6 @@ def _kernel_us(fn: Any, name: str, runs: int = RUNS) -> tuple[float, list[str]]:
     return 1e3 * sum(k["ms"] for k in kernels) / sum(k["calls"] for k in kernels), sorted(names)
 
 
-def _time_worker(lib: ctypes.CDLL, out: Path) -> None:
-    """This process's path at the paths table's shapes, into `out` (JSON by shape: us, ms, the kernels that ran)."""
-    from gemm_gpu import gpu_ms  # bench/ (this file's folder) leads sys.path in a worker
-
-    times = {}
-    for rows, cols in PATH_SHAPES:
-        n = Norm(rows, cols, torch.float16, skip=True)
-        us, kernels = _kernel_us(lambda n=n: n.launch(lib), "deployfuse")
-        times[f"{rows}x{cols}"] = {"us": us, "ms": gpu_ms(lambda n=n: n.launch(lib), calls=20, replays=RUNS // 20), "kernels": kernels}
-    out.write_text(json.dumps(times))
-
-
 def _ort_kernel_us(library: str, rows: int, cols: int) -> tuple[float, list[str]]:
     """ONNX Runtime's SkipLayerNormalization kernel on [rows, cols] fp16 with Skip (a one-node session, no CUDA graph)."""
     n = Norm(rows, cols, torch.float16, skip=True)
@@ -374,38 +289,30 @@ def _ort_kernel_us(library: str, rows: int, cols: int) -> tuple[float, list[str]
     return _kernel_us(lambda: sess.run_with_iobinding(binding), "SkipLayerNorm")
 
 
-def bench_paths(lib_path: str, library: str | None) -> None:
-    """The paths table (see the module docstring): each path timed in a process of its own, ONNX Runtime's kernel in this one."""
-    times: dict[str, dict] = {}
-    with tempfile.TemporaryDirectory() as tmp:
-        for path in PATHS:
-            out = Path(tmp) / f"{path}.json"
-            rc = _worker(lib_path, path, "time", out)
-            times[path] = json.loads(out.read_text()) if rc == 0 and out.exists() else {}
-            if not times[path]:
-                print(f"sln-paths: the {path} path's timing failed (exit status {rc})")
-    print("\nsln-paths: SkipLayerNormFp8 (Y, YQ, Sum) by path (DEPLOYFUSE_SLN_PATH) vs ONNX Runtime's SkipLayerNormalization (Y, Sum); fp16 with "
-          f"Skip; us: mean kernel time from the profiler ({RUNS} launches); ms: GPU ms per call from CUDA-graph replays ({RUNS} calls)")
-    print("| sln-paths rows x hidden | warp us | warp ms | block us | block ms | ORT us | block / warp (us) | block / ORT (us) | kernels |\n"
-          "|---|---|---|---|---|---|---|---|---|")
-    for rows, cols in PATH_SHAPES:
-        key = f"{rows}x{cols}"
-        warp, block = times["warp"].get(key), times["block"].get(key)
-        ort_us, kernels = None, [*(warp or {}).get("kernels", []), *(block or {}).get("kernels", [])]
+def bench_vs_ort(lib: ctypes.CDLL, library: str | None) -> None:
+    """The sln-vs-ort table (see the module docstring); ONNX Runtime's column where `library` (libdeployfuse_ort.so) is given."""
+    from gemm_gpu import gpu_ms  # bench/, on sys.path as this file's folder or through bench/fp8_gemm_gpu.py
+
+    print("\nsln-vs-ort: SkipLayerNormFp8 (Y, YQ, Sum) vs ONNX Runtime's SkipLayerNormalization (Y, Sum); fp16 with Skip; us: mean kernel "
+          f"time from the profiler ({RUNS} launches); ms: GPU ms per call from CUDA-graph replays ({RUNS} calls)")
+    print("| sln-vs-ort rows x hidden | SkipLayerNormFp8 us | SkipLayerNormFp8 ms | ORT us | ours / ORT (us) | kernels |\n|---|---|---|---|---|---|")
+    for rows, cols in SHAPES:
+        try:
+            n = Norm(rows, cols, torch.float16, skip=True)
+            us, kernels = _kernel_us(lambda n=n: n.launch(lib), "deployfuse")
+            ms = gpu_ms(lambda n=n: n.launch(lib), calls=20, replays=RUNS // 20)
+        except Exception as exc:  # noqa: BLE001 (one failed row does not cost the others)
+            print(f"| {rows}x{cols} | FAILED: {str(exc).splitlines()[0][:200]} |")
+            continue
+        ort = "- | -"  # its us, ours / its
         if library:
             try:
                 ort_us, ort_kernels = _ort_kernel_us(library, rows, cols)
+                ort = f"{ort_us:.2f} | {us / ort_us:.2f}"
                 kernels += ort_kernels
-            except Exception as exc:  # noqa: BLE001 (the paths' columns still print)
+            except Exception as exc:  # noqa: BLE001 (our columns still print)
                 kernels.append(f"ORT failed: {str(exc).splitlines()[0][:120]}")
-
-        def cell(t: dict | None, unit: str, fmt: str) -> str:
-            return format(t[unit], fmt) if t else "-"
-
-        ratio_w = f"{block['us'] / warp['us']:.2f}" if warp and block else "-"
-        ratio_o = f"{block['us'] / ort_us:.2f}" if block and ort_us else "-"
-        print(f"| {key} | {cell(warp, 'us', '.2f')} | {cell(warp, 'ms', '.4f')} | {cell(block, 'us', '.2f')} | {cell(block, 'ms', '.4f')} | "
-              f"{'-' if ort_us is None else f'{ort_us:.2f}'} | {ratio_w} | {ratio_o} | {', '.join(kernels)} |")
+        print(f"| {rows}x{cols} | {us:.2f} | {ms:.4f} | {ort} | {', '.join(kernels)} |")
 
 
 def _norm_model(n: Norm, op: str) -> onnx.ModelProto:
@@ -449,42 +356,30 @@ def bench(lib: ctypes.CDLL, library: str | None, gpu_ms: Any) -> None:
                   f"{fused / (plain + alone):.2f} |")
         except Exception as exc:  # noqa: BLE001 (one failed row does not cost the others)
             print(f"| {rows}x{cols} | FAILED: {str(exc).splitlines()[0][:200]} |")
-    bench_paths(lib._name, library)
+    bench_vs_ort(lib, library)
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description="SkipLayerNormFp8's CUDA kernel on the GPU: checks under each path (DEPLOYFUSE_SLN_PATH=warp|block) "
-                                 "against the float64 reference and each other, and the paths table (see the module docstring).",
+    ap = argparse.ArgumentParser(description="SkipLayerNormFp8's CUDA kernel on the GPU: checks against the float64 reference (YQ bit for bit "
+                                 "against e4m3(Y / YScale)) and its kernel time against ONNX Runtime's SkipLayerNormalization (see the "
+                                 "module docstring).",
                                  epilog="Exit status: 0 when every check passes, 1 otherwise, 2 for bad arguments.")
     ap.add_argument("lib", help="libdeployfuse_ops_cuda.so (plugins/build/gpu, built by bench/gpu_build.sh)")
     ap.add_argument("--ort", metavar="LIB", help="libdeployfuse_ort.so: time ONNX Runtime's SkipLayerNormalization too (onnxruntime-gpu importable)")
     only = ap.add_mutually_exclusive_group()
     only.add_argument("--check-only", action="store_true", help="no timings")
-    only.add_argument("--time-only", action="store_true", help="no checks: the paths table alone")
+    only.add_argument("--time-only", action="store_true", help="no checks: the sln-vs-ort table alone")
     ap.add_argument("--small", action="store_true", help="only the small checks (for compute-sanitizer)")
-    ap.add_argument("--worker", choices=("check", "time"), help=argparse.SUPPRESS)  # one path's part, in its own process
-    ap.add_argument("--save", type=Path, help=argparse.SUPPRESS)  # where a worker leaves its outputs / timings
     args = ap.parse_args()
     if not Path(args.lib).is_file():
         ap.error(f"{args.lib}: no such file (build it with bench/gpu_build.sh)")
-    if args.worker and not args.save:
-        ap.error("--worker needs --save")
     lib = ctypes.CDLL(args.lib)
     declare(lib)
-    torch.manual_seed(0)  # the same inputs in every worker: the paths' outputs compare element for element
-    if args.worker == "check":
-        saved: dict[str, dict] = {}
-        ok = _check_cases(lib, args.small, saved)
-        args.save.mkdir(parents=True, exist_ok=True)
-        torch.save(saved, args.save / "outputs.pt")
-        return 0 if ok else 1
-    if args.worker == "time":
-        _time_worker(lib, args.save)
-        return 0
+    torch.manual_seed(0)
     print(torch.cuda.get_device_name(), "torch", torch.__version__)
     ok = args.time_only or check_norm(lib, args.small)
     if not args.check_only:
-        bench_paths(args.lib, args.ort)
+        bench_vs_ort(lib, args.ort)
     if not args.time_only:
         print("all checks passed" if ok else "SOME CHECKS FAILED")
     return 0 if ok else 1

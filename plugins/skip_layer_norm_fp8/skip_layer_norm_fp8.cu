@@ -1,27 +1,20 @@
 // SkipLayerNormFp8's kernels. Rows of whole 16-byte vectors (cols % (16 / sizeof(T)) == 0, every pointer 16-byte aligned) keep the
-// row's float32 sum in registers and read X (and Skip) once, by one of two paths (DEPLOYFUSE_SLN_PATH=block|warp, read once,
-// forces one, for bench/skip_layer_norm_fp8_gpu.py to time them against each other; the slower goes once the H200 has measured):
-// - "block" (the default): up to kOneVecThreads vectors (8192 fp16/bf16, 4096 fp32 columns), a block per row and ONE vector a
-//   thread (threads = the row's vectors rounded up to 32: BERT's 768 fp16 -> 96, 1024 -> 128), so that the short-row,
-//   few-row launches (1024 rows: 8 rows an SM) have many warps in flight, each with one independent load per input: ORT's
-//   SkipLayerNormalization is shaped so and took 2.6 us at 1024 x 768 against the warp path's 4.9 us (H200,
-//   bench/results/h200_quant_narrow_yq.json);
-// - "warp": up to 32 * kWarpVecs vectors (2048 fp16/bf16, 1024 fp32 columns), a warp per row, kRowsPerBlock rows a block, up to
-//   kWarpVecs vectors a lane, statistics by warp shuffles only (no shared memory, no block barrier), as LayerNormGelu's;
-// - rows longer than the path's own, up to kMaxThreads * kBlockVecs vectors: a block per row, kBlockVecs vectors a thread.
+// row's float32 sum in registers and read X (and Skip) once:
+// - up to kOneVecThreads vectors (8192 fp16/bf16, 4096 fp32 columns): a block per row and ONE vector a thread (threads = the
+//   row's vectors rounded up to 32: BERT's 768 fp16 -> 96, 1024 -> 128), so that the short-row, few-row launches (1024 rows: 8
+//   rows an SM) have many warps in flight, each with one independent load per input, as ORT's SkipLayerNormalization is shaped.
+//   It replaced a warp-per-row kernel: 0.77-0.88 of its kernel time at BERT's, GPT-2's, ViT-B/16's and BERT-large's rows (H200,
+//   bench/results/sln_paths_h200.log);
+// - longer rows, up to kMaxThreads * kBlockVecs vectors: a block per row, kBlockVecs vectors a thread.
 // The block kernels reduce by warp shuffles, then one barrier and each thread adding the warps' totals from shared memory, each
 // statistic in its own slots (the second reduction's writes cannot meet the first's reads: one barrier a statistic); the
 // one-vector kernel loads Gamma, Beta and YScale before the statistics, so that their latency hides behind the barriers.
-// All: the sum, then the mean, then the sum of squared deviations from it (exact two-pass statistics from registers), then per
+// Both: the sum, then the mean, then the sum of squared deviations from it (exact two-pass statistics from registers), then per
 // element y = fma(fma(s, rstd, -mean rstd), gamma, beta) rounded to T, and the float8 copy from that rounded y: y / y_scale
 // (correctly rounded division, as the CPU kernel and the function body's Div) -> e4m3 with saturation, two elements a
-// conversion, one 8-byte (16-bit T) or 4-byte (fp32) store a vector. The paths sum in different orders: the statistics, and so
-// Y, may differ in the last bit between them (Sum is the same). Any other row: a block per row that recomputes the sum in each
-// of its three sweeps (from L1/L2).
+// conversion, one 8-byte (16-bit T) or 4-byte (fp32) store a vector. Any other row: a block per row that recomputes the sum in
+// each of its three sweeps (from L1/L2).
 #include <cuda_fp8.h>
-
-#include <cstdlib>
-#include <cstring>
 
 #include "common/cuda_check.h"
 #include "common/dtype.cuh"
@@ -31,9 +24,7 @@
 namespace deployfuse {
 namespace {
 
-constexpr int kRowsPerBlock = 4;      // warp-per-row path: 128-thread blocks
-constexpr int kWarpVecs = 8;          // vectors a lane at most on the warp path
-constexpr int kOneVecThreads = 1024;  // the block path's one-vector kernel: at most a vector a thread
+constexpr int kOneVecThreads = 1024;  // the one-vector kernel: at most a vector a thread
 constexpr int kBlockVecs = 8;         // vectors a thread of the longer rows' block kernel
 constexpr int kMaxThreads = 512;      // its threads
 constexpr int kFallbackThreads = 256;
@@ -152,18 +143,6 @@ struct RowSum {
   }
 };
 
-// A warp per row (n <= 32 * kVecs vectors), kRowsPerBlock rows a block.
-template <typename T, int kVecs>
-__global__ void __launch_bounds__(kRowsPerBlock * 32) warp_kernel(Rows<T> a, int n, float inv_cols) {
-  const int64_t r = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + (threadIdx.x >> 5);
-  if (r >= a.rows) return;  // the whole warp: only warp shuffles follow
-  const int lane = threadIdx.x & 31;
-  RowSum<T, kVecs> s;
-  const float mean = warp_sum(s.load(a, r, lane, 32, n)) * inv_cols;
-  const float rstd = rsqrtf(warp_sum(s.squared_deviations(mean, lane, 32, n)) * inv_cols + a.epsilon);
-  s.store(a, r, mean, rstd, lane, 32, n);
-}
-
 // The block's total of v (blockDim.x a multiple of 32); every thread gets it, the same bits. kSlot: the statistic's own slots of
 // partial, so that two reductions need no barrier between them.
 template <int kSlot>
@@ -235,18 +214,6 @@ Rows<T> rows_from(const Rows<T>& a, int64_t r0, int64_t count) {
   return part;
 }
 
-template <typename T, int kVecs>
-cudaError_t launch_warp(cudaStream_t stream, const Rows<T>& a, int n) {
-  constexpr int64_t kMaxRows = int64_t{0x7fffffff} * kRowsPerBlock;  // grid.x limit
-  for (int64_t r0 = 0; r0 < a.rows; r0 += kMaxRows) {
-    const Rows<T> part = rows_from(a, r0, a.rows - r0 < kMaxRows ? a.rows - r0 : kMaxRows);
-    const auto blocks = static_cast<unsigned>((part.rows + kRowsPerBlock - 1) / kRowsPerBlock);
-    warp_kernel<T, kVecs><<<blocks, kRowsPerBlock * 32, 0, stream>>>(part, n, 1.f / static_cast<float>(a.cols));
-    DF_RETURN_IF_ERROR(cudaGetLastError());
-  }
-  return cudaSuccess;
-}
-
 // kVecs vectors a thread: threads = n / kVecs rounded up to 32.
 template <typename T, int kVecs>
 cudaError_t launch_block(cudaStream_t stream, const Rows<T>& a, int n) {
@@ -260,15 +227,6 @@ cudaError_t launch_block(cudaStream_t stream, const Rows<T>& a, int n) {
   return cudaSuccess;
 }
 
-// DEPLOYFUSE_SLN_PATH=warp: the warp path where it applies (read once); anything else, or unset: the block path.
-bool warp_path_forced() {
-  static const bool forced = [] {
-    const char* name = std::getenv("DEPLOYFUSE_SLN_PATH");
-    return name != nullptr && std::strcmp(name, "warp") == 0;
-  }();
-  return forced;
-}
-
 }  // namespace
 
 template <typename T>
@@ -279,11 +237,7 @@ cudaError_t launch_skip_layer_norm_fp8(cudaStream_t stream, const T* x, const T*
   const float inv_cols = 1.f / static_cast<float>(cols);
   if (vectorisable(a)) {
     const int64_t n = cols / Vec<T>::kSize;
-    if (!warp_path_forced() && n <= kOneVecThreads) return launch_block<T, 1>(stream, a, static_cast<int>(n));
-    if (n <= 32) return launch_warp<T, 1>(stream, a, static_cast<int>(n));
-    if (n <= 64) return launch_warp<T, 2>(stream, a, static_cast<int>(n));
-    if (n <= 128) return launch_warp<T, 4>(stream, a, static_cast<int>(n));
-    if (n <= 32 * kWarpVecs) return launch_warp<T, kWarpVecs>(stream, a, static_cast<int>(n));
+    if (n <= kOneVecThreads) return launch_block<T, 1>(stream, a, static_cast<int>(n));
     if (n <= int64_t{kMaxThreads} * kBlockVecs) return launch_block<T, kBlockVecs>(stream, a, static_cast<int>(n));
   }
   for (int64_t r0 = 0; r0 < rows; r0 += 0x7fffffff) {
