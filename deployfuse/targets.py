@@ -150,7 +150,8 @@ ORT_CUDA = Target(
         "fp8_norm": (Lowering(DEPLOYFUSE, "SkipLayerNormFp8"),),  # a norm quantizing its fp8 GEMMs' X (after fp8_gemm)
         "fp8_attention_out": (Lowering(DEPLOYFUSE, "FusedMHA"),),  # FusedMHA writing its fp8 output projection's X (after fp8_norm)
         "packed_mha": (Lowering(DEPLOYFUSE, "FusedMHA", {"packed_qkv": 1}),),  # MHA on a Split packed QKV (fp8's split_qkv, GPT-2)
-        "mask_broadcast": (Lowering(DEPLOYFUSE, "FusedMHA"),),  # a FusedMHA Mask broadcast over the query axis -> its row (the kernel's row path)
+        # a FusedMHA Mask broadcast over the query axis -> its row (the kernel's row path); one built per batch row from shapes -> one constant row
+        "mask_broadcast": (Lowering(DEPLOYFUSE, "FusedMHA"),),
         "patch_embed": (Lowering("", "MatMul"),),  # a patchify Conv as a GEMM (not faster on ORT CPU; TensorRT runs the Conv well)
         "embed_layer_norm": (Lowering(MS, "EmbedLayerNormalization"),),  # BERT's word + position (+ segment) lookups and their LayerNorm
         **_NORM_ACT,
