@@ -136,6 +136,7 @@ def _check_norm_case(lib: ctypes.CDLL, rows: int, cols: int, dtype: torch.dtype,
 
 def check_norm(lib: ctypes.CDLL, small: bool) -> bool:
     """Every case (see the module docstring) against the float64 reference; small: rows of at most 1024 and no hidden 4096."""
+    declare(lib)  # bench/fp8_gemm_gpu.py runs this stage on its own CDLL: undeclared, ctypes masks pointers to C int, refuses epsilon
     ok = True
     for dtype, cols, rows, skip in itertools.product((torch.float16, torch.bfloat16), (768, 776, 1024, 771, 4096), (1024, 8192), (True, False)):
         if small and (rows > 1024 or cols == 4096):
