@@ -1,13 +1,15 @@
 """GPU check and timing of SkipLayerNormFp8 (a skip LayerNorm writing Y, its float8 copy YQ = e4m3(Y / YScale) and the sum) and
 of Fp8GemmAct / Fp8Mlp fed that float8 X (no quantize pass), run by bench/fp8_gemm_gpu.py as its stages, or alone (below).
 
-Checks (outputs poisoned before each launch: NaN in Y and Sum, 0x7F = e4m3 NaN in YQ): fp32, fp16, bf16; hidden 768, 776 (97
-vectors: a partly idle warp), 1024 and 4096 (512 vectors), all on the one-vector kernel (a block per row, a 16-byte vector a
-thread), 8192 and 8200 fp16/bf16 (1024 vectors, its largest; 1025, the 8-vector kernel), 771 and a misaligned X (the element-wise
-fallback); rows 1024 and 8192; with and without Skip; every output, YQ + Sum (GPT-2's pre-LN), YQ alone. Y and Sum against a
-float64 reference (relative L2 within T's rounding); YQ bit for bit against e4m3(Y / YScale) of the Y the kernel wrote (q as the
-op and Fp8GemmAct define it, division correctly rounded; Fp8GemmAct's CUDA pass multiplies by 1 / YScale instead) or, where Y is
-not written, against the launch that writes it; dq(YQ) against the float64 Y within a float8 step.
+Checks (outputs poisoned before each launch: NaN in Y and Sum, 0x7F = e4m3 NaN in YQ), fp16 and bf16 on rows 1024 and 8192: hidden
+768, 776 (97 vectors: a partly idle warp), 1024 and 4096 (512 vectors), all on the one-vector kernel (a block per row, a 16-byte
+vector a thread), and 771 (the element-wise fallback); on 33 rows: fp32 768, bf16 64 (8 vectors), 8192 fp16 and 8200 bf16 (1024
+vectors, the one-vector kernel's largest; 1025, the 8-vector kernel), 32768 fp16 and 32776 bf16 (4096 vectors, the 8-vector
+kernel's largest; 4097, the element-wise fallback), fp16 768 with a misaligned X (the fallback); fp32 37 on 3 rows. With and
+without Skip; every output, YQ + Sum (GPT-2's pre-LN), YQ alone. Y and Sum against a float64 reference (relative L2 within T's
+rounding); YQ bit for bit against e4m3(Y / YScale) of the Y the kernel wrote (q as the op and Fp8GemmAct define it, division
+correctly rounded; Fp8GemmAct's CUDA pass multiplies by 1 / YScale instead) or, where Y is not written, against the launch that
+writes it; dq(YQ) against the float64 Y within a float8 step.
 Fp8GemmAct / Fp8Mlp with X given in float8 (df_fp8_gemm_act / df_fp8_mlp, options bit 1) against the float64 reference of the same
 quantization, and K off a multiple of 16 refused (cudaErrorNotSupported). Through ONNX Runtime's CUDA EP with the library:
 SkipLayerNormFp8 -> Fp8GemmAct and -> Fp8Mlp (their float8-X kernels), fp16, against the reference.
@@ -143,7 +145,7 @@ def check_norm(lib: ctypes.CDLL, small: bool) -> bool:
             continue
         ok &= _check_norm_case(lib, rows, cols, dtype, skip, False)
     for dtype, cols, skip in ((torch.float32, 768, True), (torch.float32, 37, False), (torch.float16, 768, True), (torch.bfloat16, 64, False),
-                              (torch.float16, 8192, True), (torch.bfloat16, 8200, False)):
+                              (torch.float16, 8192, True), (torch.bfloat16, 8200, False), (torch.float16, 32768, True), (torch.bfloat16, 32776, False)):
         ok &= _check_norm_case(lib, 3 if cols == 37 else 33, cols, dtype, skip, dtype == torch.float16 and cols == 768)
     return ok
 
