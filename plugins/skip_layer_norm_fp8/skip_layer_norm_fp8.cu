@@ -214,17 +214,24 @@ Rows<T> rows_from(const Rows<T>& a, int64_t r0, int64_t count) {
   return part;
 }
 
-// kVecs vectors a thread: threads = n / kVecs rounded up to 32.
-template <typename T, int kVecs>
-cudaError_t launch_block(cudaStream_t stream, const Rows<T>& a, int n) {
-  const int threads = ((n + kVecs - 1) / kVecs + 31) / 32 * 32;
-  for (int64_t r0 = 0; r0 < a.rows; r0 += 0x7fffffff) {  // grid.x limit
-    const int64_t count = a.rows - r0 < 0x7fffffff ? a.rows - r0 : 0x7fffffff;
-    block_kernel<T, kVecs>
-        <<<static_cast<unsigned>(count), threads, 0, stream>>>(rows_from(a, r0, count), n, 1.f / static_cast<float>(a.cols));
+// launch(part, blocks): a block per row of part, a's rows in parts within the grid's x limit.
+template <typename T, typename Launch>
+cudaError_t launch_by_rows(const Rows<T>& a, Launch launch) {
+  constexpr int64_t kMaxBlocks = 0x7fffffff;
+  for (int64_t r0 = 0; r0 < a.rows; r0 += kMaxBlocks) {
+    const int64_t count = a.rows - r0 < kMaxBlocks ? a.rows - r0 : kMaxBlocks;
+    launch(rows_from(a, r0, count), static_cast<unsigned>(count));
     DF_RETURN_IF_ERROR(cudaGetLastError());
   }
   return cudaSuccess;
+}
+
+// kVecs vectors a thread: threads = n / kVecs rounded up to 32.
+template <typename T, int kVecs>
+cudaError_t launch_block(cudaStream_t stream, const Rows<T>& a, int n, float inv_cols) {
+  const int threads = ((n + kVecs - 1) / kVecs + 31) / 32 * 32;
+  return launch_by_rows(
+      a, [&](const Rows<T>& part, unsigned blocks) { block_kernel<T, kVecs><<<blocks, threads, 0, stream>>>(part, n, inv_cols); });
 }
 
 }  // namespace
@@ -237,15 +244,11 @@ cudaError_t launch_skip_layer_norm_fp8(cudaStream_t stream, const T* x, const T*
   const float inv_cols = 1.f / static_cast<float>(cols);
   if (vectorisable(a)) {
     const int64_t n = cols / Vec<T>::kSize;
-    if (n <= kOneVecThreads) return launch_block<T, 1>(stream, a, static_cast<int>(n));
-    if (n <= int64_t{kMaxThreads} * kBlockVecs) return launch_block<T, kBlockVecs>(stream, a, static_cast<int>(n));
+    if (n <= kOneVecThreads) return launch_block<T, 1>(stream, a, static_cast<int>(n), inv_cols);
+    if (n <= int64_t{kMaxThreads} * kBlockVecs) return launch_block<T, kBlockVecs>(stream, a, static_cast<int>(n), inv_cols);
   }
-  for (int64_t r0 = 0; r0 < rows; r0 += 0x7fffffff) {
-    const int64_t count = rows - r0 < 0x7fffffff ? rows - r0 : 0x7fffffff;
-    row_kernel<T><<<static_cast<unsigned>(count), kFallbackThreads, 0, stream>>>(rows_from(a, r0, count), inv_cols);
-    DF_RETURN_IF_ERROR(cudaGetLastError());
-  }
-  return cudaSuccess;
+  return launch_by_rows(
+      a, [&](const Rows<T>& part, unsigned blocks) { row_kernel<T><<<blocks, kFallbackThreads, 0, stream>>>(part, inv_cols); });
 }
 
 #define DF_INSTANTIATE(T)                                                                                                              \
