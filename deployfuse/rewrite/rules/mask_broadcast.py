@@ -53,6 +53,7 @@ _ELEMENTWISE = frozenset({"Cast", "Sub", "Add", "Mul", "Div", "Where", "Not", "E
 _IDENTITY = {"And": (True, (0, 1)), "Or": (False, (0, 1)), "Add": (0, (0, 1)), "Mul": (1, (0, 1)), "Sub": (0, (1,)), "Div": (1, (1,))}
 _MAX_DEPTH = 16  # a Mask chain is a handful of ops; deeper walks are not masks
 _MAX_CONE_BYTES = 1 << 24  # a Mask built from shapes reads small constants; a cone reading weights is no such Mask
+_MAX_CONE_NODES = 256  # GPT-2's causal mask is 40 nodes: a cone this large is no such Mask, and not evaluated
 
 
 @dataclass
@@ -297,7 +298,8 @@ def _cone(value: ir.Value) -> tuple[list[ir.Node], list[ir.Value], list[ir.Value
 
 def batch_row(value: ir.Value, opset: int) -> np.ndarray | None:
     """`value`'s first slice along axis 0 ([1, ...]), computed on ONNX Runtime's CPU with every graph input it reads
-    at 1 on its dynamic axes (zeros: `_same_rows` proved the row independent of them), or None when that fails."""
+    at 1 on its dynamic axes (zeros: `_same_rows` proved the row independent of them), or None when that fails, when
+    the cone is too big to be a Mask built from shapes, or when the row is not the shape `value` declares."""
     from onnx import TensorProto, helper
 
     from deployfuse.backends.ort import run, session
@@ -306,7 +308,7 @@ def batch_row(value: ir.Value, opset: int) -> np.ndarray | None:
     if const is not None:
         return const[:1]
     nodes, constants, inputs = _cone(value)
-    if any(n.domain not in ("", "ai.onnx") for n in nodes) or any(i.shape is None or i.dtype is None for i in inputs):
+    if len(nodes) > _MAX_CONE_NODES or any(n.domain not in ("", "ai.onnx") for n in nodes) or any(i.shape is None or i.dtype is None for i in inputs):
         return None
     if sum(c.const_value.nbytes for c in constants if c.const_value is not None) > _MAX_CONE_BYTES:
         return None
@@ -319,13 +321,19 @@ def batch_row(value: ir.Value, opset: int) -> np.ndarray | None:
         row = next(iter(run(session(helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=10), optimize=False), feeds).values()))
     except Exception:  # an Expand or index the dummy inputs make invalid: not provably one row, so not rewritten
         return None
-    return row[:1] if row.ndim >= 1 and row.shape[0] >= 1 else None
+    declared = None if value.shape is None else list(value.shape)[1:]
+    return row[:1] if row.ndim >= 1 and row.shape[0] >= 1 and list(row.shape[1:]) == declared else None
 
 
 def _named(tensor: onnx.TensorProto, name: str | None) -> onnx.TensorProto:
     """`tensor` named as the value it initializes."""
     tensor.name = name or tensor.name
     return tensor
+
+
+def _row_name(mask: ir.Value | None) -> str:
+    """The name of the initializer holding `mask`'s batch row, one for every FusedMHA reading it."""
+    return f"{None if mask is None else mask.name}_batch_row"
 
 
 class BatchRowMask(FusionRule):
@@ -345,7 +353,9 @@ class BatchRowMask(FusionRule):
             return fail("no Mask, a Mask of unknown rank, or already one batch row", attended)
         if not _same_rows(mask):
             return fail("the Mask's batch rows are not provably one tensor of constants and shapes", mask)
-        self.row = batch_row(mask, default_opset(context))
+        graph = attended.producer().graph
+        made = None if graph is None else graph.initializers.get(_row_name(mask))  # another layer's FusedMHA reads the same Mask
+        self.row = made.const_value.numpy() if made is not None and made.const_value is not None else batch_row(mask, default_opset(context))
         if self.row is None:
             return fail("the Mask's batch row does not evaluate at batch 1", mask)
         return self.choose(context, attended, self.target.lowering(FAMILY))
@@ -354,7 +364,7 @@ class BatchRowMask(FusionRule):
         node = attended.producer()
         assert node is not None and node.graph is not None and self.row is not None
         inputs = list(node.inputs)
-        name = f"{inputs[3].name}_batch_row"
+        name = _row_name(inputs[3])
         row = node.graph.initializers.get(name)
         if row is None:  # every layer reads the same Mask: one initializer for them all
             row = ir.Value(name=name, shape=ir.Shape(self.row.shape), type=ir.TensorType(ir.DataType.from_numpy(self.row.dtype)),
