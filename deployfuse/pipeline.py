@@ -167,7 +167,8 @@ def export(
         exporter: "auto" (dynamo, then TorchScript if dynamo fails), "dynamo" or "torchscript".
         fold, fuse, verify: run those steps.
         cuda_graph: (ort-cuda, static shapes) have ORT capture the model in a CUDA graph; the
-            caller must then bind inputs and outputs with IO binding at fixed addresses.
+            caller must then bind inputs and outputs with IO binding at fixed addresses. Also runs
+            the fusions that only pay inside a graph (`rewrite.rules.CUDA_GRAPH_ONLY`: embed_layer_norm).
         tf32: (ort-cuda) let ORT run fp32 MatMul/Conv on TF32 tensor cores, its default;
             False makes the artefact ask for full fp32 (use_tf32=0), slower and ~10x closer
             to PyTorch's fp32.

@@ -69,7 +69,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rtol", type=float, metavar="R", help="verification tolerance, compare's rule: an element passes when |onnx - torch| <= "
                    "atol + R * |torch|, atol being R * the output's max |value| (default: fp32 1e-4, fp16 1e-2, bf16 5e-2)")
     p.add_argument("--cuda-graph", action="store_true",
-                   help="ort-cuda, static shapes: the artefact asks ORT to replay it as a CUDA graph (run it with IO binding)")
+                   help="ort-cuda, static shapes: the artefact asks ORT to replay it as a CUDA graph (run it with IO binding); "
+                   "also fuses the embeddings (embed_layer_norm), whose ORT kernel syncs the stream outside a graph")
     p.add_argument("--no-tf32", action="store_true",
                    help="ort-cuda: full fp32 MatMul/Conv (ORT's default rounds their inputs to TF32: faster, ~1e-3 relative error)")
     p.add_argument("--autotune", action="store_true",

@@ -18,7 +18,7 @@ size from shapes only (GPT-2's causal mask with a dynamic batch). patch_embed (a
 before gemm_act, bias_gelu and bias_act, so its new MatMul + Add can take their epilogues, and an
 fp8 export (which skips those) quantizes it. embed_layer_norm (BERT's embedding lookups and their
 LayerNorm as one EmbedLayerNormalization, ort-cuda) runs right after layernorm writes that norm and
-before skip_layernorm would take its last Add.
+before skip_layernorm would take its last Add; an export applies it only with --cuda-graph (`CUDA_GRAPH_ONLY`).
 
 `fp8_gemm` (float8 Q/DQ'd GEMMs -> deployfuse.Fp8GemmAct) is no family here: the guard's
 element-wise comparison cannot judge rewrites of a quantized graph, so the fp8 quantizer applies

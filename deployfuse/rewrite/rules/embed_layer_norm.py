@@ -34,7 +34,9 @@ stream). Invalid ids (negative or past a table) are an error in ORT's CPU kernel
 a negative one; PyTorch's Embedding rejects both.
 
 ort-cuda only: ONNX Runtime's CPU kernel is fp32-only (fp16 runs through ORT's inserted casts),
-and CPU lookups cost little next to the encoder; TensorRT parses no com.microsoft op. Runs right
+and CPU lookups cost little next to the encoder; TensorRT parses no com.microsoft op. `deployfuse
+export` applies it only with --cuda-graph (`rules.CUDA_GRAPH_ONLY`: outside a graph ORT's CUDA kernel
+synchronises the stream on every call); `fuse` itself, given no family list, runs it. Runs right
 after `layernorm` (which writes the LayerNormalization it matches) and before `skip_layernorm`,
 which would otherwise take the last Add. In an fp8 export `fp8_norm` cannot take this norm, so
 the first layer's QKV GEMM quantizes its X itself (tiny BERT fp8: Slice, 3 Gathers, 2 Adds and a
@@ -271,6 +273,7 @@ def plan(x: ir.Value, hidden: int) -> _Plan | str:
             return "the position table is not a constant to fold the segment row into"
         position = (table.astype(np.float64) + sum(r.astype(np.float64) for r in rows)).astype(table.dtype)
     return _Plan(word, position, rest[0] if rest else None, position_ids, 0.0)
+
 
 class EmbedLayerNorm(FusionRule):
     """LayerNormalization(word + position (+ segment) lookups) -> EmbedLayerNormalization."""
