@@ -55,8 +55,8 @@ FAMILY_MODULES: tuple[str, ...] = (
 
 # Families an export applies only with --cuda-graph: ONNX Runtime's EmbedLayerNormalization (1.31) copies an id-range flag
 # back to the host and synchronises the stream on every call it does not capture. Measured on the H200 without a CUDA graph,
-# BERT-base fp8 batch 8 went from 1.12 to 1.80 ms a call (bench/results/h200_quant.md section 6); inside a graph the one
-# kernel replaces three lookups, two Adds and a norm (0.085 -> 0.028 ms at batch 64).
+# BERT-base fp8 batch 8 went from 1.12 to 1.80 ms a call (bench/results/h200_quant.md sections 5 to 6); inside a graph the
+# one kernel replaces two lookups, two Adds and a norm (0.088 -> 0.028 ms at batch 64).
 CUDA_GRAPH_ONLY: tuple[str, ...] = ("embed_layer_norm",)
 
 
