@@ -312,14 +312,14 @@ def batch_row(value: ir.Value, opset: int) -> np.ndarray | None:
         return None
     if sum(c.const_value.nbytes for c in constants if c.const_value is not None) > _MAX_CONE_BYTES:
         return None
-    feeds = {i.name: np.zeros([d if isinstance(d, int) else 1 for d in i.shape], i.dtype.numpy()) for i in inputs}
-    graph = helper.make_graph([ir.serde.serialize_node(n) for n in nodes], "batch_row",
-                              [helper.make_tensor_value_info(i.name, i.dtype.value, feeds[i.name].shape) for i in inputs],
-                              [helper.make_tensor_value_info(value.name, value.dtype.value if value.dtype else TensorProto.UNDEFINED, None)],
-                              [_named(ir.serde.serialize_tensor(c.const_value), c.name) for c in constants if c.const_value is not None])
-    try:
+    try:  # a failure here (an input dtype numpy lacks, an Expand or index the dummy inputs make invalid) refuses this Mask only
+        feeds = {i.name: np.zeros([d if isinstance(d, int) else 1 for d in i.shape], i.dtype.numpy()) for i in inputs}
+        graph = helper.make_graph([ir.serde.serialize_node(n) for n in nodes], "batch_row",
+                                  [helper.make_tensor_value_info(i.name, i.dtype.value, feeds[i.name].shape) for i in inputs],
+                                  [helper.make_tensor_value_info(value.name, value.dtype.value if value.dtype else TensorProto.UNDEFINED, None)],
+                                  [_named(ir.serde.serialize_tensor(c.const_value), c.name) for c in constants if c.const_value is not None])
         row = next(iter(run(session(helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=10), optimize=False), feeds).values()))
-    except Exception:  # an Expand or index the dummy inputs make invalid: not provably one row, so not rewritten
+    except Exception:
         return None
     declared = None if value.shape is None else list(value.shape)[1:]
     return row[:1] if row.ndim >= 1 and row.shape[0] >= 1 and list(row.shape[1:]) == declared else None
