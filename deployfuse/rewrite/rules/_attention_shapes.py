@@ -69,7 +69,8 @@ def rank(value: ir.Value) -> int | None:
     return None if value.shape is None else len(value.shape)
 
 
-def _ints(value: ir.Value | None) -> list[int] | None:
+def constant_ints(value: ir.Value | None) -> list[int] | None:
+    """An integer constant's values, flattened; None for anything else."""
     array = constant(value)
     if array is None or array.dtype.kind not in "iu":
         return None
@@ -84,7 +85,7 @@ def shape_vector(value: ir.Value | None, depth: int = 0) -> list[Entry] | None:
     """The 1-D integer tensor `value` as entries, or None when it cannot be read symbolically."""
     if value is None or depth > _MAX_DEPTH:
         return None
-    ints = _ints(value)
+    ints = constant_ints(value)
     if ints is not None:
         return list(ints)
     node = value.producer()
@@ -113,7 +114,7 @@ def shape_vector(value: ir.Value | None, depth: int = 0) -> list[Entry] | None:
         return out
     if op == "Gather":
         axis = node.attributes.get("axis")
-        indices = _ints(_input(node, 1))
+        indices = constant_ints(_input(node, 1))
         data = shape_vector(node.inputs[0], depth + 1)
         if (axis is not None and axis.as_int() != 0) or indices is None or data is None:
             return None
@@ -122,7 +123,7 @@ def shape_vector(value: ir.Value | None, depth: int = 0) -> list[Entry] | None:
         except IndexError:
             return None
     if op in ("Div", "Mul"):
-        data, factor = shape_vector(node.inputs[0], depth + 1), _ints(_input(node, 1))
+        data, factor = shape_vector(node.inputs[0], depth + 1), constant_ints(_input(node, 1))
         if data is None or factor is None or len(factor) != 1 or factor[0] <= 0:
             return None
         known = [canonical(e) for e in data]
@@ -131,9 +132,9 @@ def shape_vector(value: ir.Value | None, depth: int = 0) -> list[Entry] | None:
         return [e // factor[0] if op == "Div" else e * factor[0] for e in known]
     if op == "Slice":
         data = shape_vector(node.inputs[0], depth + 1)
-        starts, ends = _ints(_input(node, 1)), _ints(_input(node, 2))
-        axes = _ints(_input(node, 3)) if _input(node, 3) is not None else [0]
-        steps = _ints(_input(node, 4)) if _input(node, 4) is not None else [1]
+        starts, ends = constant_ints(_input(node, 1)), constant_ints(_input(node, 2))
+        axes = constant_ints(_input(node, 3)) if _input(node, 3) is not None else [0]
+        steps = constant_ints(_input(node, 4)) if _input(node, 4) is not None else [1]
         if data is None or starts is None or ends is None or axes not in ([0], [-1]) or steps is None or len(starts) != 1:
             return None
         return data[slice(starts[0], ends[0], steps[0])]
@@ -152,8 +153,8 @@ def static_ints(value: ir.Value | None) -> list[int] | None:
 def _is_1d_of_one(node: ir.Node) -> bool:
     """Unsqueeze of a scalar, or Reshape to [1] / [-1]: one element in, one element out."""
     if node.op_type == "Unsqueeze":
-        return _ints(_input(node, 1)) == [0]
-    return _ints(_input(node, 1)) in ([1], [-1])
+        return constant_ints(_input(node, 1)) == [0]
+    return constant_ints(_input(node, 1)) in ([1], [-1])
 
 
 def canonical(entry: Entry, depth: int = 0) -> Entry:

@@ -52,7 +52,7 @@ import numpy as np
 import onnx_ir as ir
 from onnxscript.rewriter import MatchResult, pattern
 
-from deployfuse.rewrite.rules._attention_shapes import constant
+from deployfuse.rewrite.rules._attention_shapes import constant, constant_ints
 from deployfuse.rewrite.rules._common import FusionRule, is_op, last_dim
 from deployfuse.targets import Target, get_target
 
@@ -114,19 +114,14 @@ def _same_dim(a: ir.Value, b: ir.Value, axis: int) -> bool:
     return _equal_dims(a.shape[axis], b.shape[axis])
 
 
-def _ints(value: ir.Value | None) -> list[int] | None:
-    array = constant(value)
-    return None if array is None or not np.issubdtype(array.dtype, np.integer) else [int(v) for v in array.reshape(-1)]
-
-
 def _is_seq_len(end: ir.Value, ids: ir.Value) -> bool:
     """True when `end` is [S], S the size of the ids' axis 1: Shape(v)[1:2] (the dynamo export) or
     Unsqueeze(Gather(Shape(v), 1), [0]) (TorchScript), v's axis 1 declared the ids' axis 1."""
     node = end.producer()
     if is_op(node, "Unsqueeze") and node is not None and node.inputs[0] is not None:
-        axes = _ints(node.inputs[1]) if len(node.inputs) > 1 else list(node.attributes.get_ints("axes", []) or [])
+        axes = constant_ints(node.inputs[1]) if len(node.inputs) > 1 else list(node.attributes.get_ints("axes", []) or [])
         picked = node.inputs[0].producer()
-        if axes != [0] or not is_op(picked, "Gather") or picked is None or _ints(picked.inputs[1]) != [1] or picked.inputs[1].shape != ir.Shape([]):
+        if axes != [0] or not is_op(picked, "Gather") or picked is None or constant_ints(picked.inputs[1]) != [1] or picked.inputs[1].shape != ir.Shape([]):
             return False
         node = picked.inputs[0].producer() if picked.inputs[0] is not None else None
         if not is_op(node, "Shape") or node is None or node.attributes.get_int("start", 0) != 0 or "end" in node.attributes:
@@ -156,13 +151,13 @@ def _arange_refusal(ids: ir.Value, word_ids: ir.Value) -> str | None:
         return "the positions are not a Slice of a constant [N] or [1, N] buffer"
     if not np.array_equal(buffer.reshape(-1), np.arange(buffer.size)):
         return "the position buffer is not 0, 1, ..., N-1"
-    axes = _ints(node.inputs[3]) if len(node.inputs) > 3 and node.inputs[3] is not None else list(range(buffer.ndim))
-    steps = _ints(node.inputs[4]) if len(node.inputs) > 4 and node.inputs[4] is not None else [1]
-    if _ints(node.inputs[1]) != [0] or axes not in ([buffer.ndim - 1], [-1]) or steps != [1]:
+    axes = constant_ints(node.inputs[3]) if len(node.inputs) > 3 and node.inputs[3] is not None else list(range(buffer.ndim))
+    steps = constant_ints(node.inputs[4]) if len(node.inputs) > 4 and node.inputs[4] is not None else [1]
+    if constant_ints(node.inputs[1]) != [0] or axes not in ([buffer.ndim - 1], [-1]) or steps != [1]:
         return "the Slice does not take the buffer's first elements along its last axis"
     end = node.inputs[2]
     assert end is not None
-    ends = _ints(end)
+    ends = constant_ints(end)
     if ends is not None:
         return None if len(ends) == 1 and isinstance(seq, int) and min(max(ends[0], 0), buffer.size) == seq else "the Slice's constant end is not S"
     return None if _is_seq_len(end, word_ids) else "the Slice's end is not known to be the ids' sequence length"
