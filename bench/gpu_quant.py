@@ -395,7 +395,7 @@ def _fp8_rows(model_name: str, batch: int, build: Callable, inputs32: dict, work
 
 def split_mha(model):
     """FusedMHA(P, P, P, A, packed_qkv=1) back to Split(P) -> com.microsoft.MultiHeadAttention(q, k, v, attention_bias=A), as
-    the fp8 artefact was before the packed_mha family (same attention bias, num_heads and scale; a FusedMHA writing YQ first
+    the fp8 artefact was before the packed_mha family (same attention bias, num_heads and scale, causal as unidirectional; a FusedMHA writing YQ first
     writes Y for its GEMMs again, as MultiHeadAttention has no float8 output)."""
     from onnx import helper
 
@@ -417,7 +417,7 @@ def split_mha(model):
                       helper.make_node("Expand", [mask, shape[3]], [wide[mask]])]
         mask = wide.get(mask, "")
         nodes.append(helper.make_node("MultiHeadAttention", [*parts, "", "", mask] if mask else parts, list(node.output), name=node.name, domain="com.microsoft",
-                                      num_heads=attrs["num_heads"], scale=float(attrs.get("scale", 0.0))))
+                                      num_heads=attrs["num_heads"], scale=float(attrs.get("scale", 0.0)), unidirectional=int(attrs.get("causal", 0))))
     del model.graph.node[:]
     model.graph.node.extend(nodes)
     if not any(o.domain == "com.microsoft" for o in model.opset_import):
