@@ -2,11 +2,16 @@
 // ort::Adapter<<Op>Attrs> of common/ort_adapter.h, or the op's own plugins/<op>/<op>_ort.h)
 // turns ORT tensors and attributes into calls of the CPU kernels / CUDA launchers;
 // ort::Registered, generated from the op registry (deployfuse_ort_ops.h, by gen_op_specs.py),
-// lists them, and make_registrations registers every one for the CPU EP in fp32, and with
-// DEPLOYFUSE_WITH_CUDA for the CUDA EP in fp32/fp16/bf16 (those its adapter's optional
+// lists them, and make_registrations registers every one for the CPU EP in fp32 and for the CUDA EP
+// in fp16/bf16, and fp32 with DEPLOYFUSE_WITH_CUDA (those its adapter's optional
 // `static bool takes_on_cuda(ElemType)` accepts). That type is the op's T; an input whose type
-// the spec fixes (spec::<Op>::kInputTypes) is registered with it. Nothing here changes when an op
-// is added. Built against ORT API 21 headers; loads in ORT >= 1.21.
+// the spec fixes (spec::<Op>::kInputTypes) is registered with it. ORT gives an op name one schema
+// admitting the union of its registrations' types, so a build without CUDA registers the CUDA EP's
+// fp16/bf16 too, kernels it refuses to create (naming the missing CUDA build): the schema is then the
+// CUDA build's, and the CPU EP runs an fp16 node on the fp32 kernel between Casts (its
+// InsertCastTransformer) with either build (a bf16 node, which that transformer leaves alone, on
+// neither). Nothing here changes when an op is added. Built against ORT API 21 headers; loads in
+// ORT >= 1.21.
 #include <cstring>
 #include <memory>
 #include <stdexcept>
@@ -24,6 +29,11 @@ namespace {
 constexpr const char* kDomain = "deployfuse";
 constexpr const char* kCpu = "CPUExecutionProvider";
 constexpr const char* kCuda = "CUDAExecutionProvider";
+#ifdef DEPLOYFUSE_WITH_CUDA
+constexpr bool kWithCuda = true;
+#else
+constexpr bool kWithCuda = false;  // no adapter's Run may then see on_cuda: it has no code for it
+#endif
 
 template <typename Adapter>
 struct Kernel {
@@ -66,7 +76,12 @@ struct Op : Ort::CustomOpBase<Op<Adapter>, Kernel<Adapter>, true> {
   Op(const char* provider, ElemType elem, bool float8_x = false) : ep(provider), type(elem), fp8_x(float8_x) {}
   OrtStatusPtr CreateKernelV2(const OrtApi& api, const OrtKernelInfo* info, void** kernel) const {
     try {
-      *kernel = new Kernel<Adapter>{make_adapter<Adapter>(Ort::ConstKernelInfo(info)), type, std::strcmp(ep, kCuda) == 0};
+      const bool on_cuda = std::strcmp(ep, kCuda) == 0;
+      if (on_cuda && !kWithCuda)
+        throw std::runtime_error(
+            "this libdeployfuse_ort.so was built without CUDA (no nvcc), so it has no CUDA EP kernels; "
+            "build the CUDA one (`deployfuse plugins build --cuda on`) or run this node on the CPU EP");
+      *kernel = new Kernel<Adapter>{make_adapter<Adapter>(Ort::ConstKernelInfo(info)), type, on_cuda};
       return nullptr;
     } catch (const std::exception& e) {
       return api.CreateStatus(ORT_INVALID_ARGUMENT, (std::string(Spec::kName) + ": " + e.what()).c_str());
@@ -120,13 +135,12 @@ void add_ops(OpList<Adapters...>, std::vector<std::unique_ptr<OrtCustomOp>>& ops
 // Every registered op, for one (provider, element type).
 void add_all(std::vector<std::unique_ptr<OrtCustomOp>>& ops, const char* ep, ElemType type) { add_ops(Registered{}, ops, ep, type); }
 
+// Without CUDA the CUDA EP's fp32 is left out: an fp32 node on a CUDA EP session then falls back to the CPU EP's kernel.
 std::vector<std::unique_ptr<OrtCustomOp>> make_registrations() {
   std::vector<std::unique_ptr<OrtCustomOp>> ops;
   add_all(ops, kCpu, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT);
-#ifdef DEPLOYFUSE_WITH_CUDA
   for (ElemType t : {ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16, ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16})
-    add_all(ops, kCuda, t);
-#endif
+    if (kWithCuda || t != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT) add_all(ops, kCuda, t);
   return ops;
 }
 

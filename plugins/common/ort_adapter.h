@@ -11,7 +11,9 @@
 //     static bool takes_on_cuda(ElemType);          // optional: the CUDA EP types it runs in
 //   };
 // in plugins/<op>/<op>_ort.h. ort_ops.cc registers every op for the CPU EP (fp32) and the CUDA EP
-// (fp32/fp16/bf16, or those takes_on_cuda accepts).
+// (fp32/fp16/bf16, or those takes_on_cuda accepts; fp16/bf16 only without DEPLOYFUSE_WITH_CUDA, for the
+// schema). Run sees on_cuda only in a build with DEPLOYFUSE_WITH_CUDA: without it ort_ops.cc refuses to
+// create a CUDA EP kernel, so a Run's CUDA branch compiled out is never reached.
 #pragma once
 #include <cstring>
 #include <stdexcept>

@@ -1,5 +1,6 @@
 """libdeployfuse_ort on the CPU EP: it builds, its kernels run (a model stripped of its function
-bodies still runs), and with or without it ORT matches the PyTorch reference."""
+bodies still runs), and with or without it ORT matches the PyTorch reference; the CPU build runs
+float16 nodes too, on its float32 kernels."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import pytest
 from deployfuse.backends.ort import run, session
 from deployfuse.ops import SPECS, ort_custom_ops_library
 from deployfuse.ops.models import example_inputs, ort_feed, reference_output, single_op_model
+from deployfuse.ops.native import build_plugins
 from tests.ops.cases import CASES, case_id
 
 
@@ -56,3 +58,27 @@ def test_gemm_act_names_the_input_that_does_not_fit(library, bad, why):
     feed[bad] = np.ascontiguousarray(feed[bad][..., :-1])
     with pytest.raises(Exception, match=why):
         run(session(model, custom_ops_library=library), feed)
+
+
+@pytest.fixture(scope="module")
+def cpu_library():
+    """The build without CUDA, whatever else is built (ort_custom_ops_library prefers the CUDA one)."""
+    return build_plugins(cuda=False) / "libdeployfuse_ort.so"
+
+
+@pytest.mark.parametrize("case", [next(c for c in CASES if c[0] == op) for op in SPECS], ids=case_id)
+def test_cpu_build_runs_a_float16_node_on_its_float32_kernel(cpu_library, case):
+    """The CPU build has float32 CPU kernels only, yet registers the CUDA EP's float16 so that ORT's schema admits
+    a float16 node (an fp8 ort-cuda export); ORT's CPU EP then casts around the float32 kernel: Y16 = fp16(K(fp32(X16))),
+    bit for bit the float32 run on the same inputs, rounded."""
+    op, shape, attrs = case
+    attrs = dict(attrs)
+    xs = example_inputs(op, shape, dtype=np.float16, **attrs)
+    attrs.pop("mask", None)
+    widened = [x.astype(np.float32) if x is not None and x.dtype == np.float16 else x for x in xs]  # fixed-type inputs stay
+    half, full = single_op_model(op, xs, **attrs), single_op_model(op, widened, **attrs)
+    del half.functions[:], full.functions[:]  # only the native kernels can run these nodes
+    got = run(session(half, custom_ops_library=cpu_library), ort_feed(op, xs))["Y"]
+    want = run(session(full, custom_ops_library=cpu_library), ort_feed(op, widened))["Y"]
+    assert got.dtype == np.float16
+    np.testing.assert_array_equal(got, want.astype(np.float16))
