@@ -12,7 +12,8 @@ through the Transpose again if the gate keeps the head in float (one float copy 
 fp8 on ort-cuda is exported in fp16 (`float_precision`) and fused, Q/DQ'd, and every float8
 Q/DQ'd GEMM becomes a deployfuse.Fp8GemmAct node (`rewrite.rules.fp8_gemm.lower`, in each of the
 gate's attempts, so the gate judges the artefact itself): an fp16 graph around cuBLASLt fp8 GEMMs,
-the artefact to hold against the fp16 one. Layers the gate leaves out stay fp16. The fusions run
+the artefact to hold against the fp16 one. Layers the gate leaves out stay fp16 (GemmAct where `rules.gemm_act`
+takes them, `fp8_gemm.float_gemms`). The fusions run
 first, on the float graph, because their guard cannot judge a quantized one (fp8 roundings flip
 on any upstream change: BERT-base's Q/DQ graph failed it in every family); less
 `FP8_SKIPPED_FAMILIES`, which would take the GEMMs out of the quantizer's reach (packed QKV,

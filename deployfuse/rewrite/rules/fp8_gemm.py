@@ -31,7 +31,8 @@ fusions run first, on the float graph (less the families that would take the GEM
 rules as the fp8 quantizer's last step, whose result the accuracy gate judges against PyTorch
 fp32. The forms met there: MatMul + Add (Q|K|V packed by `split_qkv`, split for MultiHeadAttention;
 an up-projection before its GELU), a bare MatMul whose bias SkipLayerNormalization took, Gemm +
-Reshape [+ FastGelu] (GPT-2).
+Reshape [+ FastGelu] (GPT-2). The GEMMs the gate keeps in float become `rules.gemm_act`'s GemmAct
+there too (`float_gemms`), which the fused graph could not hold before the Q/DQ went on.
 """
 
 from __future__ import annotations
@@ -193,20 +194,45 @@ def lower(model: onnx.ModelProto, target: str | Target) -> tuple[onnx.ModelProto
     """`model` with every float8 Q/DQ'd GEMM the rules take rewritten into Fp8GemmAct, then each
     FC1 -> FC2 pair of them merged into one Fp8Mlp (`rules.fp8_mlp`: the hidden activation kept in
     float8), each norm feeding them made to quantize their X (`rules.fp8_norm`), then each attention
-    (`rules.fp8_attention_out`), function bodies attached; and how many GEMMs were rewritten (an Fp8Mlp holds two). Not
+    (`rules.fp8_attention_out`), then the float GEMMs left (those the gate keeps) made GemmAct
+    (`float_gemms`), function bodies attached; and how many GEMMs were made float8 (an Fp8Mlp holds two). Not
     guarded (see the module's docstring): the caller judges the result. Rules apply one name at a
     time, in `rules` order, as `rewrite.fuse` applies them."""
     from deployfuse.ops import attach_functions
     from deployfuse.rewrite.rules import fp8_attention_out, fp8_mlp, fp8_norm
 
-    groups: dict[str, list[pattern.RewriteRule]] = {}
-    for rule in rules(target):
-        groups.setdefault(rule.name or "", []).append(rule)
     ir_model = ir.serde.deserialize_model(model)
-    count = sum(pattern.RewriteRuleSet(group).apply_to_model(ir_model) for group in groups.values())
-    onnxscript.optimizer.remove_unused_nodes(ir_model)
+    count = _apply(ir_model, rules(target))
     lowered = fp8_norm.fuse(fp8_mlp.merge(ir.serde.serialize_model(ir_model))[0], target)[0]
-    lowered = fp8_attention_out.fuse(lowered, target)[0]
-    if count:
+    lowered, kept = float_gemms(fp8_attention_out.fuse(lowered, target)[0], target)
+    if count or kept:
         attach_functions(lowered)
     return lowered, count
+
+
+def float_gemms(model: onnx.ModelProto, target: str | Target) -> tuple[onnx.ModelProto, int]:
+    """`model` with the float GEMMs [+ bias] [+ activation] the fp8 rules left (the layers the gate keeps in
+    fp16/bf16, and any GEMM `place_qdq` cannot quantize) rewritten into deployfuse.GemmAct by `rules.gemm_act`'s
+    own rules, and how many. An fp8 export fuses without the `gemm_act` family (`quantize.lowering.FP8_SKIPPED_FAMILIES`:
+    the Q/DQ must reach the GEMMs first), so without this a kept GEMM stays ONNX Runtime's Gemm or MatMul + Add,
+    whose CUDA fp16 Gemm adds a bias by a separate broadcast pass over the output before the GEMM (H200,
+    GPT-2 fp8 at batch 64, its one kept 8192x768 projection: BroadcastBiasKernel 0.027 ms, the GEMM 0.017 ms,
+    bench/results/h200_quant_session6.json); GemmAct adds it in cuBLASLt's epilogue. What `rules.gemm_act` leaves alone stays: a bias add feeding an exact-erf GELU
+    (BERT's, ViT's) remains MatMul + Add + Gelu, which ONNX Runtime's optimizer makes a BiasGelu, and a bare
+    MatMul (its bias in a SkipLayerNormalization) has no bias pass to save."""
+    from deployfuse.rewrite.rules import gemm_act
+
+    ir_model = ir.serde.deserialize_model(model)
+    count = _apply(ir_model, gemm_act.rules(target))
+    return (ir.serde.serialize_model(ir_model), count) if count else (model, 0)
+
+
+def _apply(ir_model: ir.Model, rules: list[pattern.RewriteRule]) -> int:
+    """Apply `rules` to `ir_model` one name at a time, in order, as `rewrite.fuse` does; the nodes left unused
+    removed. How many matched."""
+    groups: dict[str, list[pattern.RewriteRule]] = {}
+    for rule in rules:
+        groups.setdefault(rule.name or "", []).append(rule)
+    count = sum(pattern.RewriteRuleSet(group).apply_to_model(ir_model) for group in groups.values())
+    onnxscript.optimizer.remove_unused_nodes(ir_model)
+    return count
