@@ -152,6 +152,7 @@ ORT_CUDA = Target(
         "packed_mha": (Lowering(DEPLOYFUSE, "FusedMHA", {"packed_qkv": 1}),),  # MHA on a Split packed QKV (fp8's split_qkv, GPT-2)
         # a FusedMHA Mask broadcast over the query axis -> its row (the kernel's row path); one built per batch row from shapes -> one constant row
         "mask_broadcast": (Lowering(DEPLOYFUSE, "FusedMHA"),),
+        "identity_gather": (Lowering("", "Unsqueeze"),),  # a GatherND at index grids (a dynamic export's padding mask) -> its data unsqueezed
         "causal_mask": (Lowering(DEPLOYFUSE, "FusedMHA"),),  # a constant causal FusedMHA Mask -> causal = 1 (the kernels skip the tiles above the diagonal)
         "patch_embed": (Lowering("", "MatMul"),),  # a patchify Conv as a GEMM (not faster on ORT CPU; TensorRT runs the Conv well)
         "embed_layer_norm": (Lowering(MS, "EmbedLayerNormalization"),),  # BERT's word + position (+ segment) lookups and their LayerNorm

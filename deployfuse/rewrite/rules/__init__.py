@@ -14,7 +14,8 @@ whose Q/DQ must reach the QKV GEMM; int8 on ort-cpu skips both). packed_mha, rig
 deployfuse.FusedMHA read Q, K, V out of that Split's input in place (ort-cuda); mask_broadcast,
 right after it (it only rewrites FusedMHA nodes), hands them the padding row their Mask was
 broadcast from over the query axis, or as a constant the one batch row of a Mask built at the batch
-size from shapes only (GPT-2's causal mask with a dynamic batch); causal_mask, right after it, turns a FusedMHA Mask that
+size from shapes only (GPT-2's causal mask with a dynamic batch); identity_gather, right after it, turns
+the GatherND a dynamic export's padding mask reads its [B, S] input with (at index grids) into an Unsqueeze; causal_mask, then, turns a FusedMHA Mask that
 is then a constant causal mask into the kernel's `causal` attribute. patch_embed (a ViT's patchify Conv as a MatMul + Add) runs
 before gemm_act, bias_gelu and bias_act, so its new MatMul + Add can take their epilogues, and an
 fp8 export (which skips those) quantizes it. embed_layer_norm (BERT's embedding lookups and their
@@ -45,6 +46,7 @@ FAMILY_MODULES: tuple[str, ...] = (
     "split_qkv",
     "packed_mha",
     "mask_broadcast",
+    "identity_gather",
     "causal_mask",
     "skip_layernorm",
     "patch_embed",
