@@ -6,7 +6,9 @@ Checks (outputs poisoned before each launch: NaN in Y and Sum, 0x7F = e4m3 NaN i
 vector a thread), and 771 (the element-wise fallback); on 33 rows: fp32 768, bf16 64 (8 vectors), 8192 fp16 and 8200 bf16 (1024
 vectors, the one-vector kernel's largest; 1025, the 8-vector kernel), 32768 fp16 and 32776 bf16 (4096 vectors, the 8-vector
 kernel's largest; 4097, the element-wise fallback), fp16 768 with a misaligned X (the fallback); fp32 37 on 3 rows. With and
-without Skip; every output, YQ + Sum (GPT-2's pre-LN), YQ alone. Y and Sum against a float64 reference (relative L2 within T's
+without Skip; every output, YQ + Sum (GPT-2's pre-LN), YQ alone. The embedding lookups (`rules.fp8_embed`), fp16 and bf16: Ids into
+a [V, H] table (a negative id, one below -V and one at V, clamped) with a Skip of 128 rows broadcast over 1024 rows (GPT-2 at batch
+8: V 50257, H 768; the fallback at 771; the 8-vector kernel at 8200), Ids without Skip, and the broadcast Skip alone. Y and Sum against a float64 reference (relative L2 within T's
 rounding); YQ bit for bit against e4m3(Y / YScale) of the Y the kernel wrote (q as the op and Fp8GemmAct define it, division
 correctly rounded; Fp8GemmAct's CUDA pass multiplies by 1 / YScale instead) or, where Y is not written, against the launch that
 writes it; dq(YQ) against the float64 Y within a float8 step.
@@ -44,6 +46,7 @@ from onnx import helper, numpy_helper
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from deployfuse.ops.defs.fp8_gemm_act import quantize_e4m3  # noqa: E402
+from deployfuse.ops.defs.skip_layer_norm_fp8 import table_rows  # noqa: E402
 from deployfuse.ops.schema import DOMAIN, E4M3_MAX  # noqa: E402
 
 DT = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
@@ -60,23 +63,31 @@ RUNS = 200  # launches (and graph-replayed calls) a timing
 def declare(lib: ctypes.CDLL) -> None:
     """df_skip_layer_norm_fp8's and the quantize pass's signatures."""
     P, I64, INT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
-    lib.df_skip_layer_norm_fp8.argtypes = [INT, P, P, P, P, P, P, P, P, P, P, I64, I64, ctypes.c_float]
+    lib.df_skip_layer_norm_fp8.argtypes = [INT, P, P, P, P, P, P, P, P, P, P, I64, I64, ctypes.c_float, P, I64, I64]
     lib.df_fp8_quantize_e4m3.argtypes = [INT, P, P, P, P, I64, I64]
 
 
 class Norm:
-    """One SkipLayerNormFp8 call on [rows, cols] in dtype: inputs as the spec's example makes them, the outputs, the reference."""
+    """One SkipLayerNormFp8 call on [rows, cols] in dtype: inputs as the spec's example makes them, the outputs, the reference.
+    vocab: X a [vocab, cols] table looked up by int64 Ids [rows] (ids in [-vocab, vocab), the first two -vocab - 3 and vocab, which
+    the kernel clamps); skip_rows: a Skip of that many rows, row r reading Skip[r % skip_rows] (0: rows)."""
 
-    def __init__(self, rows: int, cols: int, dtype: torch.dtype, skip: bool, misalign: bool = False, device: str = "cuda") -> None:
+    def __init__(self, rows: int, cols: int, dtype: torch.dtype, skip: bool, misalign: bool = False, device: str = "cuda",
+                 vocab: int = 0, skip_rows: int = 0) -> None:
         self.rows, self.cols, self.dtype = rows, cols, dtype
+        self.vocab, self.skip_rows = vocab, skip_rows or rows
 
         def rand(*shape: int, scale: float = 1.0, shift: float = 0.0) -> torch.Tensor:
             return (torch.randn(*shape, device=device) * scale + shift).to(dtype)
 
-        self.x = rand(rows, cols, scale=2.0, shift=0.5)
+        self.x = rand(vocab or rows, cols, scale=2.0, shift=0.5)
         if misalign:  # storage one element off 16-byte alignment: the element-wise path
-            self.x = torch.cat([self.x.new_zeros(1), self.x.flatten()])[1:].view(rows, cols)
-        self.skip = rand(rows, cols) if skip else None
+            self.x = torch.cat([self.x.new_zeros(1), self.x.flatten()])[1:].view(-1, cols)
+        self.ids = None
+        if vocab:
+            self.ids = torch.randint(-vocab, vocab, (rows,), device=device, dtype=torch.int64)
+            self.ids[:2] = torch.tensor([-vocab - 3, vocab])
+        self.skip = rand(self.skip_rows, cols) if skip else None
         self.gamma, self.beta, self.bias = rand(cols, shift=1.0), rand(cols), rand(cols)
         self.y_scale = (self.gamma.float().abs().max() * (4.0 * 0.8 / E4M3_MAX)).reshape(())
         self.y = torch.empty(rows, cols, device=device, dtype=dtype)
@@ -85,23 +96,29 @@ class Norm:
 
     def reference(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(Y, Sum) in float64."""
-        total = self.x.double() + self.bias.double() + (0 if self.skip is None else self.skip.double())
+        x = self.x.double()
+        if self.ids is not None:
+            x = x[table_rows(self.ids, self.vocab)]
+        skip = 0 if self.skip is None else self.skip.double().repeat(self.rows // self.skip_rows, 1)
+        total = x + self.bias.double() + skip
         return F.layer_norm(total, (self.cols,), self.gamma.double(), self.beta.double(), EPS), total
 
     def launch(self, lib: ctypes.CDLL, outputs: tuple[str, ...] = ("Y", "YQ", "Sum")) -> int:
         ptr = {name: t.data_ptr() if name in outputs else None for name, t in (("Y", self.y), ("YQ", self.yq), ("Sum", self.sum))}
         return lib.df_skip_layer_norm_fp8(DT[self.dtype], torch.cuda.current_stream().cuda_stream, self.x.data_ptr(),
                                           None if self.skip is None else self.skip.data_ptr(), self.gamma.data_ptr(), self.beta.data_ptr(),
-                                          self.bias.data_ptr(), self.y_scale.data_ptr(), ptr["Y"], ptr["YQ"], ptr["Sum"], self.rows, self.cols, EPS)
+                                          self.bias.data_ptr(), self.y_scale.data_ptr(), ptr["Y"], ptr["YQ"], ptr["Sum"], self.rows, self.cols, EPS,
+                                          None if self.ids is None else self.ids.data_ptr(), self.vocab, self.skip_rows)
 
 
 def _rel_l2(got: torch.Tensor, ref: torch.Tensor) -> float:
     return float(torch.linalg.vector_norm(got.double() - ref) / torch.linalg.vector_norm(ref).clamp_min(1e-30))
 
 
-def _check_norm_case(lib: ctypes.CDLL, rows: int, cols: int, dtype: torch.dtype, skip: bool, misalign: bool) -> bool:
+def _check_norm_case(lib: ctypes.CDLL, rows: int, cols: int, dtype: torch.dtype, skip: bool, misalign: bool, vocab: int = 0,
+                     skip_rows: int = 0) -> bool:
     """One case (see the module docstring), a line."""
-    n = Norm(rows, cols, dtype, skip, misalign)
+    n = Norm(rows, cols, dtype, skip, misalign, vocab=vocab, skip_rows=skip_rows)
     ref_y, ref_sum = n.reference()
     full: torch.Tensor | None = None
     ok, notes = True, []
@@ -131,7 +148,8 @@ def _check_norm_case(lib: ctypes.CDLL, rows: int, cols: int, dtype: torch.dtype,
             good = same and sum_ok and untouched
             notes.append(f"{'+'.join(outputs)}: YQ {'=' if same else '≠'} full launch{'' if untouched else ', an absent output written'}")
         ok &= good
-    print(f"{'ok  ' if ok else 'FAIL'} SkipLayerNormFp8 {rows}x{cols} {str(dtype)[6:]}{' skip' if skip else ''}{' misaligned' if misalign else ''}: "
+    lookups = (f" ids into {vocab}" if vocab else "") + (f" skip of {skip_rows} rows" if skip and skip_rows else "")
+    print(f"{'ok  ' if ok else 'FAIL'} SkipLayerNormFp8 {rows}x{cols} {str(dtype)[6:]}{' skip' if skip else ''}{' misaligned' if misalign else ''}{lookups}: "
           + "; ".join(notes))
     return ok
 
@@ -147,6 +165,10 @@ def check_norm(lib: ctypes.CDLL, small: bool) -> bool:
     for dtype, cols, skip in ((torch.float32, 768, True), (torch.float32, 37, False), (torch.float16, 768, True), (torch.bfloat16, 64, False),
                               (torch.float16, 8192, True), (torch.bfloat16, 8200, False), (torch.float16, 32768, True), (torch.bfloat16, 32776, False)):
         ok &= _check_norm_case(lib, 3 if cols == 37 else 33, cols, dtype, skip, dtype == torch.float16 and cols == 768)
+    for dtype, (cols, vocab, skip, skip_rows) in itertools.product((torch.float16, torch.bfloat16), ((768, 50257, True, 128), (771, 50257, True, 128),
+                                                                                                    (8200, 1000, True, 128), (768, 50257, False, 0),
+                                                                                                    (768, 0, True, 128))):
+        ok &= _check_norm_case(lib, 1024, cols, dtype, skip, False, vocab, skip_rows)
     return ok
 
 

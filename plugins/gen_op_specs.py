@@ -62,7 +62,7 @@ template <typename... Ops>
 struct OpList {};
 """
 _KINDS = {"int": "AttrKind::kInt", "float": "AttrKind::kFloat", "string": "AttrKind::kString"}
-_INPUT_TYPES = {"T": "InputType::kT", "float": "InputType::kFloat", "float8e4m3fn": "InputType::kFloat8E4M3FN"}
+_INPUT_TYPES = {"T": "InputType::kT", "float": "InputType::kFloat", "float8e4m3fn": "InputType::kFloat8E4M3FN", "int64": "InputType::kInt64"}
 """OpSpec.input_types' names (ONNX's) -> common/op_inputs.h `InputType`."""
 
 

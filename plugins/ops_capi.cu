@@ -192,17 +192,19 @@ DF_EXPORT int df_fp8_gemm_act(int dtype, void* stream, const void* x, const void
   }));
 }
 
-// SkipLayerNormFp8 (ONNX Runtime only) as bench/skip_layer_norm_fp8_gpu.py checks and times it: x, skip, y, sum [rows, cols] and
-// gamma, beta, bias [cols] in dtype, yq float8e4m3fn [rows, cols], y_scale a device float32; skip, y, yq, sum may be null.
+// SkipLayerNormFp8 (ONNX Runtime only) as bench/skip_layer_norm_fp8_gpu.py checks and times it: x, y, sum [rows, cols], skip
+// [skip_rows, cols] (0: rows; row r reads skip[r % skip_rows]) and gamma, beta, bias [cols] in dtype, yq float8e4m3fn [rows, cols],
+// y_scale a device float32; with ids (int64 [rows]) x is a [table_rows, cols] table looked up by them; skip, ids, y, yq, sum may be null.
 DF_EXPORT int df_skip_layer_norm_fp8(int dtype, void* stream, const void* x, const void* skip, const void* gamma, const void* beta,
                                      const void* bias, const void* y_scale, void* y, void* yq, void* sum, int64_t rows, int64_t cols,
-                                     float epsilon) {
+                                     float epsilon, const void* ids, int64_t table_rows, int64_t skip_rows) {
   return static_cast<int>(with_dtype(static_cast<DType>(dtype), [&](auto* t) {
     using T = std::remove_pointer_t<decltype(t)>;
     return launch_skip_layer_norm_fp8<T>(static_cast<cudaStream_t>(stream), static_cast<const T*>(x), static_cast<const T*>(skip),
                                          static_cast<const T*>(gamma), static_cast<const T*>(beta), static_cast<const T*>(bias),
                                          static_cast<const float*>(y_scale), static_cast<T*>(y), static_cast<uint8_t*>(yq),
-                                         static_cast<T*>(sum), rows, cols, epsilon);
+                                         static_cast<T*>(sum), rows, cols, epsilon, static_cast<const int64_t*>(ids), table_rows,
+                                         skip_rows);
   }));
 }
 

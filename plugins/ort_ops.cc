@@ -95,6 +95,7 @@ struct Op : Ort::CustomOpBase<Op<Adapter>, Kernel<Adapter>, true> {
     switch (Spec::kInputTypes[i]) {
       case InputType::kFloat: return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
       case InputType::kFloat8E4M3FN: return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT8E4M3FN;
+      case InputType::kInt64: return ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64;
       default: return type;
     }
   }

@@ -47,6 +47,7 @@ E4M3_MAX = 448.0
 FIXED_TYPES: dict[str, tuple[int, torch.dtype]] = {
     "float": (onnx.TensorProto.FLOAT, torch.float32),
     "float8e4m3fn": (onnx.TensorProto.FLOAT8E4M3FN, torch.float8_e4m3fn),
+    "int64": (onnx.TensorProto.INT64, torch.int64),
 }
 """The ONNX element types `OpSpec.input_types` may give an input (ONNX's names, as in its type
 strings ``tensor(float8e4m3fn)``): name -> (TensorProto type, torch dtype)."""
@@ -58,11 +59,14 @@ def to_element_type(x: Any, name: str) -> Any:
     QuantizeLinear with a float8e4m3fn zero point writes; a plain cast would give NaN past 464).
     Example inputs call it so that numpy and torch callers get the same types."""
     onnx_type, torch_type = FIXED_TYPES[name]
+    indices = onnx_type == onnx.TensorProto.INT64  # SkipLayerNormFp8's Ids: integers as they are
     saturate = onnx_type == onnx.TensorProto.FLOAT8E4M3FN
     if isinstance(x, torch.Tensor):
-        return (x.float().clamp(-E4M3_MAX, E4M3_MAX) if saturate else x.float()).to(torch_type)
+        return x.long() if indices else (x.float().clamp(-E4M3_MAX, E4M3_MAX) if saturate else x.float()).to(torch_type)
     import numpy as np
 
+    if indices:
+        return np.asarray(x, dtype=np.int64)
     values = np.asarray(x, dtype=np.float32)
     return (np.clip(values, -E4M3_MAX, E4M3_MAX) if saturate else values).astype(onnx.helper.tensor_dtype_to_np_dtype(onnx_type))
 

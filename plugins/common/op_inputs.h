@@ -12,7 +12,7 @@ constexpr int kMaxInputs = 9;  // Fp8Mlp's
 
 // An input's element type (spec::<Op>::kInputTypes, from OpSpec.input_types): kT, the op's float
 // type (fp32/fp16/bf16, also its output's), or a type the spec fixes.
-enum class InputType : int { kT, kFloat, kFloat8E4M3FN };
+enum class InputType : int { kT, kFloat, kFloat8E4M3FN, kInt64 };
 
 // One linear (contiguous) tensor: its data and dims.
 struct Tensor {

@@ -79,13 +79,18 @@ Adapter make_adapter(const Ort::ConstKernelInfo& info) {
     return Adapter(attrs);
 }
 
-// The present inputs of the call in the spec's order (an absent optional input ends them: the
-// rest are absent too); throws std::invalid_argument past kMaxInputs inputs or kMaxRank dims.
+// The inputs of the call in the spec's order up to the last present one (an absent optional input
+// before it stays in place without data; the absent ones after it are left out); throws std::invalid_argument past kMaxInputs inputs or kMaxRank dims.
 inline Inputs inputs_of(const Ort::KernelContext& ctx) {
   Inputs in;
-  for (size_t i = 0; i < ctx.GetInputCount(); ++i) {
+  size_t count = ctx.GetInputCount();
+  while (count > 0 && !ctx.GetInput(count - 1)) --count;  // an absent input before a present one: kept, without data
+  for (size_t i = 0; i < count; ++i) {
     auto value = ctx.GetInput(i);
-    if (!value) break;
+    if (!value) {
+      in.add<int64_t>(nullptr, nullptr, 0);
+      continue;
+    }
     const auto dims = value.GetTensorTypeAndShapeInfo().GetShape();
     in.add(value.GetTensorRawData(), dims.data(), static_cast<int>(dims.size()));
   }

@@ -13,8 +13,12 @@
 // element y = fma(fma(s, rstd, -mean rstd), gamma, beta) rounded to T, and the float8 copy from that rounded y: y / y_scale
 // (correctly rounded division, as the CPU kernel and the function body's Div) -> e4m3 with saturation, two elements a
 // conversion, one 8-byte (16-bit T) or 4-byte (fp32) store a vector. Any other row: a block per row that recomputes the sum in
-// each of its three sweeps (from L1/L2).
+// each of its three sweeps (from L1/L2). With ids (GPT-2's embeddings, looked up by the norm) a block reads its row's id, then that
+// table row; a broadcast skip's row is r % skip_rows (the division skipped where skip has every row).
 #include <cuda_fp8.h>
+
+#include <cstdlib>
+#include <cstring>
 
 #include "common/cuda_check.h"
 #include "common/dtype.cuh"
@@ -29,7 +33,8 @@ constexpr int kBlockVecs = 8;         // vectors a thread of the longer rows' bl
 constexpr int kMaxThreads = 512;      // its threads
 constexpr int kFallbackThreads = 256;
 
-// The pointers and sizes of a launch: one argument for every kernel.
+// The pointers and sizes of a launch: one argument for every kernel. A part of a launch (rows_from) keeps the pointers and starts at
+// row first: block b works on row first + b.
 template <typename T>
 struct Rows {
   const T *x, *skip, *gamma, *beta, *bias;
@@ -39,6 +44,12 @@ struct Rows {
   T* sum;
   int64_t rows, cols;
   float epsilon;
+  const int64_t* ids;  // null: row r reads x's row r; else x's row table_row(ids[r], table_rows)
+  int64_t table_rows, skip_rows;
+  int64_t first;
+
+  __device__ __forceinline__ int64_t x_row(int64_t r) const { return ids ? table_row(ids[r], table_rows) : r; }
+  __device__ __forceinline__ int64_t skip_row(int64_t r) const { return r < skip_rows ? r : r % skip_rows; }
 };
 
 // The float8 bytes of elements 2k, 2k+1 of a vector.
@@ -68,10 +79,10 @@ struct RowSum {
     if (a.yq) y_scale = __ldg(a.y_scale);
   }
 
-  // s = x [+ skip] + bias; returns this thread's share of the row total.
+  // s = x [+ skip] + bias (x's and skip's rows as a maps row); returns this thread's share of the row total.
   __device__ __forceinline__ float load(const Rows<T>& a, int64_t row, int first, int step, int n) {
-    const auto* x = reinterpret_cast<const Vec<T>*>(a.x) + row * n;
-    const auto* skip = a.skip ? reinterpret_cast<const Vec<T>*>(a.skip) + row * n : nullptr;
+    const auto* x = reinterpret_cast<const Vec<T>*>(a.x) + a.x_row(row) * n;
+    const auto* skip = a.skip ? reinterpret_cast<const Vec<T>*>(a.skip) + a.skip_row(row) * n : nullptr;
     const auto* bias = reinterpret_cast<const Vec<T>*>(a.bias);
     float total = 0.f;
 #pragma unroll
@@ -89,6 +100,23 @@ struct RowSum {
           v[j][k] = f.x + b.x + s.x;
           v[j][k + 1] = f.y + b.y + s.y;
           total += v[j][k] + v[j][k + 1];
+        }
+      }
+    }
+    return total;
+  }
+
+  // (sum of d, sum of d^2) over this thread's elements, d = s - shift.
+  __device__ __forceinline__ float2 shifted_sums(float shift, int first, int step, int n) const {
+    float2 total = make_float2(0.f, 0.f);
+#pragma unroll
+    for (int j = 0; j < kVecs; ++j) {
+      if (first + j * step < n) {
+#pragma unroll
+        for (int k = 0; k < kSize; ++k) {
+          const float d = v[j][k] - shift;
+          total.x += d;
+          total.y = fmaf(d, d, total.y);
         }
       }
     }
@@ -156,23 +184,64 @@ __device__ __forceinline__ float row_total(float v, float (&partial)[2][32]) {
   return total;
 }
 
-// A block per row (n <= blockDim.x * kVecs vectors), kVecs vectors a thread.
-template <typename T, int kVecs>
+// The block's totals of a and b with one barrier (see row_total).
+__device__ __forceinline__ float2 row_totals(float a, float b, float (&partial)[2][32]) {
+  a = warp_sum(a);
+  b = warp_sum(b);
+  if ((threadIdx.x & 31) == 0) {
+    partial[0][threadIdx.x >> 5] = a;
+    partial[1][threadIdx.x >> 5] = b;
+  }
+  __syncthreads();
+  const int warps = static_cast<int>(blockDim.x >> 5);
+  float2 total = make_float2(partial[0][0], partial[1][0]);
+  for (int w = 1; w < warps; ++w) {
+    total.x += partial[0][w];
+    total.y += partial[1][w];
+  }
+  return total;
+}
+
+// DEPLOYFUSE_SLN_STATS=shifted (the H200 A/B): one reduction of the shifted sums instead of the exact two-pass statistics.
+bool shifted_stats() {
+  static const bool shifted = [] {
+    const char* v = std::getenv("DEPLOYFUSE_SLN_STATS");
+    return v != nullptr && std::strcmp(v, "shifted") == 0;
+  }();
+  return shifted;
+}
+
+// A block per row (n <= blockDim.x * kVecs vectors), kVecs vectors a thread. kShifted: the statistics from one reduction of
+// d = s - K and d^2, K the row's first sum element (every thread reads it: one broadcast load a row), mean = K + sum(d) / cols and
+// var = sum(d^2) / cols - (sum(d) / cols)^2 (the shifted-data variance: K lies in the row, so the cancellation stays small).
+template <typename T, int kVecs, bool kShifted>
 __global__ void __launch_bounds__(kVecs == 1 ? kOneVecThreads : kMaxThreads) block_kernel(Rows<T> a, int n, float inv_cols) {
   __shared__ float partial[2][32];
-  const int64_t r = blockIdx.x;
+  const int64_t r = a.first + blockIdx.x;
   RowSum<T, kVecs, kVecs == 1> s;
   if constexpr (kVecs == 1) s.prefetch(a, threadIdx.x, blockDim.x, n);
-  const float mean = row_total<0>(s.load(a, r, threadIdx.x, blockDim.x, n), partial) * inv_cols;
-  const float rstd = rsqrtf(row_total<1>(s.squared_deviations(mean, threadIdx.x, blockDim.x, n), partial) * inv_cols + a.epsilon);
+  float mean, rstd;
+  if constexpr (kShifted) {
+    const float k = to_float(a.x[a.x_row(r) * a.cols]) + to_float(a.bias[0]) + (a.skip ? to_float(a.skip[a.skip_row(r) * a.cols]) : 0.f);
+    s.load(a, r, threadIdx.x, blockDim.x, n);
+    const float2 part = s.shifted_sums(k, threadIdx.x, blockDim.x, n);
+    const float2 sums = row_totals(part.x, part.y, partial);
+    const float d = sums.x * inv_cols;
+    mean = k + d;
+    rstd = rsqrtf(fmaxf(fmaf(-d, d, sums.y * inv_cols), 0.f) + a.epsilon);
+  } else {
+    mean = row_total<0>(s.load(a, r, threadIdx.x, blockDim.x, n), partial) * inv_cols;
+    rstd = rsqrtf(row_total<1>(s.squared_deviations(mean, threadIdx.x, blockDim.x, n), partial) * inv_cols + a.epsilon);
+  }
   s.store(a, r, mean, rstd, threadIdx.x, blockDim.x, n);
 }
 
 // Any row: element by element, the sum recomputed in each sweep.
 template <typename T>
 __global__ void __launch_bounds__(kFallbackThreads) row_kernel(Rows<T> a, float inv_cols) {
-  const int64_t at = static_cast<int64_t>(blockIdx.x) * a.cols;
-  const auto total = [&](int64_t c) { return to_float(a.x[at + c]) + to_float(a.bias[c]) + (a.skip ? to_float(a.skip[at + c]) : 0.f); };
+  const int64_t r = a.first + blockIdx.x, at = r * a.cols, x_at = a.x_row(r) * a.cols;
+  const int64_t skip_at = a.skip ? a.skip_row(r) * a.cols : 0;
+  const auto total = [&](int64_t c) { return to_float(a.x[x_at + c]) + to_float(a.bias[c]) + (a.skip ? to_float(a.skip[skip_at + c]) : 0.f); };
   float part = 0.f;
   for (int64_t c = threadIdx.x; c < a.cols; c += blockDim.x) part += total(c);
   const float mean = block_sum(part) * inv_cols;
@@ -204,13 +273,8 @@ bool vectorisable(const Rows<T>& a) {
 template <typename T>
 Rows<T> rows_from(const Rows<T>& a, int64_t r0, int64_t count) {
   Rows<T> part = a;
-  const int64_t off = r0 * a.cols;
+  part.first = r0;
   part.rows = count;
-  part.x += off;
-  part.skip = a.skip ? a.skip + off : nullptr;
-  part.y = a.y ? a.y + off : nullptr;
-  part.sum = a.sum ? a.sum + off : nullptr;
-  part.yq = a.yq ? a.yq + off : nullptr;
   return part;
 }
 
@@ -230,17 +294,24 @@ cudaError_t launch_by_rows(const Rows<T>& a, Launch launch) {
 template <typename T, int kVecs>
 cudaError_t launch_block(cudaStream_t stream, const Rows<T>& a, int n, float inv_cols) {
   const int threads = ((n + kVecs - 1) / kVecs + 31) / 32 * 32;
-  return launch_by_rows(
-      a, [&](const Rows<T>& part, unsigned blocks) { block_kernel<T, kVecs><<<blocks, threads, 0, stream>>>(part, n, inv_cols); });
+  const bool shifted = shifted_stats();
+  return launch_by_rows(a, [&](const Rows<T>& part, unsigned blocks) {
+    if (shifted) {
+      block_kernel<T, kVecs, true><<<blocks, threads, 0, stream>>>(part, n, inv_cols);
+    } else {
+      block_kernel<T, kVecs, false><<<blocks, threads, 0, stream>>>(part, n, inv_cols);
+    }
+  });
 }
 
 }  // namespace
 
 template <typename T>
 cudaError_t launch_skip_layer_norm_fp8(cudaStream_t stream, const T* x, const T* skip, const T* gamma, const T* beta, const T* bias,
-                                       const float* y_scale, T* y, uint8_t* yq, T* sum, int64_t rows, int64_t cols, float epsilon) {
+                                       const float* y_scale, T* y, uint8_t* yq, T* sum, int64_t rows, int64_t cols, float epsilon,
+                                       const int64_t* ids, int64_t table_rows, int64_t skip_rows) {
   if (rows == 0 || cols == 0) return cudaSuccess;
-  const Rows<T> a{x, skip, gamma, beta, bias, y_scale, y, yq, sum, rows, cols, epsilon};
+  const Rows<T> a{x, skip, gamma, beta, bias, y_scale, y, yq, sum, rows, cols, epsilon, ids, table_rows, skip_rows > 0 ? skip_rows : rows, 0};
   const float inv_cols = 1.f / static_cast<float>(cols);
   if (vectorisable(a)) {
     const int64_t n = cols / Vec<T>::kSize;
@@ -253,7 +324,7 @@ cudaError_t launch_skip_layer_norm_fp8(cudaStream_t stream, const T* x, const T*
 
 #define DF_INSTANTIATE(T)                                                                                                              \
   template cudaError_t launch_skip_layer_norm_fp8<T>(cudaStream_t, const T*, const T*, const T*, const T*, const T*, const float*, T*, \
-                                                     uint8_t*, T*, int64_t, int64_t, float);
+                                                     uint8_t*, T*, int64_t, int64_t, float, const int64_t*, int64_t, int64_t);
 DF_INSTANTIATE(float)
 DF_INSTANTIATE(__half)
 DF_INSTANTIATE(__nv_bfloat16)

@@ -6,14 +6,17 @@
 
 namespace deployfuse {
 
-void skip_layer_norm_fp8_cpu(const float* x, const float* skip, const float* gamma, const float* beta, const float* bias, float y_scale,
-                             float* y, uint8_t* yq, float* sum, int64_t rows, int64_t cols, float epsilon) {
+void skip_layer_norm_fp8_cpu(const float* x, const float* skip, const int64_t* ids, const float* gamma, const float* beta,
+                             const float* bias, float y_scale, float* y, uint8_t* yq, float* sum, int64_t rows, int64_t cols,
+                             int64_t skip_rows, int64_t table_rows, float epsilon) {
   std::vector<float> total(static_cast<size_t>(cols));
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t at = r * cols;
+    const float* xr = x + (ids ? table_row(ids[r], table_rows) : r) * cols;
+    const float* sr = skip ? skip + (r % skip_rows) * cols : nullptr;
     double mean = 0.0, sq = 0.0;
     for (int64_t c = 0; c < cols; ++c) {
-      total[c] = x[at + c] + bias[c] + (skip ? skip[at + c] : 0.f);
+      total[c] = xr[c] + bias[c] + (sr ? sr[c] : 0.f);
       mean += total[c];
     }
     mean /= static_cast<double>(cols);

@@ -40,8 +40,10 @@ CASES: list[tuple[str, tuple[int, ...], dict[str, Any]]] = [
     # Fp8Mlp (shape = X's dims + N1 + N2): every activation, odd K and N2, N1 a multiple of 16 (CUDA's need) and not, one row
     *[("Fp8Mlp", (3, 5, 37, 48, 19), {"activation": a}) for a in ("none", "relu", "gelu_tanh")],
     ("Fp8Mlp", (1, 24, 20, 7), {"activation": "gelu_tanh", "fast_accum": 0}),
-    # SkipLayerNormFp8: with Skip ("mask") and without, an odd hidden size, one row
-    ("SkipLayerNormFp8", (3, 5, 37), {"mask": True}), ("SkipLayerNormFp8", (1, 1, 48), {"epsilon": 1e-3}),
+    # SkipLayerNormFp8: with Skip ("mask") and without, an odd hidden size, one row; Ids into a table (the outputs' shape = Ids' +
+    # [H]), alone and with a Skip broadcast over the rows
+    ("SkipLayerNormFp8", (3, 5, 37), {"mask": "skip"}), ("SkipLayerNormFp8", (1, 1, 48), {"epsilon": 1e-3}),
+    ("SkipLayerNormFp8", (5, 37), {"mask": "ids"}), ("SkipLayerNormFp8", (6, 48), {"mask": "skip,ids"}),
 ]
 
 

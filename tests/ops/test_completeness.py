@@ -71,11 +71,14 @@ def _variants(spec: OpSpec) -> list[dict]:
 
 
 def _case_variant(spec: OpSpec, attrs: dict) -> str:
-    """A case's variant: "mask" gives the optional inputs, but YScale, which FusedMHA's "outputs" naming YQ gives (YQ_CASES)."""
+    """A case's variant: "mask" gives the optional inputs (all, or those a string names: SkipLayerNormFp8's "skip,ids"), but
+    YScale, which FusedMHA's "outputs" naming YQ gives (YQ_CASES)."""
     attrs = dict(attrs)
     given = {"YScale": "YQ" in attrs.pop("outputs", ())}
     mask = attrs.pop("mask", False)
-    return spec.variant_key(spec.resolve(**attrs), [n for n in spec.inputs if n not in spec.optional or given.get(n, mask)])
+    named = set(mask.split(",")) if isinstance(mask, str) else None
+    present = [n for n in spec.inputs if n not in spec.optional or given.get(n, mask if named is None else n.lower() in named)]
+    return spec.variant_key(spec.resolve(**attrs), present)
 
 
 def _present(spec: OpSpec, variant: dict) -> list[str]:

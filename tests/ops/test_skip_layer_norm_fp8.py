@@ -11,7 +11,7 @@ import torch
 
 from deployfuse.backends.ort import run, session
 from deployfuse.ops import attach_functions, ort_custom_ops_library
-from deployfuse.ops.defs.skip_layer_norm_fp8 import reference_outputs
+from deployfuse.ops.defs.skip_layer_norm_fp8 import EXAMPLE_VOCAB, reference_outputs
 from deployfuse.ops.models import example_inputs, ort_feed, reference_output, single_op_model, torch_inputs
 from deployfuse.ops.schema import to_element_type
 
@@ -53,6 +53,54 @@ def test_outputs_match_reference(library, skip, outputs, native):
             assert steps.max() <= 1 and (steps > 0).mean() < 1e-2, name
         else:
             np.testing.assert_allclose(value, want[name], rtol=1e-4, atol=1e-5, err_msg=name)
+
+
+def _lookup_case(ids_shape: tuple[int, ...], skip: tuple[int, ...] | None, ids: bool) -> list:
+    """Inputs with the outputs ids_shape + [48]: the example's table looked up by its Ids (ids False: X of that shape) and a
+    Skip of shape `skip` (None: none) broadcast over the leading axes."""
+    xs = example_inputs(OP, (*ids_shape, 48), mask="ids" if ids else None)
+    if skip is not None:
+        xs[5] = np.random.default_rng().standard_normal(skip, dtype=np.float32)
+    return xs
+
+
+@pytest.mark.parametrize(
+    "ids_shape,skip,ids",
+    [((3, 5), (5, 48), True), ((3, 5), (1, 5, 48), True), ((3, 5), (3, 5, 48), True), ((2, 3, 4), None, True), ((6,), (6, 48), True),
+     ((3, 5), (5, 48), False), ((2, 3, 4), (1, 4, 48), False), ((2, 3, 4), (48,), False)],
+    ids=["ids_skip_s", "ids_skip_1s", "ids_skip_full", "ids_rank2_no_skip", "ids_rank1", "skip_s", "skip_1s_rank3", "skip_row"],
+)
+@pytest.mark.parametrize("native", [False, True], ids=["function_body", "cpu_library"])
+def test_lookups_and_broadcast_skip_match_reference(library, ids_shape, skip, ids, native):
+    """With Ids, row r of the sum reads the table's row Ids[r] (the example's ids: one below -V and one at V, clamped, and -1,
+    the last row), the outputs Ids.shape + [H]; a Skip of fewer rows broadcast over the leading axes."""
+    xs = _lookup_case(ids_shape, skip, ids)
+    model = _norm_model(xs, ("Y", "YQ", "Sum"), onnx.TensorProto.FLOAT)
+    for out in model.graph.output:  # the outputs' rank: Ids' and H
+        del out.type.tensor_type.shape.dim[:]
+        out.type.tensor_type.shape.dim.extend(onnx.TensorShapeProto.Dimension(dim_param=f"{out.name}_{i}") for i in range(len(ids_shape) + 1))
+    if native:
+        del model.functions[:]
+    got = run(session(model, optimize=native, custom_ops_library=library if native else None), ort_feed(OP, xs))
+    y, yq, total = reference_outputs(*torch_inputs(xs), epsilon=1e-3)
+    assert y.shape == (*ids_shape, 48)
+    np.testing.assert_allclose(got["Y"], y.numpy(), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(got["Sum"], total.numpy(), rtol=1e-5, atol=1e-6)
+    steps = np.abs(_bits(got["YQ"]).astype(np.int16) - yq.view(torch.uint8).numpy().astype(np.int16))
+    assert steps.max() <= 1 and (steps > 0).mean() < 2e-2
+    if ids:  # the rows the clamped and the negative ids read: 0, V - 1, V - 1
+        skips = np.zeros_like(got["Sum"]) if xs[5] is None else np.broadcast_to(xs[5], got["Sum"].shape)
+        for k, row in enumerate((0, EXAMPLE_VOCAB - 1, EXAMPLE_VOCAB - 1)):
+            np.testing.assert_allclose(got["Sum"].reshape(-1, 48)[k], xs[0][row] + xs[3] + skips.reshape(-1, 48)[k], rtol=1e-5, atol=1e-6)
+
+
+def test_skip_that_does_not_broadcast_over_leading_axes_is_refused(library):
+    """A Skip whose rows are not the output's trailing dims fails in the CPU kernel instead of reading past it."""
+    xs = _lookup_case((3, 5), (3, 48), True)
+    model = _norm_model(xs, ("Y",), onnx.TensorProto.FLOAT)
+    del model.functions[:]
+    with pytest.raises(Exception, match="Skip must be the output's shape or broadcast to it"):
+        run(session(model, optimize=True, custom_ops_library=library), ort_feed(OP, xs))
 
 
 def test_yq_is_the_quantize_pass_it_replaces():

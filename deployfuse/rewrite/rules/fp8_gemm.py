@@ -193,17 +193,18 @@ def rules(target: str | Target) -> list[pattern.RewriteRule]:
 def lower(model: onnx.ModelProto, target: str | Target) -> tuple[onnx.ModelProto, int]:
     """`model` with every float8 Q/DQ'd GEMM the rules take rewritten into Fp8GemmAct, then each
     FC1 -> FC2 pair of them merged into one Fp8Mlp (`rules.fp8_mlp`: the hidden activation kept in
-    float8), each norm feeding them made to quantize their X (`rules.fp8_norm`), then each attention
+    float8), each norm feeding them made to quantize their X (`rules.fp8_norm`) and the first one to do the
+    embedding lookups (`rules.fp8_embed`), then each attention
     (`rules.fp8_attention_out`), then the float GEMMs left (those the gate keeps) made GemmAct
     (`float_gemms`), function bodies attached; and how many GEMMs were made float8 (an Fp8Mlp holds two). Not
     guarded (see the module's docstring): the caller judges the result. Rules apply one name at a
     time, in `rules` order, as `rewrite.fuse` applies them."""
     from deployfuse.ops import attach_functions
-    from deployfuse.rewrite.rules import fp8_attention_out, fp8_mlp, fp8_norm
+    from deployfuse.rewrite.rules import fp8_attention_out, fp8_embed, fp8_mlp, fp8_norm
 
     ir_model = ir.serde.deserialize_model(model)
     count = _apply(ir_model, rules(target))
-    lowered = fp8_norm.fuse(fp8_mlp.merge(ir.serde.serialize_model(ir_model))[0], target)[0]
+    lowered = fp8_embed.fuse(fp8_norm.fuse(fp8_mlp.merge(ir.serde.serialize_model(ir_model))[0], target)[0], target)[0]
     lowered, kept = float_gemms(fp8_attention_out.fuse(lowered, target)[0], target)
     if count or kept:
         attach_functions(lowered)

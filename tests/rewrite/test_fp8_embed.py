@@ -1,0 +1,152 @@
+"""rules.fp8_embed: GPT-2's token and position lookups and their Add taken into the first SkipLayerNormFp8 (Ids, a broadcast
+Skip). A tiny GPT-2's fp8 ort-cuda export (dynamic batch) has nothing before that norm but the ids' reshape, and computes on
+fresh ids at another batch what the same artefact with the Gathers and the Add put back computes (ONNX Runtime CPU, function
+bodies and the CPU kernels)."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+import torch
+import transformers
+from onnx import helper
+
+import deployfuse
+from deployfuse.backends.ort import run, session
+from deployfuse.inputs import DynamicAxis
+from deployfuse.ops import ort_custom_ops_library
+from deployfuse.rewrite.rules import fp8_embed
+
+VOCAB = 500
+
+
+@pytest.fixture(scope="module")
+def library():
+    return ort_custom_ops_library()
+
+
+@pytest.fixture(scope="module")
+def artefact(tmp_path_factory) -> onnx.ModelProto:
+    torch.manual_seed(0)
+    model = transformers.GPT2Model(transformers.GPT2Config(vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, n_positions=64)).eval()
+    ids = torch.randint(0, VOCAB, (2, 16))
+    result = deployfuse.export(model, tmp_path_factory.mktemp("gpt2") / "model.onnx", example_inputs={"input_ids": ids},
+                               dynamic=[DynamicAxis("input_ids", 0, "batch")], target="ort-cuda", precision="fp8",
+                               accuracy_budget="cos=0.99,rel=0.2", seed=0, verify_draws=1)
+    return onnx.load(result.onnx_path)
+
+
+def _unfused(model: onnx.ModelProto) -> onnx.ModelProto:
+    """`model` with each SkipLayerNormFp8's lookups put back: Gather(table, Ids) + Skip as its X, as before the rule."""
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    nodes = []
+    for node in out.graph.node:
+        if node.op_type == "SkipLayerNormFp8" and len(node.input) > 6 and node.input[6]:
+            words, x = f"{node.name}_words", f"{node.name}_x"
+            nodes += [helper.make_node("Gather", [node.input[0], node.input[6]], [words], axis=0), helper.make_node("Add", [words, node.input[5]], [x])]
+            node.input[:] = [x, *node.input[1:5]]
+        nodes.append(node)
+    del out.graph.node[:]
+    out.graph.node.extend(nodes)
+    deployfuse.ops.attach_functions(out)  # the norms' variant without Skip and Ids
+    return out
+
+
+def _native(model: onnx.ModelProto) -> onnx.ModelProto:
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    del out.functions[:]
+    return out
+
+
+def _close(got: dict[str, np.ndarray], want: dict[str, np.ndarray]) -> None:
+    """Nearly equal: the fused norm sums the two rows in float32 where the Add rounded them to float16 first, so a float8
+    value of YQ may flip where Y sits near a midpoint, which the layers after it carry."""
+    assert set(got) == set(want)
+    for name, value in want.items():
+        ref, out = value.astype(np.float64), got[name].astype(np.float64)
+        assert out.shape == ref.shape, name
+        rel = np.linalg.norm(out - ref) / np.linalg.norm(ref)
+        assert rel < 1e-2 and np.abs(out - ref).max() < 0.05 * np.abs(ref).max(), (name, rel)
+
+
+def test_gpt2_fp8_export_looks_up_the_embeddings_in_the_norm(artefact, library):
+    nodes = list(artefact.graph.node)
+    first = next(i for i, n in enumerate(nodes) if n.op_type == "SkipLayerNormFp8")
+    assert not {"Gather", "Add"} & {n.op_type for n in nodes[:first]}, [n.op_type for n in nodes[: first + 1]]
+    norm = nodes[first]
+    assert len(norm.input) == 7 and norm.input[5] and norm.input[6] and norm.output[2], "Skip, Ids, and Sum: the first residual"
+    feed = {"input_ids": np.random.default_rng().integers(0, VOCAB, (3, 16))}
+    unfused = _unfused(artefact)
+    assert sum(n.op_type == "Gather" for n in unfused.graph.node) == 1 + sum(n.op_type == "Gather" for n in nodes)
+    _close(run(session(artefact, optimize=False), feed), run(session(unfused, optimize=False), feed))
+    native = run(session(_native(artefact), optimize=False, custom_ops_library=library), feed)
+    _close(native, run(session(_native(unfused), optimize=False, custom_ops_library=library), feed))
+    changed = run(session(artefact, optimize=False), {"input_ids": (feed["input_ids"] + 1) % VOCAB})
+    assert not all(np.allclose(changed[k], v, atol=1e-2) for k, v in native.items()), "the ids reach the outputs"
+
+
+def _embeddings(rng: np.random.Generator, *, positions: str = "gather", bias: float = 0.0, residual: bool = True) -> onnx.ModelProto:
+    """ids [B, 4] -> Gather(W [10, 16]) + P [1, 4, 16] -> SkipLayerNormFp8 (Y, YQ), the Add also the graph's output (the residual);
+    positions: "gather" (a lookup of a constant [6, 16] table by constant positions), "range" (by Range(0, 4, 1)), "constant",
+    or "full" (a constant [2, 4, 16]: broadcasts over no leading axis, the batch being dynamic)."""
+    table = rng.standard_normal((10, 16)).astype(np.float32)
+    inits = [onnx.numpy_helper.from_array(table, "w"), onnx.numpy_helper.from_array(rng.standard_normal((6, 16)).astype(np.float32), "wp"),
+             *(onnx.numpy_helper.from_array(np.full(16, v, np.float32), n) for n, v in (("g", 1.0), ("b", 0.0), ("bias", bias))),
+             onnx.numpy_helper.from_array(np.array(0.01, np.float32), "s")]
+    nodes = [helper.make_node("Gather", ["w", "ids"], ["e"], axis=0)]
+    if positions in ("gather", "range"):
+        if positions == "gather":
+            inits.append(onnx.numpy_helper.from_array(np.arange(4, dtype=np.int64)[None], "pos"))
+        else:
+            inits += [onnx.numpy_helper.from_array(np.array(v, np.int64), n) for n, v in (("r0", 0), ("r1", 4), ("r2", 1))]
+            nodes.append(helper.make_node("Range", ["r0", "r1", "r2"], ["pos"]))
+        nodes.append(helper.make_node("Gather", ["wp", "pos"], ["p"], axis=0))
+    else:
+        inits.append(onnx.numpy_helper.from_array(rng.standard_normal((1 if positions == "constant" else 2, 4, 16)).astype(np.float32), "p"))
+    nodes += [helper.make_node("Add", ["e", "p"], ["x"]),
+              helper.make_node("SkipLayerNormFp8", ["x", "g", "b", "bias", "s"], ["y", "yq", ""], domain="deployfuse", epsilon=1e-5)]
+    outputs = [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["B", 4, 16])]
+    if residual:
+        outputs.append(helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["B", 4, 16]))
+    graph = helper.make_graph(nodes, "embed", [helper.make_tensor_value_info("ids", onnx.TensorProto.INT64, ["B", 4])], outputs, initializer=inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20), helper.make_opsetid("deployfuse", 1)], ir_version=10)
+    deployfuse.ops.attach_functions(model)
+    return model
+
+
+@pytest.mark.parametrize("positions", ["gather", "range", "constant"])
+def test_rule_keeps_what_the_graph_computes(positions):
+    """Y and the residual (the norm's Sum now) as the Gathers and the Add computed them (ids in [-V, V): Gather's range)."""
+    rng = np.random.default_rng()
+    model = _embeddings(rng, positions=positions)
+    feed = {"ids": rng.integers(-10, 10, (3, 4))}
+    want = run(session(model, optimize=False), feed)
+    fused, count, refused = fp8_embed.fuse(_copy(model), "ort-cuda")
+    assert count == 1 and not refused and [n.op_type for n in fused.graph.node] == ["SkipLayerNormFp8"]
+    assert positions == "constant" or "wp" not in {t.name for t in fused.graph.initializer}, "the folded position table is dropped"
+    deployfuse.ops.attach_functions(fused)  # the variant with Skip and Ids (fp8_gemm.lower attaches them after the rules)
+    got = run(session(fused, optimize=False), feed)
+    for name, value in want.items():
+        np.testing.assert_allclose(got[name], value, rtol=1e-5, atol=1e-5, err_msg=name)
+
+
+@pytest.mark.parametrize("change,why", [(dict(bias=0.5), "Bias is not zeros"), (dict(positions="full"), "leading axes")])
+def test_near_misses_are_refused_with_their_reason(change, why):
+    model = _embeddings(np.random.default_rng(0), **change)
+    fused, count, refused = fp8_embed.fuse(_copy(model), "ort-cuda")
+    assert count == 0 and len(refused) == 1 and why in refused[0], refused
+    assert [n.op_type for n in fused.graph.node] == [n.op_type for n in model.graph.node]
+
+
+def test_other_targets_keep_the_lookups():
+    model = _embeddings(np.random.default_rng(0))
+    assert fp8_embed.fuse(_copy(model), "tensorrt")[1] == 0
+
+
+def _copy(model: onnx.ModelProto) -> onnx.ModelProto:
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    return out
