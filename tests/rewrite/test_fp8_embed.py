@@ -88,10 +88,11 @@ def test_gpt2_fp8_export_looks_up_the_embeddings_in_the_norm(artefact, library):
     assert not all(np.allclose(changed[k], v, atol=1e-2) for k, v in native.items()), "the ids reach the outputs"
 
 
-def _embeddings(rng: np.random.Generator, *, positions: str = "gather", bias: float = 0.0, residual: bool = True) -> onnx.ModelProto:
-    """ids [B, 4] -> Gather(W [10, 16]) + P [1, 4, 16] -> SkipLayerNormFp8 (Y, YQ), the Add also the graph's output (the residual);
-    positions: "gather" (a lookup of a constant [6, 16] table by constant positions), "range" (by Range(0, 4, 1)), "constant",
-    or "full" (a constant [2, 4, 16]: broadcasts over no leading axis, the batch being dynamic)."""
+def _embeddings(rng: np.random.Generator, *, positions: str = "gather", bias: float = 0.0, residual: str = "output") -> onnx.ModelProto:
+    """ids [B, 4] -> Gather(W [10, 16]) + P [1, 4, 16] -> SkipLayerNormFp8 (Y, YQ); positions: "gather" (a lookup of a constant
+    [6, 16] table by constant positions), "range" (by Range(0, 4, 1)), "constant", or "full" (a constant [2, 4, 16]: broadcasts
+    over no leading axis, the batch being dynamic); residual: "output" (the Add is also a graph output), or "read" (a Neg
+    before the norm reads it, and the norm writes Sum)."""
     table = rng.standard_normal((10, 16)).astype(np.float32)
     inits = [onnx.numpy_helper.from_array(table, "w"), onnx.numpy_helper.from_array(rng.standard_normal((6, 16)).astype(np.float32), "wp"),
              *(onnx.numpy_helper.from_array(np.full(16, v, np.float32), n) for n, v in (("g", 1.0), ("b", 0.0), ("bias", bias))),
@@ -106,26 +107,28 @@ def _embeddings(rng: np.random.Generator, *, positions: str = "gather", bias: fl
         nodes.append(helper.make_node("Gather", ["wp", "pos"], ["p"], axis=0))
     else:
         inits.append(onnx.numpy_helper.from_array(rng.standard_normal((1 if positions == "constant" else 2, 4, 16)).astype(np.float32), "p"))
-    nodes += [helper.make_node("Add", ["e", "p"], ["x"]),
-              helper.make_node("SkipLayerNormFp8", ["x", "g", "b", "bias", "s"], ["y", "yq", ""], domain="deployfuse", epsilon=1e-5)]
-    outputs = [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["B", 4, 16])]
-    if residual:
-        outputs.append(helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["B", 4, 16]))
+    nodes.append(helper.make_node("Add", ["e", "p"], ["x"]))
+    if residual == "read":
+        nodes.append(helper.make_node("Neg", ["x"], ["nx"]))
+    total = "total" if residual == "read" else ""
+    nodes.append(helper.make_node("SkipLayerNormFp8", ["x", "g", "b", "bias", "s"], ["y", "yq", total], domain="deployfuse", epsilon=1e-5))
+    outputs = [helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, ["B", 4, 16]) for name in ("y", *(("nx", "total") if total else ("x",)))]
     graph = helper.make_graph(nodes, "embed", [helper.make_tensor_value_info("ids", onnx.TensorProto.INT64, ["B", 4])], outputs, initializer=inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20), helper.make_opsetid("deployfuse", 1)], ir_version=10)
     deployfuse.ops.attach_functions(model)
     return model
 
 
-@pytest.mark.parametrize("positions", ["gather", "range", "constant"])
-def test_rule_keeps_what_the_graph_computes(positions):
-    """Y and the residual (the norm's Sum now) as the Gathers and the Add computed them (ids in [-V, V): Gather's range)."""
+@pytest.mark.parametrize("positions,residual", [("gather", "output"), ("range", "output"), ("constant", "output"), ("gather", "read")])
+def test_rule_keeps_what_the_graph_computes(positions, residual):
+    """Y and the residual (the norm's Sum now, in the Add's place) as the Gathers and the Add computed them (ids in [-V, V):
+    Gather's range)."""
     rng = np.random.default_rng()
-    model = _embeddings(rng, positions=positions)
+    model = _embeddings(rng, positions=positions, residual=residual)
     feed = {"ids": rng.integers(-10, 10, (3, 4))}
     want = run(session(model, optimize=False), feed)
     fused, count, refused = fp8_embed.fuse(_copy(model), "ort-cuda")
-    assert count == 1 and not refused and [n.op_type for n in fused.graph.node] == ["SkipLayerNormFp8"]
+    assert count == 1 and not refused and [n.op_type for n in fused.graph.node] == ["SkipLayerNormFp8"] + ["Neg"] * (residual == "read")
     assert positions == "constant" or "wp" not in {t.name for t in fused.graph.initializer}, "the folded position table is dropped"
     deployfuse.ops.attach_functions(fused)  # the variant with Skip and Ids (fp8_gemm.lower attaches them after the rules)
     got = run(session(fused, optimize=False), feed)

@@ -13,7 +13,8 @@ Taken: a SkipLayerNormFp8 without Skip or Ids whose X is an Add (read by nothing
 - a constant P (or a Gather of a constant table by constant or constant-Range positions, folded into one) whose dims,
   leading 1s dropped, are static trailing dims of the ids' shape and H: P broadcasts over the leading axes only;
 the table and P in one element type, H the norm's. Where the Add's output is read elsewhere (the residual) the norm's
-Bias must be zeros (Sum then equals the Add) and those readers read Sum. Refused otherwise, with the reason. Applied by
+Bias must be zeros (Sum then equals the Add) and those readers read Sum. A norm with such an Add of a Gather is refused
+otherwise, with the reason; the other norms (a Skip already, another X) are no candidates. Applied by
 `fp8_gemm.lower` right after `fp8_norm`, under its lowering key (`fp8_norm`: ort-cuda only). Ids out of range are clamped
 by the op where ONNX's Gather fails (a negative id reads from the end in both).
 """
@@ -29,7 +30,7 @@ from deployfuse.rewrite.rules import fp8_norm
 from deployfuse.rewrite.rules.fp8_mlp import _Graph
 from deployfuse.targets import DEPLOYFUSE, Target, get_target
 
-_X, _GAMMA, _BETA, _BIAS, _Y_SCALE, _SKIP, _IDS = (skip_layer_norm_fp8.SPEC.inputs.index(name) for name in skip_layer_norm_fp8.SPEC.inputs)
+_X, _GAMMA, _BIAS, _SKIP = (skip_layer_norm_fp8.SPEC.inputs.index(name) for name in ("X", "Gamma", "Bias", "Skip"))
 
 
 def _types(model: onnx.ModelProto) -> dict[str, onnx.TypeProto.Tensor]:
@@ -94,14 +95,21 @@ def _lookup(g: _Graph, types: dict[str, onnx.TypeProto.Tensor], add: onnx.NodePr
     return "X is not a Gather of a constant table plus a constant (or constant-position lookup)"
 
 
-def _taken(g: _Graph, model: onnx.ModelProto, types: dict[str, onnx.TypeProto.Tensor], index: int) -> tuple[onnx.NodeProto, list[int], dict[str, str]] | str:
-    """(the SkipLayerNormFp8 with Ids and Skip, the nodes it replaces, renames of the readers of the Add's output), or why not."""
-    norm = g.nodes[index]
-    if len(norm.input) > _SKIP and any(norm.input[_SKIP:]):
-        return "it has a Skip already"
+def _candidate(g: _Graph, norm: onnx.NodeProto) -> onnx.NodeProto | None:
+    """The Add feeding the norm's X where the norm has no Skip and one operand is a Gather (a lookup to take), else None."""
     add = g.node_of(norm.input[_X])
-    if add is None or add.op_type != "Add" or add.domain not in ("", "ai.onnx"):
-        return "X is not an Add"
+    if (len(norm.input) > _SKIP and any(norm.input[_SKIP:])) or add is None or add.op_type != "Add" or add.domain not in ("", "ai.onnx"):
+        return None
+    return add if any(_is_gather(g.node_of(name)) for name in add.input) else None
+
+
+def _taken(
+    g: _Graph, model: onnx.ModelProto, types: dict[str, onnx.TypeProto.Tensor], index: int, add: onnx.NodeProto
+) -> tuple[onnx.NodeProto, list[int], dict[str, str]] | str:
+    """(the SkipLayerNormFp8 `index` with Ids and Skip, to stand in the Add's place (its inputs are constants and the ids,
+    so that whatever reads the residual there reads it after it); the other nodes it replaces; renames of the readers of the
+    Add's output), or why not."""
+    norm = g.nodes[index]
     found = _lookup(g, types, add)
     if isinstance(found, str):
         return found
@@ -127,9 +135,9 @@ def _taken(g: _Graph, model: onnx.ModelProto, types: dict[str, onnx.TypeProto.Te
     inputs[_X] = gather.input[0]
     fused = helper.make_node(norm.op_type, inputs, [norm.output[0], norm.output[1], total], name=norm.name, domain=DEPLOYFUSE)
     fused.attribute.extend(norm.attribute)
-    gone = [g.producer[add.output[0]], g.producer[gather.output[0]]]
+    gone = [index, g.producer[gather.output[0]]]
     position = g.node_of(other)
-    if position is not None and g.only_reader(other, gone[0]):  # the folded lookup, and a Range only it reads
+    if position is not None and g.only_reader(other, g.producer[add.output[0]]):  # the folded lookup, and a Range only it reads
         gone.append(g.producer[other])
         indices = g.node_of(position.input[1]) if _is_gather(position) else None
         if indices is not None and g.only_reader(position.input[1], gone[-1]):
@@ -148,13 +156,14 @@ def fuse(model: onnx.ModelProto, target: str | Target) -> tuple[onnx.ModelProto,
     renames: dict[str, str] = {}
     refused: list[str] = []
     for index, node in enumerate(g.nodes):
-        if node.domain != DEPLOYFUSE or node.op_type != skip_layer_norm_fp8.SPEC.name:
+        add = _candidate(g, node) if node.domain == DEPLOYFUSE and node.op_type == skip_layer_norm_fp8.SPEC.name else None
+        if add is None:
             continue
-        taken = _taken(g, model, types, index)
+        taken = _taken(g, model, types, index, add)
         if isinstance(taken, str):
             refused.append(f"{node.name or node.output[1]}: {taken}")
             continue
-        replaced[index], removed, more = taken
+        replaced[g.producer[add.output[0]]], removed, more = taken
         gone |= set(removed)
         renames.update(more)
     if replaced:
@@ -162,8 +171,8 @@ def fuse(model: onnx.ModelProto, target: str | Target) -> tuple[onnx.ModelProto,
         for n in nodes:
             n.input[:] = [renames.get(name, name) for name in n.input]
         used = {name for n in nodes for name in n.input} | g.outputs
-        freed = {name for i in gone for name in g.nodes[i].input} - used  # the position table, once folded
-        dropped = {o for i in gone for o in g.nodes[i].output} - {o for n in nodes for o in n.output}
+        freed = {name for i in (*gone, *replaced) for name in g.nodes[i].input} - used  # the position table, once folded
+        dropped = {o for i in (*gone, *replaced) for o in g.nodes[i].output} - {o for n in nodes for o in n.output}
         kept = [t for t in model.graph.initializer if t.name not in freed]
         info = [v for v in model.graph.value_info if v.name not in dropped]
         for field, values in ((model.graph.node, nodes), (model.graph.initializer, kept), (model.graph.value_info, info)):
