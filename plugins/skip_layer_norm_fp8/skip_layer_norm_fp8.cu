@@ -17,9 +17,6 @@
 // table row; a broadcast skip's row is r % skip_rows (the division skipped where skip has every row).
 #include <cuda_fp8.h>
 
-#include <cstdlib>
-#include <cstring>
-
 #include "common/cuda_check.h"
 #include "common/dtype.cuh"
 #include "common/vec_math.cuh"
@@ -59,7 +56,7 @@ __device__ __forceinline__ __nv_fp8x2_storage_t e4m3_pair(float a, float b, floa
 
 // This thread's vectors of one row, c = first + j * step (j < kVecs, c < n), summed in float32. kEarly: Gamma, Beta and YScale
 // loaded by prefetch() before the statistics, whose barriers would otherwise leave their latency exposed (the one-vector path).
-template <typename T, int kVecs, bool kEarly = false>
+template <typename T, int kVecs, bool kEarly = false, bool kMapped = false>
 struct RowSum {
   static constexpr int kSize = Vec<T>::kSize;
   float v[kVecs][kSize];
@@ -81,8 +78,8 @@ struct RowSum {
 
   // s = x [+ skip] + bias (x's and skip's rows as a maps row); returns this thread's share of the row total.
   __device__ __forceinline__ float load(const Rows<T>& a, int64_t row, int first, int step, int n) {
-    const auto* x = reinterpret_cast<const Vec<T>*>(a.x) + a.x_row(row) * n;
-    const auto* skip = a.skip ? reinterpret_cast<const Vec<T>*>(a.skip) + a.skip_row(row) * n : nullptr;
+    const auto* x = reinterpret_cast<const Vec<T>*>(a.x) + (kMapped ? a.x_row(row) : row) * n;
+    const auto* skip = a.skip ? reinterpret_cast<const Vec<T>*>(a.skip) + (kMapped ? a.skip_row(row) : row) * n : nullptr;
     const auto* bias = reinterpret_cast<const Vec<T>*>(a.bias);
     float total = 0.f;
 #pragma unroll
@@ -100,23 +97,6 @@ struct RowSum {
           v[j][k] = f.x + b.x + s.x;
           v[j][k + 1] = f.y + b.y + s.y;
           total += v[j][k] + v[j][k + 1];
-        }
-      }
-    }
-    return total;
-  }
-
-  // (sum of d, sum of d^2) over this thread's elements, d = s - shift.
-  __device__ __forceinline__ float2 shifted_sums(float shift, int first, int step, int n) const {
-    float2 total = make_float2(0.f, 0.f);
-#pragma unroll
-    for (int j = 0; j < kVecs; ++j) {
-      if (first + j * step < n) {
-#pragma unroll
-        for (int k = 0; k < kSize; ++k) {
-          const float d = v[j][k] - shift;
-          total.x += d;
-          total.y = fmaf(d, d, total.y);
         }
       }
     }
@@ -184,55 +164,17 @@ __device__ __forceinline__ float row_total(float v, float (&partial)[2][32]) {
   return total;
 }
 
-// The block's totals of a and b with one barrier (see row_total).
-__device__ __forceinline__ float2 row_totals(float a, float b, float (&partial)[2][32]) {
-  a = warp_sum(a);
-  b = warp_sum(b);
-  if ((threadIdx.x & 31) == 0) {
-    partial[0][threadIdx.x >> 5] = a;
-    partial[1][threadIdx.x >> 5] = b;
-  }
-  __syncthreads();
-  const int warps = static_cast<int>(blockDim.x >> 5);
-  float2 total = make_float2(partial[0][0], partial[1][0]);
-  for (int w = 1; w < warps; ++w) {
-    total.x += partial[0][w];
-    total.y += partial[1][w];
-  }
-  return total;
-}
-
-// DEPLOYFUSE_SLN_STATS=shifted (the H200 A/B): one reduction of the shifted sums instead of the exact two-pass statistics.
-bool shifted_stats() {
-  static const bool shifted = [] {
-    const char* v = std::getenv("DEPLOYFUSE_SLN_STATS");
-    return v != nullptr && std::strcmp(v, "shifted") == 0;
-  }();
-  return shifted;
-}
-
-// A block per row (n <= blockDim.x * kVecs vectors), kVecs vectors a thread. kShifted: the statistics from one reduction of
-// d = s - K and d^2, K the row's first sum element (every thread reads it: one broadcast load a row), mean = K + sum(d) / cols and
-// var = sum(d^2) / cols - (sum(d) / cols)^2 (the shifted-data variance: K lies in the row, so the cancellation stays small).
-template <typename T, int kVecs, bool kShifted>
+// A block per row (n <= blockDim.x * kVecs vectors), kVecs vectors a thread. kMapped: X's rows looked up by ids or Skip broadcast
+// (Rows::x_row, skip_row); without, row r reads row r of each, as before the lookups existed (their index math costs the plain
+// rows ~8 % at 8192 x 768 on the H200).
+template <typename T, int kVecs, bool kMapped>
 __global__ void __launch_bounds__(kVecs == 1 ? kOneVecThreads : kMaxThreads) block_kernel(Rows<T> a, int n, float inv_cols) {
   __shared__ float partial[2][32];
   const int64_t r = a.first + blockIdx.x;
-  RowSum<T, kVecs, kVecs == 1> s;
+  RowSum<T, kVecs, kVecs == 1, kMapped> s;
   if constexpr (kVecs == 1) s.prefetch(a, threadIdx.x, blockDim.x, n);
-  float mean, rstd;
-  if constexpr (kShifted) {
-    const float k = to_float(a.x[a.x_row(r) * a.cols]) + to_float(a.bias[0]) + (a.skip ? to_float(a.skip[a.skip_row(r) * a.cols]) : 0.f);
-    s.load(a, r, threadIdx.x, blockDim.x, n);
-    const float2 part = s.shifted_sums(k, threadIdx.x, blockDim.x, n);
-    const float2 sums = row_totals(part.x, part.y, partial);
-    const float d = sums.x * inv_cols;
-    mean = k + d;
-    rstd = rsqrtf(fmaxf(fmaf(-d, d, sums.y * inv_cols), 0.f) + a.epsilon);
-  } else {
-    mean = row_total<0>(s.load(a, r, threadIdx.x, blockDim.x, n), partial) * inv_cols;
-    rstd = rsqrtf(row_total<1>(s.squared_deviations(mean, threadIdx.x, blockDim.x, n), partial) * inv_cols + a.epsilon);
-  }
+  const float mean = row_total<0>(s.load(a, r, threadIdx.x, blockDim.x, n), partial) * inv_cols;
+  const float rstd = rsqrtf(row_total<1>(s.squared_deviations(mean, threadIdx.x, blockDim.x, n), partial) * inv_cols + a.epsilon);
   s.store(a, r, mean, rstd, threadIdx.x, blockDim.x, n);
 }
 
@@ -241,7 +183,9 @@ template <typename T>
 __global__ void __launch_bounds__(kFallbackThreads) row_kernel(Rows<T> a, float inv_cols) {
   const int64_t r = a.first + blockIdx.x, at = r * a.cols, x_at = a.x_row(r) * a.cols;
   const int64_t skip_at = a.skip ? a.skip_row(r) * a.cols : 0;
-  const auto total = [&](int64_t c) { return to_float(a.x[x_at + c]) + to_float(a.bias[c]) + (a.skip ? to_float(a.skip[skip_at + c]) : 0.f); };
+  const auto total = [&](int64_t c) {
+    return to_float(a.x[x_at + c]) + to_float(a.bias[c]) + (a.skip ? to_float(a.skip[skip_at + c]) : 0.f);
+  };
   float part = 0.f;
   for (int64_t c = threadIdx.x; c < a.cols; c += blockDim.x) part += total(c);
   const float mean = block_sum(part) * inv_cols;
@@ -294,9 +238,9 @@ cudaError_t launch_by_rows(const Rows<T>& a, Launch launch) {
 template <typename T, int kVecs>
 cudaError_t launch_block(cudaStream_t stream, const Rows<T>& a, int n, float inv_cols) {
   const int threads = ((n + kVecs - 1) / kVecs + 31) / 32 * 32;
-  const bool shifted = shifted_stats();
+  const bool mapped = a.ids != nullptr || (a.skip != nullptr && a.skip_rows != a.rows);
   return launch_by_rows(a, [&](const Rows<T>& part, unsigned blocks) {
-    if (shifted) {
+    if (mapped) {
       block_kernel<T, kVecs, true><<<blocks, threads, 0, stream>>>(part, n, inv_cols);
     } else {
       block_kernel<T, kVecs, false><<<blocks, threads, 0, stream>>>(part, n, inv_cols);
@@ -311,7 +255,8 @@ cudaError_t launch_skip_layer_norm_fp8(cudaStream_t stream, const T* x, const T*
                                        const float* y_scale, T* y, uint8_t* yq, T* sum, int64_t rows, int64_t cols, float epsilon,
                                        const int64_t* ids, int64_t table_rows, int64_t skip_rows) {
   if (rows == 0 || cols == 0) return cudaSuccess;
-  const Rows<T> a{x, skip, gamma, beta, bias, y_scale, y, yq, sum, rows, cols, epsilon, ids, table_rows, skip_rows > 0 ? skip_rows : rows, 0};
+  const Rows<T> a{x, skip, gamma, beta, bias, y_scale, y, yq, sum, rows, cols, epsilon, ids, table_rows, skip_rows > 0 ? skip_rows : rows,
+                  0};
   const float inv_cols = 1.f / static_cast<float>(cols);
   if (vectorisable(a)) {
     const int64_t n = cols / Vec<T>::kSize;
