@@ -200,11 +200,10 @@ DF_EXPORT int df_skip_layer_norm_fp8(int dtype, void* stream, const void* x, con
                                      float epsilon, const void* ids, int64_t table_rows, int64_t skip_rows) {
   return static_cast<int>(with_dtype(static_cast<DType>(dtype), [&](auto* t) {
     using T = std::remove_pointer_t<decltype(t)>;
-    return launch_skip_layer_norm_fp8<T>(static_cast<cudaStream_t>(stream), static_cast<const T*>(x), static_cast<const T*>(skip),
-                                         static_cast<const T*>(gamma), static_cast<const T*>(beta), static_cast<const T*>(bias),
-                                         static_cast<const float*>(y_scale), static_cast<T*>(y), static_cast<uint8_t*>(yq),
-                                         static_cast<T*>(sum), rows, cols, epsilon, static_cast<const int64_t*>(ids), table_rows,
-                                         skip_rows);
+    return launch_skip_layer_norm_fp8<T>(
+        static_cast<cudaStream_t>(stream), static_cast<const T*>(x), static_cast<const T*>(skip), static_cast<const T*>(gamma),
+        static_cast<const T*>(beta), static_cast<const T*>(bias), static_cast<const float*>(y_scale), static_cast<T*>(y),
+        static_cast<uint8_t*>(yq), static_cast<T*>(sum), rows, cols, epsilon, static_cast<const int64_t*>(ids), table_rows, skip_rows);
   }));
 }
 

@@ -80,7 +80,8 @@ Adapter make_adapter(const Ort::ConstKernelInfo& info) {
 }
 
 // The inputs of the call in the spec's order up to the last present one (an absent optional input
-// before it stays in place without data; the absent ones after it are left out); throws std::invalid_argument past kMaxInputs inputs or kMaxRank dims.
+// before it stays in place without data; the absent ones after it are left out); throws std::invalid_argument past kMaxInputs inputs or
+// kMaxRank dims.
 inline Inputs inputs_of(const Ort::KernelContext& ctx) {
   Inputs in;
   size_t count = ctx.GetInputCount();

@@ -1,5 +1,5 @@
-// SkipLayerNormFp8 CUDA launcher: per row of cols, sum = x (or x[ids]) [+ skip] + bias, y = LayerNorm(sum) * gamma + beta (fp32 statistics),
-// yq = e4m3(y / y_scale) with y as rounded to T (saturating, round to nearest even), each output optional.
+// SkipLayerNormFp8 CUDA launcher: per row of cols, sum = x (or x[ids]) [+ skip] + bias, y = LayerNorm(sum) * gamma + beta (fp32
+// statistics), yq = e4m3(y / y_scale) with y as rounded to T (saturating, round to nearest even), each output optional.
 #pragma once
 #include <cuda_runtime.h>
 

@@ -16,12 +16,12 @@ struct SkipLayerNormFp8Attrs {
   explicit SkipLayerNormFp8Attrs(const AttrValues& a) : epsilon(a.real(Spec::kEpsilon)) {}
 
   struct Sizes {
-    int64_t rows, cols;         // Y, YQ, Sum: [rows, cols], normalised over cols (the last axis)
-    bool skip;                  // Skip present
-    int64_t skip_rows;          // Skip's rows: row r reads Skip[r % skip_rows] (broadcast over the leading axes)
-    bool ids;                   // Ids present: row r reads X[Ids[r]], X a [table_rows, cols] table
-    int64_t table_rows;         // X's rows
-    int rank;                   // the outputs' dims: X's, or Ids' and cols
+    int64_t rows, cols;  // Y, YQ, Sum: [rows, cols], normalised over cols (the last axis)
+    bool skip;           // Skip present
+    int64_t skip_rows;   // Skip's rows: row r reads Skip[r % skip_rows] (broadcast over the leading axes)
+    bool ids;            // Ids present: row r reads X[Ids[r]], X a [table_rows, cols] table
+    int64_t table_rows;  // X's rows
+    int rank;            // the outputs' dims: X's, or Ids' and cols
     int64_t dims[kMaxRank];
   };
   // From X, Gamma, Beta, Bias, YScale [, Skip [, Ids]] (an absent Skip before Ids: no data); throws std::invalid_argument saying
@@ -71,7 +71,7 @@ struct SkipLayerNormFp8Attrs {
 #ifdef __CUDACC__
 __host__ __device__
 #endif
-inline int64_t table_row(int64_t id, int64_t rows) {
+    inline int64_t table_row(int64_t id, int64_t rows) {
   if (id < 0) id += rows;
   return id < 0 ? 0 : id >= rows ? rows - 1 : id;
 }
