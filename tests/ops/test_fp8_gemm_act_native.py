@@ -120,7 +120,7 @@ def test_generated_header_carries_input_types_and_the_trt_list_leaves_the_op_out
     gen = importlib.util.module_from_spec(loader)
     loader.loader.exec_module(gen)
     files = gen.generated_files()
-    native = {"T": "kT", "float": "kFloat", "float8e4m3fn": "kFloat8E4M3FN"}
+    native = {"T": "kT", "float": "kFloat", "float8e4m3fn": "kFloat8E4M3FN", "int64": "kInt64"}
     for name, spec in SPECS.items():
         block = re.search(rf"struct {name} \{{(.*?)\n\}};", files["deployfuse_op_specs.h"], flags=re.S)[1]
         types = re.search(r"kInputTypes\[\] = \{(.*?)\};", block)[1]
