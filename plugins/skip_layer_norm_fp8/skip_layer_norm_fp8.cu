@@ -165,8 +165,8 @@ __device__ __forceinline__ float row_total(float v, float (&partial)[2][32]) {
 }
 
 // A block per row (n <= blockDim.x * kVecs vectors), kVecs vectors a thread. kMapped: X's rows looked up by ids or Skip broadcast
-// (Rows::x_row, skip_row); without, row r reads row r of each, as before the lookups existed (their index math costs the plain
-// rows ~8 % at 8192 x 768 on the H200).
+// (Rows::x_row, skip_row); without, row r reads row r of each (with that index math in every row the plain rows took 17.06 us
+// at 8192 x 768 on the H200, 16.36 in their own instance: bench/results/sln_stats_h200.log).
 template <typename T, int kVecs, bool kMapped>
 __global__ void __launch_bounds__(kVecs == 1 ? kOneVecThreads : kMaxThreads) block_kernel(Rows<T> a, int n, float inv_cols) {
   __shared__ float partial[2][32];
