@@ -5,7 +5,7 @@ batch-row rule makes it one [1, 1, S, S] constant, which this rule then drops; e
 TensorRT, the export folds it to a constant itself. Each form must equal the graph without the rule on fresh inputs
 (ONNX Runtime CPU, optimisations off, FusedMHA's function body) or, end to end, PyTorch (the export's own check).
 Hand-built masks that are almost causal (a key above the diagonal left visible or weakly masked, a non-zero below
-it) or not constant are refused by the rule itself, saying why.
+it), not constant, or of one row or column broadcast over the queries or keys are refused by the rule itself, saying why.
 """
 
 from __future__ import annotations
@@ -135,7 +135,9 @@ def test_causal_constant_is_dropped() -> None:
 @pytest.mark.parametrize(("mask", "why"), [
     (_tril(6, -1e3), "not 0 on and below the diagonal"), (_tril(6, -np.inf) + np.eye(6, dtype=np.float32), "not 0 on and below the diagonal"),
     (None, "not a constant"),
-], ids=["weak", "diagonal-bias", "input"])
+    (_tril(6, -np.inf)[..., :1, :], "broadcasts over the queries"), (np.zeros((1, 1, 6, 1), np.float32), "broadcasts over the queries or keys"),
+    (np.zeros((1, 1), np.float32), "broadcasts over the queries or keys"),
+], ids=["weak", "diagonal-bias", "input", "one-row", "one-column", "one-element"])
 def test_almost_causal_masks_refuse(mask: np.ndarray | None, why: str) -> None:
     model = _model(mask)
     out, report = fuse(model, "ort-cuda", _draws(model), families=[causal_mask.FAMILY], debug=True)

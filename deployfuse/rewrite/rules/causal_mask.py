@@ -13,7 +13,9 @@ The math is the same wherever the masked scores vanish: a masked key's weight ex
 float32 once s + M - max < -104. The key on the diagonal is never masked, so `max` is at least its score, and a mask
 value <= -1e4 (HF's old masking value; today's is -65504 in fp16, -3.4e38 in fp32) vanishes whenever a row's
 scores span less than about 9,900. Any other value, a non-zero on or below the diagonal, a Mask that is not a
-constant, or FusedMHA with its YQ output already (fp8_attention_out runs later) leaves the node as it is.
+constant, or FusedMHA with its YQ output already (fp8_attention_out runs later) leaves the node as it is. So does a
+Mask of one row or one column that broadcasts over the queries or keys ([1, S_k]: every query sees key 0 alone; [1, 1]
+of 0: no mask at all), unless Q's and K's static sequence lengths are that 1.
 """
 
 from __future__ import annotations
@@ -40,6 +42,12 @@ def is_causal(mask: np.ndarray) -> bool:
     return bool(np.all(values[..., ~above] == 0) and np.all(values[..., above] <= MASKED))
 
 
+def _sequence(value: ir.Value) -> int | None:
+    """The static sequence length of a FusedMHA input [B, S, ...], else None."""
+    dim = None if value.shape is None or len(value.shape) < 2 else value.shape[1]
+    return dim if isinstance(dim, int) else None
+
+
 class CausalMask(FusionRule):
     """FusedMHA(Q, K, V, M, ...) -> FusedMHA(Q, K, V, "", ...; causal = 1) when M is a constant causal mask."""
 
@@ -49,13 +57,17 @@ class CausalMask(FusionRule):
     def pattern(self, op, query, key, value, mask):
         return op.FusedMHA(query, key, value, mask, _allow_other_inputs=True, _allow_other_attributes=True, _domain=DEPLOYFUSE, _outputs=["attended"])
 
-    def check(self, context, mask, attended, **_) -> MatchResult:
+    def check(self, context, query, key, mask, attended, **_) -> MatchResult:
         fail = MatchResult().fail
         const = None if mask is None else ir.convenience.get_const_tensor(mask)
         if const is None:
             return fail("no Mask, or a Mask that is not a constant", attended)
-        if not is_causal(np.asarray(const.numpy())):
+        values = np.asarray(const.numpy())
+        if not is_causal(values):
             return fail(f"the constant Mask is not 0 on and below the diagonal and <= {MASKED:g} above it", mask)
+        rows, cols = values.shape[-2:]
+        if 1 in (rows, cols) and (rows, cols) != (_sequence(query), _sequence(key)):
+            return fail(f"the constant Mask's [{rows}, {cols}] broadcasts over the queries or keys", mask)
         return self.choose(context, attended, self.target.lowering(FAMILY))
 
     def rewrite(self, op, attended, **_):
