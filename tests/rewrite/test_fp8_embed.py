@@ -88,15 +88,16 @@ def test_gpt2_fp8_export_looks_up_the_embeddings_in_the_norm(artefact, library):
     assert not all(np.allclose(changed[k], v, atol=1e-2) for k, v in native.items()), "the ids reach the outputs"
 
 
-def _embeddings(rng: np.random.Generator, *, positions: str = "gather", bias: float = 0.0, residual: str = "output") -> onnx.ModelProto:
+def _embeddings(rng: np.random.Generator, *, positions: str = "gather", bias: float = 0.0, residual: str = "output", late_scale: bool = False) -> onnx.ModelProto:
     """ids [B, 4] -> Gather(W [10, 16]) + P [1, 4, 16] -> SkipLayerNormFp8 (Y, YQ); positions: "gather" (a lookup of a constant
-    [6, 16] table by constant positions), "range" (by Range(0, 4, 1)), "constant", or "full" (a constant [2, 4, 16]: broadcasts
-    over no leading axis, the batch being dynamic); residual: "output" (the Add is also a graph output), or "read" (a Neg
-    before the norm reads it, and the norm writes Sum)."""
+    [6, 16] table by constant positions), "range" (by Range(0, 4, 1)), "constant", "full" (a constant [2, 4, 16]: broadcasts
+    over no leading axis, the batch being dynamic) or "rank4" (a constant [1, 1, 4, 16]: the Add one axis more than the
+    lookup); residual: "output" (the Add is also a graph output), or "read" (a Neg before the norm reads it, and the norm
+    writes Sum); late_scale: the norm's YScale a Constant node between the Add and the norm."""
     table = rng.standard_normal((10, 16)).astype(np.float32)
     inits = [onnx.numpy_helper.from_array(table, "w"), onnx.numpy_helper.from_array(rng.standard_normal((6, 16)).astype(np.float32), "wp"),
              *(onnx.numpy_helper.from_array(np.full(16, v, np.float32), n) for n, v in (("g", 1.0), ("b", 0.0), ("bias", bias))),
-             onnx.numpy_helper.from_array(np.array(0.01, np.float32), "s")]
+             *([] if late_scale else [onnx.numpy_helper.from_array(np.array(0.01, np.float32), "s")])]
     nodes = [helper.make_node("Gather", ["w", "ids"], ["e"], axis=0)]
     if positions in ("gather", "range"):
         if positions == "gather":
@@ -106,10 +107,13 @@ def _embeddings(rng: np.random.Generator, *, positions: str = "gather", bias: fl
             nodes.append(helper.make_node("Range", ["r0", "r1", "r2"], ["pos"]))
         nodes.append(helper.make_node("Gather", ["wp", "pos"], ["p"], axis=0))
     else:
-        inits.append(onnx.numpy_helper.from_array(rng.standard_normal((1 if positions == "constant" else 2, 4, 16)).astype(np.float32), "p"))
+        shape = {"constant": (1, 4, 16), "full": (2, 4, 16), "rank4": (1, 1, 4, 16)}[positions]
+        inits.append(onnx.numpy_helper.from_array(rng.standard_normal(shape).astype(np.float32), "p"))
     nodes.append(helper.make_node("Add", ["e", "p"], ["x"]))
     if residual == "read":
         nodes.append(helper.make_node("Neg", ["x"], ["nx"]))
+    if late_scale:
+        nodes.append(helper.make_node("Constant", [], ["s"], value=onnx.numpy_helper.from_array(np.array(0.01, np.float32))))
     total = "total" if residual == "read" else ""
     nodes.append(helper.make_node("SkipLayerNormFp8", ["x", "g", "b", "bias", "s"], ["y", "yq", total], domain="deployfuse", epsilon=1e-5))
     outputs = [helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, ["B", 4, 16]) for name in ("y", *(("nx", "total") if total else ("x",)))]
@@ -136,7 +140,8 @@ def test_rule_keeps_what_the_graph_computes(positions, residual):
         np.testing.assert_allclose(got[name], value, rtol=1e-5, atol=1e-5, err_msg=name)
 
 
-@pytest.mark.parametrize("change,why", [(dict(bias=0.5), "Bias is not zeros"), (dict(positions="full"), "leading axes")])
+@pytest.mark.parametrize("change,why", [(dict(bias=0.5), "Bias is not zeros"), (dict(positions="full"), "leading axes"),
+                                        (dict(positions="rank4"), "leading axes"), (dict(late_scale=True), "computed after the Add")])
 def test_near_misses_are_refused_with_their_reason(change, why):
     model = _embeddings(np.random.default_rng(0), **change)
     fused, count, refused = fp8_embed.fuse(_copy(model), "ort-cuda")

@@ -11,12 +11,14 @@ broadcast over the batch (`ops.defs.skip_layer_norm_fp8`). Its Sum, W[ids] + P +
 Taken: a SkipLayerNormFp8 without Skip or Ids whose X is an Add (read by nothing else but as the residual) of
 - a Gather (axis 0) of a constant [V, H] table by int64 ids that only the Add reads, and
 - a constant P (or a Gather of a constant table by constant or constant-Range positions, folded into one) whose dims,
-  leading 1s dropped, are static trailing dims of the ids' shape and H: P broadcasts over the leading axes only;
-the table and P in one element type, H the norm's. Where the Add's output is read elsewhere (the residual) the norm's
-Bias must be zeros (Sum then equals the Add) and those readers read Sum. A norm with such an Add of a Gather is refused
-otherwise, with the reason; the other norms (a Skip already, another X) are no candidates. Applied by
-`fp8_gemm.lower` right after `fp8_norm`, under its lowering key (`fp8_norm`: ort-cuda only). Ids out of range are clamped
-by the op where ONNX's Gather fails (a negative id reads from the end in both).
+  leading 1s dropped, are static trailing dims of the ids' shape and H, and no more than theirs: P broadcasts over the
+  leading axes only, and the Add's output is the norm's Ids.shape + [H];
+the table and P in one element type, H the norm's, the norm's other inputs computed before the Add (the fused norm
+stands in its place). Where the Add's output is read elsewhere (the residual) the norm's Bias must be zeros (Sum then
+equals the Add) and those readers read Sum. A norm with such an Add of a Gather is refused otherwise, with the reason;
+the other norms (a Skip already, another X) are no candidates. Applied by `fp8_gemm.lower` right after `fp8_norm`, under
+its lowering key (`fp8_norm`: ort-cuda only). Ids out of range are clamped by the op where ONNX's Gather fails (a
+negative id reads from the end in both).
 """
 
 from __future__ import annotations
@@ -89,7 +91,7 @@ def _lookup(g: _Graph, types: dict[str, onnx.TypeProto.Tensor], add: onnx.NodePr
         dims = [d.dim_value if d.HasField("dim_value") else None for d in ids.shape.dim] + [table.shape[1]]
         lead = next((k for k, n in enumerate(skip.shape[:-1]) if n != 1), skip.ndim - 1)  # P's leading 1s
         trailing = list(skip.shape[lead:])
-        if len(trailing) > len(dims) or dims[len(dims) - len(trailing) :] != trailing:
+        if skip.ndim > len(dims) or dims[len(dims) - len(trailing) :] != trailing:  # more axes than the lookup: the Add's rank
             return f"the position rows {list(skip.shape)} do not broadcast over the leading axes of the ids' {dims[:-1]} only"
         return gather, skip, other
     return "X is not a Gather of a constant table plus a constant (or constant-position lookup)"
@@ -117,6 +119,9 @@ def _taken(
     gamma = g.const(norm.input[_GAMMA])
     if gamma is None or gamma.size != skip.shape[-1]:
         return "Gamma's size is not the table's width"
+    at = g.producer[add.output[0]]
+    if any(g.producer.get(name, -1) > at for name in norm.input[_GAMMA:_SKIP]):
+        return "an input of the norm is computed after the Add, where the fused norm would stand"
     out = add.output[0]
     others = [i for i in g.readers.get(out, []) if i != index]
     total = norm.output[2] if len(norm.output) > 2 else ""
