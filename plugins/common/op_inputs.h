@@ -27,13 +27,17 @@ struct Tensor {
     return n;
   }
   int64_t elements() const { return size(0, rank); }
+  // Whether the input was given: an absent one has no data and rank 0, a given empty one may have no data (ORT's CUDA EP
+  // allocates none) but has a dim.
+  bool present() const { return data != nullptr || rank > 0; }
   template <typename T>
   const T* as() const {
     return static_cast<const T*>(data);
   }
 };
 
-// The present inputs of a call in the spec's order (optional inputs at the end may be absent).
+// The inputs of a call in the spec's order: absent optional inputs at the end left out, one before a
+// present input kept without data (data null, rank 0).
 class Inputs {
  public:
   // Appends an input; throws std::invalid_argument past kMaxInputs inputs or kMaxRank dims.

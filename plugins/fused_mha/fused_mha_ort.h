@@ -3,7 +3,6 @@
 // ort_ops.cc registers); Y and YQ each optional.
 #pragma once
 #include <cstdint>
-#include <stdexcept>
 #include <vector>
 
 #include "common/ort_adapter.h"
@@ -20,31 +19,9 @@ struct FusedMHA : FusedMHAAttrs {
   static constexpr size_t kOutputs = 2;  // Y, YQ: both optional
   static ElemType output_type(size_t i, ElemType type) { return i == 1 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT8E4M3FN : type; }
 
-  // inputs_of, but an absent Mask before a present YScale stays in place as an input without data (FusedMHAAttrs::mask).
-  static Inputs present_inputs(const Ort::KernelContext& ctx) {
-    Inputs in;
-    for (size_t i = 0; i < ctx.GetInputCount(); ++i) {
-      auto value = ctx.GetInput(i);
-      if (!value) {
-        if (i != static_cast<size_t>(Spec::kRequiredInputs)) break;
-        in.add<int64_t>(nullptr, nullptr, 0);
-        continue;
-      }
-      const auto dims = value.GetTensorTypeAndShapeInfo().GetShape();
-      in.add(value.GetTensorRawData(), dims.data(), static_cast<int>(dims.size()));
-    }
-    return in;
-  }
-
   void Run(Call& c, bool on_cuda) const {
-    Inputs in;
     Sizes s;
-    try {
-      in = present_inputs(c.ctx);
-      s = sizes(in);
-    } catch (const std::invalid_argument& e) {
-      fail(Spec::kName, e.what());
-    }
+    const Inputs in = sized_inputs(*this, c, &s);  // an absent Mask before a present YScale: in place, without data
     const std::vector<int64_t> dims = y_dims(s);
     void* out[kOutputs] = {};
     for (size_t i = 0; i < kOutputs && i < c.ctx.GetOutputCount(); ++i) {

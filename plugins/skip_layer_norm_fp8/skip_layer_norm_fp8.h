@@ -32,8 +32,8 @@ struct SkipLayerNormFp8Attrs {
     Sizes s{};
     s.cols = x.dims[x.rank - 1];
     s.table_rows = x.size(0, x.rank - 1);
-    s.skip = in.count() > 5 && in[5].data != nullptr;
-    s.ids = in.count() > 6 && in[6].data != nullptr;
+    s.skip = in.count() > 5 && in[5].present();
+    s.ids = in.count() > 6 && in[6].present();
     if (s.ids) {
       const Tensor& ids = in[6];
       if (x.rank != 2) throw std::invalid_argument("with Ids, X must be a [V, H] table");
