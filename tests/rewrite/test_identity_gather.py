@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
+import onnx_ir as ir
 import pytest
 import torch
 import transformers
 from onnx import helper, numpy_helper
+from onnxscript.rewriter import pattern
 from test_mask_broadcast import _assert_same, _mask_shapes
 
 import deployfuse
@@ -138,3 +140,18 @@ def test_roberta_fp8_exports_and_verifies(tmp_path) -> None:
     (family,) = [f for f in result.fusion.families if f.family == FAMILY]
     assert family.matches == {FAMILY: 1} and not family.rolled_back, family
     assert not INDEX_OPS & _mask_cone_ops(onnx.load(result.onnx_path))
+
+
+@pytest.mark.parametrize(("index", "matches"), [(0, 1), (-1, 1), (1, 0)], ids=["first", "last", "past-the-shape"])
+def test_range_length_read_from_one_element_of_a_shape(index: int, matches: int) -> None:
+    """GatherND(x [n], Unsqueeze(Range(0, Gather(Shape(x), index), 1))): the identity for index 0 or -1 (x's only dim); an index
+    past the shape is refused by the rule, not raised out of it."""
+    inits = [numpy_helper.from_array(np.array(v, np.int64), k) for k, v in (("zero", 0), ("one", 1), ("index", index), ("last", [-1]))]
+    nodes = [helper.make_node("Shape", ["x"], ["s"]), helper.make_node("Gather", ["s", "index"], ["n"], axis=0),
+             helper.make_node("Range", ["zero", "n", "one"], ["r"]), helper.make_node("Unsqueeze", ["r", "last"], ["indices"]),
+             helper.make_node("GatherND", ["x", "indices"], ["y"])]
+    graph = helper.make_graph(nodes, "length", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["n"])],
+                              [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)], inits)
+    model = ir.serde.deserialize_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)], ir_version=10))
+    assert pattern.RewriteRuleSet(identity_gather.rules("ort-cuda")).apply_to_model(model) == matches
+    assert ("GatherND" in {n.op_type for n in model.graph}) is not bool(matches)

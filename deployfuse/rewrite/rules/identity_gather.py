@@ -171,7 +171,9 @@ def _dim(value: ir.Value | None, depth: int) -> Dim:
     if node is not None and is_op(node, "Gather") and node.attributes.get_int("axis", 0) == 0:
         index = _const(node.inputs[1])
         if index is not None and index.size == 1:
-            return _dims(node.inputs[0], depth + 1)[int(index.reshape(()))]
+            dims, position = _dims(node.inputs[0], depth + 1), int(index.reshape(()))
+            if -len(dims) <= position < len(dims):  # else the refusal below, not an IndexError out of the rule
+                return dims[position]
     raise _Refused("a Range length that is not one element of a shape")
 
 
