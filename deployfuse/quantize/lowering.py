@@ -12,14 +12,14 @@ through the Transpose again if the gate keeps the head in float (one float copy 
 fp8 on ort-cuda is exported in fp16 (`float_precision`) and fused, Q/DQ'd, and every float8
 Q/DQ'd GEMM becomes a deployfuse.Fp8GemmAct node (`rewrite.rules.fp8_gemm.lower`, in each of the
 gate's attempts, so the gate judges the artefact itself): an fp16 graph around cuBLASLt fp8 GEMMs,
-the artefact to hold against the fp16 one. Layers the gate leaves out stay fp16 (GemmAct where `rules.gemm_act`
-takes them, `fp8_gemm.float_gemms`). The fusions run
-first, on the float graph, because their guard cannot judge a quantized one (fp8 roundings flip
-on any upstream change: BERT-base's Q/DQ graph failed it in every family); less
-`FP8_SKIPPED_FAMILIES`, which would take the GEMMs out of the quantizer's reach (packed QKV,
-GemmAct) or their bias out of the fp8 GEMM's epilogue (BiasGelu, BiasAct). With packed QKV
-skipped, `split_qkv` packs each self-attention's Q, K and V into one GEMM and a Split instead: one
-Fp8GemmAct quantizes x once for the three (BERT-base's 12 layers: 48 GEMMs, not 72).
+the artefact to hold against the fp16 one. Layers the gate leaves out stay fp16 (GemmAct where
+`rules.gemm_act` takes them, `fp8_gemm.float_gemms`). The fusions run first, on the float graph,
+because their guard cannot judge a quantized one (fp8 roundings flip on any upstream change:
+BERT-base's Q/DQ graph failed it in every family); less `FP8_SKIPPED_FAMILIES`, which would take
+the GEMMs out of the quantizer's reach (packed QKV, GemmAct) or their bias out of the fp8 GEMM's
+epilogue (BiasGelu, BiasAct). With packed QKV skipped, `split_qkv` packs each self-attention's Q,
+K and V into one GEMM and a Split instead: one Fp8GemmAct quantizes x once for the three
+(BERT-base's 12 layers: 48 GEMMs, not 72).
 
 Where the quantization runs (`before_fusion`): int8 on ort-cuda, on the unfused graph, and deployfuse's
 fusions then run on the Q/DQ graph. After the fusions the Q/K/V projections sit inside a packed
