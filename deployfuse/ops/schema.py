@@ -55,11 +55,12 @@ strings ``tensor(float8e4m3fn)``): name -> (TensorProto type, torch dtype)."""
 
 def to_element_type(x: Any, name: str) -> Any:
     """`x` (a numpy array or scalar, or a torch tensor) in the fixed element type `name`: a float32
-    array / tensor, or float8e4m3fn saturated to ±E4M3_MAX and rounded to nearest even (what
-    QuantizeLinear with a float8e4m3fn zero point writes; a plain cast would give NaN past 464).
-    Example inputs call it so that numpy and torch callers get the same types."""
+    array / tensor, float8e4m3fn saturated to ±E4M3_MAX and rounded to nearest even (what
+    QuantizeLinear with a float8e4m3fn zero point writes; a plain cast would give NaN past 464), or
+    int64 (floats truncated toward zero). Example inputs call it so that numpy and torch callers get
+    the same types."""
     onnx_type, torch_type = FIXED_TYPES[name]
-    indices = onnx_type == onnx.TensorProto.INT64  # SkipLayerNormFp8's Ids: integers as they are
+    indices = onnx_type == onnx.TensorProto.INT64  # SkipLayerNormFp8's Ids
     saturate = onnx_type == onnx.TensorProto.FLOAT8E4M3FN
     if isinstance(x, torch.Tensor):
         return x.long() if indices else (x.float().clamp(-E4M3_MAX, E4M3_MAX) if saturate else x.float()).to(torch_type)
