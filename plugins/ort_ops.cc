@@ -79,7 +79,7 @@ struct Op : Ort::CustomOpBase<Op<Adapter>, Kernel<Adapter>, true> {
       const bool on_cuda = std::strcmp(ep, kCuda) == 0;
       if (on_cuda && !kWithCuda)
         throw std::runtime_error(
-            "this libdeployfuse_ort.so was built without CUDA (no nvcc), so it has no CUDA EP kernels; "
+            "this libdeployfuse_ort.so was built without CUDA (no nvcc, or --cuda off), so it has no CUDA EP kernels; "
             "build the CUDA one (`deployfuse plugins build --cuda on`) or run this node on the CPU EP");
       *kernel = new Kernel<Adapter>{make_adapter<Adapter>(Ort::ConstKernelInfo(info)), type, on_cuda};
       return nullptr;

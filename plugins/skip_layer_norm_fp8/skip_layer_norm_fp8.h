@@ -60,8 +60,7 @@ struct SkipLayerNormFp8Attrs {
       bool fits = n >= 1 && n <= s.rank;
       for (int i = 0; fits && i < n; ++i) fits = skip.dims[lead + i] == s.dims[s.rank - n + i];
       if (!fits) throw std::invalid_argument("Skip must be the output's shape or broadcast to it over its leading axes");
-      s.skip_rows = skip.elements() / (s.cols > 0 ? s.cols : 1);
-      if (s.cols == 0) s.skip_rows = s.rows;
+      if (s.cols > 0) s.skip_rows = skip.elements() / s.cols;
     }
     return s;
   }
