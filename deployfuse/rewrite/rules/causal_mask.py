@@ -6,8 +6,9 @@ above the diagonal instead of adding a large negative number to them.
 A decoder's export carries its causal mask as data: with static shapes (or after mask_broadcast's batch-row rule, for
 GPT-2 with a dynamic batch) it is a constant [1, 1, S, S] of 0 on and below the diagonal and the dtype's minimum
 (or -inf) above. FusedMHA adds the Mask before its softmax, so every query row still scores every key; with
-`causal = 1` the Hopper and tensor-core kernels stop each query block at its diagonal (half the key tiles at S = 128)
-and read no Mask.
+`causal = 1` the Hopper and tensor-core kernels stop each query block at its diagonal (about half the key tiles at
+long sequences; none at S = 128 on Hopper, whose key tile is 128 wide) and read no Mask: GPT-2's attention at batch 64
+went from 0.396 to 0.373 ms on the H200 (bench/results/h200_quant.md section 7).
 
 The math is the same wherever the masked scores vanish: a masked key's weight exp(s + M - max) is exactly 0 in
 float32 once s + M - max < -104. The key on the diagonal is never masked, so `max` is at least its score, and a mask
