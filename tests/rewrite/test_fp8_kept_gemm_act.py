@@ -28,9 +28,9 @@ from deployfuse.quantize.lowering import FP8_SKIPPED_FAMILIES
 from deployfuse.rewrite.rules import fp8_gemm
 
 _ROOT = tempfile.TemporaryDirectory(prefix="deployfuse-fp8-kept-gemm-act.")
-BUDGETS = {"bert": "cos=0.999998,rel=0.05", "gpt2": "cos=0.999985,rel=0.05"}
-"""About halfway (in 1 - cosine) between each model's all-fp8 artefact (BERT 0.9999972, GPT-2 0.999978) and the gate's bound of 4
-of its 8 layers in fp16 (0.9999987, 0.9999916): the gate must keep some, and can."""
+BUDGETS = {"gpt2": "cos=0.999985,rel=0.05"}
+"""About halfway (in 1 - cosine) between the all-fp8 artefact (0.999978) and the gate's bound of 4 of its 8 layers in fp16
+(0.9999916): the gate must keep some, and can."""
 LAYERS = 2
 _MODELS = {
     "bert": lambda: transformers.BertModel(transformers.BertConfig(vocab_size=500, hidden_size=64, num_hidden_layers=LAYERS, num_attention_heads=4,
@@ -122,11 +122,13 @@ def test_every_gemm_kept_becomes_gemm_act_where_it_takes_one(name):
     _assert_same_outputs(lowered, fused, example)
 
 
-@pytest.mark.parametrize("name", list(_MODELS))
+@pytest.mark.parametrize("name", ["gpt2"])
 def test_fp8_export_layers_kept_in_fp16_become_gemm_act(name, monkeypatch):
     """An fp8 export gated at `BUDGETS`: the gate keeps layers in fp16; each that has a bias outside a SkipLayerNormalization is a
     GemmAct in the artefact, no float GEMM GemmAct takes is left, and the artefact computes what the same lowering without
-    `float_gemms` computes (the gate's own attempt, recorded before the pass)."""
+    `float_gemms` computes (the gate's own attempt, recorded before the pass). GPT-2 only: at its budget BERT's gate keeps its
+    two bare MatMuls (their bias in SkipLayerNormalization), so there the test passed with the pass off too; BERT's GemmAct
+    is checked with every layer kept, above."""
     before: list[tuple[onnx.ModelProto, onnx.ModelProto]] = []
     original = fp8_gemm.float_gemms
 

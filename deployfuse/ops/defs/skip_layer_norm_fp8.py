@@ -77,9 +77,10 @@ def body(b: Body, variant: dict[str, Any]) -> str:
     Gather of the table by the ids made non-negative and clamped (`table_rows`)."""
     x = "X"
     if variant.get("Ids"):
-        last = b.op("Sub", b.op("Squeeze", b.op("Shape", "X", start=0, end=1), b.ints(0)), b.op("Constant", value_int=1))
-        wrapped = b.op("Where", b.op("Less", "Ids", b.op("Constant", value_int=0)), b.op("Add", "Ids", b.op("Add", last, b.op("Constant", value_int=1))), "Ids")
-        x = b.op("Gather", "X", b.op("Max", b.op("Min", wrapped, last), b.op("Constant", value_int=0)), axis=0)
+        zero, rows = b.op("Constant", value_int=0), b.op("Squeeze", b.op("Shape", "X", start=0, end=1), b.ints(0))
+        wrapped = b.op("Where", b.op("Less", "Ids", zero), b.op("Add", "Ids", rows), "Ids")
+        last = b.op("Sub", rows, b.op("Constant", value_int=1))
+        x = b.op("Gather", "X", b.op("Max", b.op("Min", wrapped, last), zero), axis=0)
     total = b.op("Add", b.to_float(x), b.to_float("Bias"))
     if variant.get("Skip"):
         total = b.op("Add", total, b.to_float("Skip"))
