@@ -3,7 +3,8 @@
 # from the repo root of a CUDA machine with onnxruntime-gpu staged into /tmp/site and plugins/build/{ort,trt}-include carried:
 #   - FusedMHA under each Hopper CTA shape and the sm_80 kernel (DEPLOYFUSE_MHA_TILE=narrow|wide|triple|sm80: each checked, whichever the
 #     launcher would pick for a case), then as the launcher picks, through the C ABI and ORT's CUDA EP;
-#   - FusedMHA's CTA shapes timed at BERT's, GPT-2's and ViT's attention shapes (bench/ops_gpu.py --mha-tiles);
+#   - FusedMHA's CTA shapes timed at BERT's, GPT-2's and ViT's attention shapes (bench/ops_gpu.py --mha-tiles), the launcher's and
+#     narrow ones also with a CTA a work item (DEPLOYFUSE_MHA_PERSISTENT=0) against the persistent CTAs;
 #   - Fp8GemmAct, Fp8Mlp and SkipLayerNormFp8 (bench/fp8_gemm_gpu.py --check-only), which gpu_quant.sh then skips;
 #   - SkipLayerNormFp8 timed against ONNX Runtime's SkipLayerNormalization (bench/skip_layer_norm_fp8_gpu.py --time-only).
 # MHA=0 leaves FusedMHA's checks and timings out (a session that changed no FusedMHA code: ~100 s of device time).
@@ -26,11 +27,12 @@ if [ "${MHA:-1}" != 0 ]; then
   done
   python3 bench/ops_gpu.py "$LIB" --only FusedMHA --check-only --ort "$BUILD/libdeployfuse_ort.so" > "$OUT/mha_checks_auto.log" 2>&1 || status=1
   echo "== FusedMHA checks, the launcher's CTAs, C ABI and ORT CUDA EP: $(tail -n 1 "$OUT/mha_checks_auto.log") ($(( $(date +%s) - start )) s)"
-  for tile in auto narrow wide triple sm80; do
-    if [ "$tile" = auto ]; then unset DEPLOYFUSE_MHA_TILE; else export DEPLOYFUSE_MHA_TILE=$tile; fi
+  for tile in auto auto-1item narrow narrow-1item wide triple sm80; do  # -1item: a CTA a work item (DEPLOYFUSE_MHA_PERSISTENT=0)
+    if [ "${tile%-1item}" = auto ]; then unset DEPLOYFUSE_MHA_TILE; else export DEPLOYFUSE_MHA_TILE=${tile%-1item}; fi
+    if [ "$tile" != "${tile%-1item}" ]; then export DEPLOYFUSE_MHA_PERSISTENT=0; else unset DEPLOYFUSE_MHA_PERSISTENT; fi
     python3 bench/ops_gpu.py "$LIB" --mha-tiles 2>&1 | grep '^mha-tile' | tee -a "$OUT/mha_tiles.log"
   done
-  unset DEPLOYFUSE_MHA_TILE
+  unset DEPLOYFUSE_MHA_TILE DEPLOYFUSE_MHA_PERSISTENT
   echo "== CTA shapes timed ($(( $(date +%s) - start )) s)"
 fi
 fp8=0

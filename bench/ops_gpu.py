@@ -596,12 +596,13 @@ MHA_TILE_SHAPES = [  # (b, s, heads, head_dim, attrs): BERT's and GPT-2's 128 to
 
 def time_mha_tiles():
     """FusedMHA (fp16, packed QKV as the fp8 exports run it) at MHA_TILE_SHAPES under DEPLOYFUSE_MHA_TILE; without it, the launcher's own
-    choice and PyTorch SDPA (flash backend where no mask is given) on the same tensors."""
+    choice and PyTorch SDPA (flash backend where no mask is given) on the same tensors. DEPLOYFUSE_MHA_PERSISTENT=0 (label -1item): a
+    CTA a work item instead of the persistent CTAs."""
     import os
 
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    tile = os.environ.get("DEPLOYFUSE_MHA_TILE", "auto")
+    tile = os.environ.get("DEPLOYFUSE_MHA_TILE", "auto") + ("-1item" if os.environ.get("DEPLOYFUSE_MHA_PERSISTENT") == "0" else "")
     for b, sq, h, d, extra in MHA_TILE_SHAPES:
         attrs = {"num_heads": h, "packed_qkv": 1, **extra}
         xs = inputs("FusedMHA", (b, sq, sq, h * d), torch.float16, attrs)
@@ -610,7 +611,7 @@ def time_mha_tiles():
         name = f"({b}, {sq}, {h}x{d}){' causal' if extra.get('causal') else ''}{' mask [b,1,1,k]' if extra.get('mask') else ''}"
         packed = [xs[0], xs[0], xs[0], xs[3]]
         line = f"mha-tile {tile} {name} {graph_ms(lambda: native('FusedMHA', packed, a, y)):.4f} ms"
-        if tile == "auto":
+        if tile == "auto":  # SDPA once, beside the launcher's persistent CTAs
             q4, k4, v4 = (xs[0].view(b, sq, 3, h, d)[:, :, i].transpose(1, 2) for i in range(3))
             backend = contextlib.nullcontext if xs[3] is not None else lambda: sdpa_kernel(SDPBackend.FLASH_ATTENTION)
 

@@ -13,6 +13,8 @@
 // CUBLASLT_MATMUL_DESC_D_SCALE_POINTER, by which cuBLASLt multiplies the epilogue's result before rounding it to e4m3).
 #include <cuda_fp8.h>
 
+#include <cstdlib>
+#include <cstring>
 #include <tuple>
 
 #include "common/cublaslt.cuh"
@@ -28,6 +30,20 @@ constexpr int kThreads = 256;
 constexpr uint32_t kScratchAlign = 256;  // bytes; each part of the scratch starts at a multiple
 
 size_t scratch_aligned(size_t bytes) { return (bytes + kScratchAlign - 1) / kScratchAlign * kScratchAlign; }
+
+// The workspace cuBLASLt's fp8 algorithms may use: none. On the H200 every candidate offered with one
+// (32 MiB) issued a memset a call at BERT's 8192 tokens for the QKV GEMM and Fp8Mlp's FC1 (24 a
+// model call, each with ~1.4 us of idle time before it in a CUDA graph); without one cuBLASLt offers
+// statically scheduled kernels ("ssched") that issue none and ran faster there (QKV 0.0269 against
+// 0.0283 ms at the fastest candidate, memsets included: bench/results/gemm_memsets_workspace_h200.log).
+// DEPLOYFUSE_FP8_GEMM_WORKSPACE=1 allows it again, for benchmarks to compare.
+uint64_t fp8_workspace_bytes() {
+  static const uint64_t bytes = [] {
+    const char* v = std::getenv("DEPLOYFUSE_FP8_GEMM_WORKSPACE");
+    return v != nullptr && std::strcmp(v, "1") == 0 ? static_cast<uint64_t>(kGemmActWorkspaceBytes) : 0;
+  }();
+  return bytes;
+}
 
 // N rounded up to 16 bytes of T: the output columns the GEMM computes (cuBLASLt's fp8 kernels want D's rows of 16 bytes).
 int64_t n_padded(int64_t n, size_t elem_bytes) {
@@ -156,8 +172,7 @@ class Fp8GemmActRunner {
                  cublaslt::set(plan.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, w_scale) &&
                  cublaslt::set(plan.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, x_scale) &&
                  (!p.d_fp8 || cublaslt::set(plan.desc, CUBLASLT_MATMUL_DESC_D_SCALE_POINTER, d_scale)) &&
-                 cublaslt::set(plan.desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, fast_accum) &&
-                 plan.query(handle, kGemmActWorkspaceBytes, aligns);
+                 cublaslt::set(plan.desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, fast_accum) && plan.query(handle, fp8_workspace_bytes(), aligns);
         },
         err);
   }
@@ -210,7 +225,7 @@ class Fp8GemmActRunner {
 };
 
 size_t fp8_gemm_scratch_bytes(const Fp8GemmActProblem& p, size_t elem_bytes) {
-  return ScratchLayout(p, elem_bytes).bytes(kGemmActWorkspaceBytes);
+  return ScratchLayout(p, elem_bytes).bytes(fp8_workspace_bytes());
 }
 
 size_t fp8_gemm_act_scratch_bytes(int64_t m, int64_t n, int64_t k, size_t elem_bytes) {

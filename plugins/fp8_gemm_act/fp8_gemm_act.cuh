@@ -5,7 +5,7 @@
 // float8 copy and a copy of W are padded with zeros to the next multiple of 16, W and the bias to N rounded up, and Y is written to a
 // padded copy in the scratch and copied into Y (extra passes; the models' GEMMs need none). Y and the bias take T = fp16 or bf16:
 // cuBLASLt's fp8 kernels write fp32 only with a bf16 bias, which would round the op's fp32 Bias, so fp32 answers cudaErrorNotSupported. The
-// scratch interface and workspace limits are GemmAct's (the same cuBLASLt).
+// scratch interface is GemmAct's (the same cuBLASLt); the algorithms get no workspace (fp8_gemm_act.cu says why).
 #pragma once
 #include <cuda_runtime.h>
 
@@ -47,7 +47,7 @@ cudaError_t fp8_quantize_e4m3(cudaStream_t stream, const T* x, const float* scal
                               const float* recip_of = nullptr, float* recip = nullptr);
 
 // The scratch bytes one launch asks for at most (elem_bytes: sizeof(T)): X in float8, the padded copies of W, Bias and Y
-// where they need one (each rounded up to 256 bytes) and the algorithm's workspace (at most kGemmActWorkspaceBytes).
+// where they need one (each rounded up to 256 bytes), and kGemmActWorkspaceBytes for the algorithm under DEPLOYFUSE_FP8_GEMM_WORKSPACE=1.
 size_t fp8_gemm_act_scratch_bytes(int64_t m, int64_t n, int64_t k, size_t elem_bytes);
 // The same for any problem (x_fp8: no float8 copy of X).
 size_t fp8_gemm_scratch_bytes(const Fp8GemmActProblem& p, size_t elem_bytes);

@@ -2,12 +2,17 @@
 // accumulation. Built for sm_90a only (wgmma and setmaxnreg are arch-specific); see wgmma.cuh for
 // the register and shared-memory layouts.
 //
-// A CTA owns kBlockM = 64 * kConsumers query rows of one (batch, head): kConsumers warpgroups of 64
-// rows and one producer warpgroup, which hands its registers to them (setmaxnreg) and whose one
-// elected thread loads Q once, then K_j and V_j (kBlockN = 128 keys) into a kStages-deep ring by
-// TMA (128-byte swizzle; rows past the sequence arrive as zeros). "full" mbarriers count the bytes
-// in, "empty" ones count the consumer threads out, so warpgroups wait only on data, never on each
-// other. Per key tile a consumer warpgroup computes
+// A work item is kBlockM = 64 * kConsumers query rows of one (batch, head). A CTA has kConsumers
+// warpgroups of 64 rows and one producer warpgroup, which hands its registers to them (setmaxnreg)
+// and whose one elected thread loads each item's Q, then its K_j and V_j (kBlockN = 128 keys) into a
+// kStages-deep ring by TMA (128-byte swizzle; rows past the sequence arrive as zeros). "full"
+// mbarriers count the bytes in, "empty" ones count the consumer threads out, so warpgroups wait only
+// on data, never on each other. CTAs are persistent: at most as many as fit on the GPU at once, each
+// taking items blockIdx.x, blockIdx.x + gridDim.x, ...; the ring and its phases run on across items,
+// so the producer loads the next item's Q (once the consumers' last S = Q K^T of this one is done)
+// and K/V while the consumers still compute and store this one. At 128 keys an item is one key tile:
+// one CTA an item left the SM's memory and tensor cores idle in turn through every CTA's start, loads
+// and stores. Per key tile a consumer warpgroup computes
 //   S  = Q K_j^T                     wgmma, A = Q and B = K_j from shared memory (K-major)
 //   x  = (S * scale + mask) * log2(e), -inf past k_seq and above the causal diagonal
 //   m' = max(m, rowmax x);  P = 2^(x - m');  l = l * 2^(m - m') + rowsum P;  O = O * 2^(m - m')
@@ -22,6 +27,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <algorithm>
 #include <atomic>
 #include <climits>
 #include <cmath>
@@ -73,6 +79,7 @@ struct Sm90Tile {
 struct Sm90Params {
   float scale;  // scale * log2(e), > 0
   int q_seq, k_seq, heads;
+  int q_blocks, items;  // kBlockM-row blocks of the queries; q_blocks * batch * heads work items
   bool causal;
   bool mask_b, mask_h;  // the mask varies over batch / heads (else its map has one there)
   const float* yq_scale;  // YQ (MhaYq): YScale on the device; yq null: not written
@@ -90,23 +97,36 @@ __global__ void __launch_bounds__(Sm90Tile<D, kConsumers, kMask, kCtas>::kThread
   constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
   constexpr int kCols = D / 64;  // 128-byte column blocks of a tile
   extern __shared__ unsigned char smem_raw[];
-  __shared__ uint64_t bars[1 + 4 * kStages];  // full Q, full K[s], full V[s], empty K[s], empty V[s]
+  __shared__ uint64_t bars[2 + 4 * kStages];  // full Q, empty Q, full K[s], full V[s], empty K[s], empty V[s]
   const uint32_t s_q = (smem_addr(smem_raw) + 1023) & ~1023u;
   const uint32_t s_k = s_q + Tile::kQBytes, s_v = s_k + kStages * Tile::kKVBytes, s_m = s_v + kStages * Tile::kKVBytes;
-  uint64_t* bar_q = bars;
-  auto full_k = [&](int s) { return bars + 1 + s; };
-  auto full_v = [&](int s) { return bars + 1 + kStages + s; };
-  auto empty_k = [&](int s) { return bars + 1 + 2 * kStages + s; };
-  auto empty_v = [&](int s) { return bars + 1 + 3 * kStages + s; };
+  uint64_t *full_q = bars, *empty_q = bars + 1;
+  auto full_k = [&](int s) { return bars + 2 + s; };
+  auto full_v = [&](int s) { return bars + 2 + kStages + s; };
+  auto empty_k = [&](int s) { return bars + 2 + 2 * kStages + s; };
+  auto empty_v = [&](int s) { return bars + 2 + 3 * kStages + s; };
+  // Item i: query block q0 of head h of batch row b, n_tiles key tiles (fewer under causal: later keys
+  // are masked for every row of the block). A head's blocks are consecutive items, the longest causal
+  // ones first.
+  struct Item {
+    int q0, b, h, n_tiles;
+  };
+  auto item_at = [&](int i) {
+    const int bh = i / p.q_blocks;
+    Item it;
+    it.q0 = (p.q_blocks - 1 - i % p.q_blocks) * Tile::kBlockM;
+    it.b = bh / p.heads;
+    it.h = bh % p.heads;
+    const int kv_len = p.causal ? min(p.k_seq, it.q0 + Tile::kBlockM) : p.k_seq;
+    it.n_tiles = (kv_len + kBlockN - 1) / kBlockN;
+    return it;
+  };
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int bh = blockIdx.y, b = bh / p.heads, h = bh % p.heads;
-  const int q0 = static_cast<int>(gridDim.x - 1 - blockIdx.x) * Tile::kBlockM;  // longest causal blocks start first
-  const int kv_len = p.causal ? min(p.k_seq, q0 + Tile::kBlockM) : p.k_seq;      // later keys are masked for every row here
-  const int n_tiles = (kv_len + kBlockN - 1) / kBlockN;
 
   if (threadIdx.x == 0) {
-    mbar_init(bar_q, 1);
+    mbar_init(full_q, 1);
+    mbar_init(empty_q, 128 * kConsumers);
     for (int s = 0; s < kStages; ++s) {
       mbar_init(full_k(s), 1);
       mbar_init(full_v(s), 1);
@@ -120,23 +140,28 @@ __global__ void __launch_bounds__(Sm90Tile<D, kConsumers, kMask, kCtas>::kThread
   if (warp >= 4 * kConsumers) {  // producer: one thread issues every load; its registers go to the consumers
     setmaxnreg_dec<24>();
     if (warp == 4 * kConsumers && lane == 0) {
-      mbar_arrive_expect_tx(bar_q, Tile::kQBytes);
-      for (int c = 0; c < kCols; ++c) tma_load_4d(s_q + c * Tile::kBlockM * 128, &tm_q, bar_q, 64 * c, q0, h, b);
-      for (int j = 0; j < n_tiles; ++j) {
-        const int s = j % kStages;
-        const uint32_t phase = (j / kStages) & 1;
-        if (j >= kStages) mbar_wait(empty_k(s), phase ^ 1);
-        mbar_arrive_expect_tx(full_k(s), Tile::kKVBytes + 2 * Tile::kMaskBox);
-        for (int c = 0; c < kCols; ++c) tma_load_4d(s_k + s * Tile::kKVBytes + c * kBlockN * 128, &tm_k, full_k(s), 64 * c, j * kBlockN, h, b);
-        if constexpr (kMask != Sm90Mask::kNone) {  // mask keys [128 j, 128 j + 128) of rows q0.. (kTile) or row 0 (kRow)
-          for (int c = 0; c < 2; ++c) {
-            tma_load_4d(s_m + s * Tile::kMaskBytes + c * Tile::kMaskPitch, &tm_m, full_k(s), j * kBlockN + 64 * c,
-                        kMask == Sm90Mask::kTile ? q0 : 0, p.mask_h ? h : 0, p.mask_b ? b : 0);
+      int tile = 0;  // key tiles loaded so far by this CTA: ring stage tile % kStages, its use (tile / kStages)
+      for (int i = blockIdx.x, n = 0; i < p.items; i += gridDim.x, ++n) {
+        const Item it = item_at(i);
+        if (n > 0) mbar_wait(empty_q, (n - 1) & 1);  // the consumers' last S of the previous item has read Q
+        mbar_arrive_expect_tx(full_q, Tile::kQBytes);
+        for (int c = 0; c < kCols; ++c) tma_load_4d(s_q + c * Tile::kBlockM * 128, &tm_q, full_q, 64 * c, it.q0, it.h, it.b);
+        for (int j = 0; j < it.n_tiles; ++j, ++tile) {
+          const int s = tile % kStages;
+          const uint32_t phase = (tile / kStages) & 1;
+          if (tile >= kStages) mbar_wait(empty_k(s), phase ^ 1);
+          mbar_arrive_expect_tx(full_k(s), Tile::kKVBytes + 2 * Tile::kMaskBox);
+          for (int c = 0; c < kCols; ++c) tma_load_4d(s_k + s * Tile::kKVBytes + c * kBlockN * 128, &tm_k, full_k(s), 64 * c, j * kBlockN, it.h, it.b);
+          if constexpr (kMask != Sm90Mask::kNone) {  // mask keys [128 j, 128 j + 128) of rows q0.. (kTile) or row 0 (kRow)
+            for (int c = 0; c < 2; ++c) {
+              tma_load_4d(s_m + s * Tile::kMaskBytes + c * Tile::kMaskPitch, &tm_m, full_k(s), j * kBlockN + 64 * c,
+                          kMask == Sm90Mask::kTile ? it.q0 : 0, p.mask_h ? it.h : 0, p.mask_b ? it.b : 0);
+            }
           }
+          if (tile >= kStages) mbar_wait(empty_v(s), phase ^ 1);
+          mbar_arrive_expect_tx(full_v(s), Tile::kKVBytes);
+          for (int c = 0; c < kCols; ++c) tma_load_4d(s_v + s * Tile::kKVBytes + c * kBlockN * 128, &tm_v, full_v(s), 64 * c, j * kBlockN, it.h, it.b);
         }
-        if (j >= kStages) mbar_wait(empty_v(s), phase ^ 1);
-        mbar_arrive_expect_tx(full_v(s), Tile::kKVBytes);
-        for (int c = 0; c < kCols; ++c) tma_load_4d(s_v + s * Tile::kKVBytes + c * kBlockN * 128, &tm_v, full_v(s), 64 * c, j * kBlockN, h, b);
       }
     }
     return;
@@ -145,147 +170,158 @@ __global__ void __launch_bounds__(Sm90Tile<D, kConsumers, kMask, kCtas>::kThread
   setmaxnreg_inc<Tile::kConsumerRegs>();
   // Consumer warpgroup wg: rows q0 + 64 wg + 16 (warp % 4) + g (+ 8) of the thread's accumulators.
   const int wg = warp / 4, g = lane / 4, t = lane % 4;
-  const int row0 = q0 + 64 * wg + 16 * (warp % 4) + g;
-  const int rows[2] = {row0, row0 + 8};
+  const int row_in_block = 64 * wg + 16 * (warp % 4) + g;
   const uint32_t q_wg = s_q + wg * 64 * 128;
-  auto s_tile = [&](float (&sc)[kBlockN / 2], int j) {  // issue S = Q K_j^T (committed, not waited for)
-    const uint32_t k_tile = s_k + (j % kStages) * Tile::kKVBytes;
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      const uint32_t col = (kk / 4), off = (kk % 4) * 32;
-      wgmma_ss<kBf16>(sc, sw128_desc(q_wg + col * Tile::kBlockM * 128 + off, 16), sw128_desc(k_tile + col * kBlockN * 128 + off, 16), kk > 0);
-    }
-    wgmma_commit();
-  };
-
-  float o[D / 2];
-#pragma unroll
-  for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
-  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
-  float sc[kBlockN / 2];
-#pragma unroll
-  for (int i = 0; i < kBlockN / 2; ++i) sc[i] = 0.f;
-  uint32_t pa[kBlockN / 16][4];
-
-  // sc[4 i + 2 r + c] += mask(row r, key 8 i + 2 t + c of tile j) / scale, so that the scale folded
-  // into the exponent gives (S * scale + mask) * log2(e). This thread's mask row in the tile: its
-  // row in the CTA (kTile) or the one row (kRow); 16-byte chunk i % 8 of that row sits at chunk
-  // (i % 8) ^ (row % 8) of its 64-key box.
-  const int m_row = kMask == Sm90Mask::kTile ? row0 - q0 : 0;
-  auto add_mask = [&](int j) {
-    const float mul = kLog2e / p.scale;
-    const uint32_t m_tile = s_m + (j % kStages) * Tile::kMaskBytes;
-#pragma unroll
-    for (int i = 0; i < kBlockN / 8; ++i) {
-#pragma unroll
-      for (int r = 0; r < (kMask == Sm90Mask::kTile ? 2 : 1); ++r) {
-        const int rr = m_row + 8 * r;
-        const float2 mv = unpack2<T>(ld_shared_u32(m_tile + (i / 8) * Tile::kMaskPitch + rr * 128 + (((i % 8) ^ (rr % 8)) * 16) + 4 * t));
-#pragma unroll
-        for (int q = r; q < 2; q += (kMask == Sm90Mask::kTile ? 2 : 1)) {  // kRow: the one row serves rows g and g + 8
-          sc[4 * i + 2 * q] = fmaf(mv.x, mul, sc[4 * i + 2 * q]);
-          sc[4 * i + 2 * q + 1] = fmaf(mv.y, mul, sc[4 * i + 2 * q + 1]);
-        }
-      }
-    }
-  };
-
-  // Online softmax of S_j in sc (flash_math.cuh): P_j in place, m and l updated, alpha per row. Only
-  // the last tile and tiles crossing the diagonal need the bounds/causal test (warp-uniform).
-  auto softmax = [&](int j, float (&alpha)[2]) {
-    const int k0 = j * kBlockN;
-    if constexpr (kMask != Sm90Mask::kNone) add_mask(j);
-    if (k0 + kBlockN > p.k_seq || (p.causal && k0 + kBlockN - 1 > row0 - g)) {
-#pragma unroll
-      for (int i = 0; i < kBlockN / 8; ++i) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int key = k0 + 8 * i + 2 * t + (e & 1);
-          if (key >= p.k_seq || (p.causal && key > rows[e >> 1])) sc[4 * i + e] = -INFINITY;
-        }
-      }
-    }
-    alpha[0] = online_softmax_row(sc, 0, p.scale, m[0], l[0]);
-    alpha[1] = online_softmax_row(sc, 1, p.scale, m[1], l[1]);
-  };
-  auto pack_p = [&] {
-#pragma unroll
-    for (int kk = 0; kk < kBlockN / 16; ++kk) p_fragment<T>(sc, kk, pa[kk]);
-  };
-
-  mbar_wait(bar_q, 0);
-  if (n_tiles > 0) {
-    float alpha[2];
-    mbar_wait(full_k(0), 0);
-    s_tile(sc, 0);
-    wgmma_wait<0>();
-    fence_regs(sc);
-    if constexpr (kMask == Sm90Mask::kNone) mbar_arrive(empty_k(0));
-    softmax(0, alpha);  // O is still 0: alpha unused
-    if constexpr (kMask != Sm90Mask::kNone) mbar_arrive(empty_k(0));  // the mask tile shares K's stage
-    pack_p();
-  }
-  // Tile j: S_j+1 = Q K_j+1^T and O += P_j V_j go to the tensor cores back to back; the softmax of
-  // S_j+1 runs while P_j V_j is in flight, then O is rescaled and P_j+1 packed.
-  auto pv_tile = [&](int j) {
-    const int s = j % kStages;
-    mbar_wait(full_v(s), (j / kStages) & 1);
-    const uint32_t v_tile = s_v + s * Tile::kKVBytes;
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < kBlockN / 16; ++kk) wgmma_rs_t<kBf16>(o, pa[kk], sw128_desc(v_tile + kk * 2048, kBlockN * 128));
-    wgmma_commit();
-  };
-  for (int j = 0; j + 1 < n_tiles; ++j) {
-    float alpha[2];
-    mbar_wait(full_k((j + 1) % kStages), ((j + 1) / kStages) & 1);
-    s_tile(sc, j + 1);
-    pv_tile(j);
-    wgmma_wait<1>();  // S_j+1 done, P_j V_j may still run
-    fence_regs(sc);
-    if constexpr (kMask == Sm90Mask::kNone) mbar_arrive(empty_k((j + 1) % kStages));
-    softmax(j + 1, alpha);
-    if constexpr (kMask != Sm90Mask::kNone) mbar_arrive(empty_k((j + 1) % kStages));
-    wgmma_wait<0>();
-    fence_regs(o);
-    for (auto& frag : pa) fence_regs(frag);  // P_j V_j has read them
-    mbar_arrive(empty_v(j % kStages));
-#pragma unroll
-    for (int i = 0; i < D / 8; ++i) {
-      o[4 * i] *= alpha[0];
-      o[4 * i + 1] *= alpha[0];
-      o[4 * i + 2] *= alpha[1];
-      o[4 * i + 3] *= alpha[1];
-    }
-    pack_p();
-  }
-  if (n_tiles > 0) {
-    pv_tile(n_tiles - 1);
-    wgmma_wait<0>();
-    fence_regs(o);
-  }
-
-  // Epilogue: Y = O / l from registers (each quad writes 16 contiguous bytes of a row per column tile), and YQ from
-  // those values as rounded to T (8 bytes a quad).
   const int64_t ld = static_cast<int64_t>(p.heads) * D;  // Y's (and YQ's) row
-  const int64_t base = static_cast<int64_t>(b) * p.q_seq * ld + h * D + 2 * t;
   const float yq_scale = p.yq ? *p.yq_scale : 1.f;
+  int tile = 0;  // key tiles consumed so far by this CTA, as the producer counts them
+
+  for (int i = blockIdx.x, n = 0; i < p.items; i += gridDim.x, ++n) {
+    const Item it = item_at(i);
+    const int row0 = it.q0 + row_in_block;
+    const int rows[2] = {row0, row0 + 8};
+    auto stage = [&](int j) { return (tile + j) % kStages; };
+    auto phase = [&](int j) { return static_cast<uint32_t>((tile + j) / kStages) & 1; };
+    auto s_tile = [&](float (&sc)[kBlockN / 2], int j) {  // issue S = Q K_j^T (committed, not waited for)
+      const uint32_t k_tile = s_k + stage(j) * Tile::kKVBytes;
+      wgmma_fence();
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const float inv = row_inverse_sum(l[r]);
-    if (rows[r] < p.q_seq) {
-      const int64_t at = base + rows[r] * ld;
+      for (int kk = 0; kk < D / 16; ++kk) {
+        const uint32_t col = (kk / 4), off = (kk % 4) * 32;
+        wgmma_ss<kBf16>(sc, sw128_desc(q_wg + col * Tile::kBlockM * 128 + off, 16), sw128_desc(k_tile + col * kBlockN * 128 + off, 16), kk > 0);
+      }
+      wgmma_commit();
+    };
+
+    float o[D / 2];
 #pragma unroll
-      for (int i = 0; i < D / 8; ++i) {
-        const uint32_t pair = pack2<T>(o[4 * i + 2 * r] * inv, o[4 * i + 2 * r + 1] * inv);
-        if (y) *reinterpret_cast<uint32_t*>(y + at + 8 * i) = pair;
-        if (p.yq) {
-          const T* e = reinterpret_cast<const T*>(&pair);
-          *reinterpret_cast<uint16_t*>(p.yq + at + 8 * i) = e4m3_pair(e[0], e[1], yq_scale);
+    for (int e = 0; e < D / 2; ++e) o[e] = 0.f;
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+    float sc[kBlockN / 2];
+#pragma unroll
+    for (int e = 0; e < kBlockN / 2; ++e) sc[e] = 0.f;
+    uint32_t pa[kBlockN / 16][4];
+
+    // sc[4 i + 2 r + c] += mask(row r, key 8 i + 2 t + c of tile j) / scale, so that the scale folded
+    // into the exponent gives (S * scale + mask) * log2(e). This thread's mask row in the tile: its
+    // row in the CTA (kTile) or the one row (kRow); 16-byte chunk i % 8 of that row sits at chunk
+    // (i % 8) ^ (row % 8) of its 64-key box.
+    const int m_row = kMask == Sm90Mask::kTile ? row_in_block : 0;
+    auto add_mask = [&](int j) {
+      const float mul = kLog2e / p.scale;
+      const uint32_t m_tile = s_m + stage(j) * Tile::kMaskBytes;
+#pragma unroll
+      for (int c = 0; c < kBlockN / 8; ++c) {
+#pragma unroll
+        for (int r = 0; r < (kMask == Sm90Mask::kTile ? 2 : 1); ++r) {
+          const int rr = m_row + 8 * r;
+          const float2 mv = unpack2<T>(ld_shared_u32(m_tile + (c / 8) * Tile::kMaskPitch + rr * 128 + (((c % 8) ^ (rr % 8)) * 16) + 4 * t));
+#pragma unroll
+          for (int q = r; q < 2; q += (kMask == Sm90Mask::kTile ? 2 : 1)) {  // kRow: the one row serves rows g and g + 8
+            sc[4 * c + 2 * q] = fmaf(mv.x, mul, sc[4 * c + 2 * q]);
+            sc[4 * c + 2 * q + 1] = fmaf(mv.y, mul, sc[4 * c + 2 * q + 1]);
+          }
+        }
+      }
+    };
+
+    // Online softmax of S_j in sc (flash_math.cuh): P_j in place, m and l updated, alpha per row. Only
+    // the last tile and tiles crossing the diagonal need the bounds/causal test (warp-uniform).
+    auto softmax = [&](int j, float (&alpha)[2]) {
+      const int k0 = j * kBlockN;
+      if constexpr (kMask != Sm90Mask::kNone) add_mask(j);
+      if (k0 + kBlockN > p.k_seq || (p.causal && k0 + kBlockN - 1 > row0 - g)) {
+#pragma unroll
+        for (int c = 0; c < kBlockN / 8; ++c) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int key = k0 + 8 * c + 2 * t + (e & 1);
+            if (key >= p.k_seq || (p.causal && key > rows[e >> 1])) sc[4 * c + e] = -INFINITY;
+          }
+        }
+      }
+      alpha[0] = online_softmax_row(sc, 0, p.scale, m[0], l[0]);
+      alpha[1] = online_softmax_row(sc, 1, p.scale, m[1], l[1]);
+    };
+    auto pack_p = [&] {
+#pragma unroll
+      for (int kk = 0; kk < kBlockN / 16; ++kk) p_fragment<T>(sc, kk, pa[kk]);
+    };
+
+    mbar_wait(full_q, n & 1);
+    if (it.n_tiles > 0) {
+      float alpha[2];
+      mbar_wait(full_k(stage(0)), phase(0));
+      s_tile(sc, 0);
+      wgmma_wait<0>();
+      fence_regs(sc);
+      if constexpr (kMask == Sm90Mask::kNone) mbar_arrive(empty_k(stage(0)));
+      softmax(0, alpha);  // O is still 0: alpha unused
+      if constexpr (kMask != Sm90Mask::kNone) mbar_arrive(empty_k(stage(0)));  // the mask tile shares K's stage
+      pack_p();
+    }
+    if (it.n_tiles <= 1) mbar_arrive(empty_q);  // every S of this item is done: the producer may load the next Q
+    // Tile j: S_j+1 = Q K_j+1^T and O += P_j V_j go to the tensor cores back to back; the softmax of
+    // S_j+1 runs while P_j V_j is in flight, then O is rescaled and P_j+1 packed.
+    auto pv_tile = [&](int j) {
+      mbar_wait(full_v(stage(j)), phase(j));
+      const uint32_t v_tile = s_v + stage(j) * Tile::kKVBytes;
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kBlockN / 16; ++kk) wgmma_rs_t<kBf16>(o, pa[kk], sw128_desc(v_tile + kk * 2048, kBlockN * 128));
+      wgmma_commit();
+    };
+    for (int j = 0; j + 1 < it.n_tiles; ++j) {
+      float alpha[2];
+      mbar_wait(full_k(stage(j + 1)), phase(j + 1));
+      s_tile(sc, j + 1);
+      pv_tile(j);
+      wgmma_wait<1>();  // S_j+1 done, P_j V_j may still run
+      fence_regs(sc);
+      if (j + 2 == it.n_tiles) mbar_arrive(empty_q);
+      if constexpr (kMask == Sm90Mask::kNone) mbar_arrive(empty_k(stage(j + 1)));
+      softmax(j + 1, alpha);
+      if constexpr (kMask != Sm90Mask::kNone) mbar_arrive(empty_k(stage(j + 1)));
+      wgmma_wait<0>();
+      fence_regs(o);
+      for (auto& frag : pa) fence_regs(frag);  // P_j V_j has read them
+      mbar_arrive(empty_v(stage(j)));
+#pragma unroll
+      for (int c = 0; c < D / 8; ++c) {
+        o[4 * c] *= alpha[0];
+        o[4 * c + 1] *= alpha[0];
+        o[4 * c + 2] *= alpha[1];
+        o[4 * c + 3] *= alpha[1];
+      }
+      pack_p();
+    }
+    if (it.n_tiles > 0) {
+      pv_tile(it.n_tiles - 1);
+      wgmma_wait<0>();
+      fence_regs(o);
+      mbar_arrive(empty_v(stage(it.n_tiles - 1)));  // the next item's V may land in this stage
+    }
+
+    // Epilogue: Y = O / l from registers (each quad writes 16 contiguous bytes of a row per column tile), and YQ from
+    // those values as rounded to T (8 bytes a quad).
+    const int64_t base = static_cast<int64_t>(it.b) * p.q_seq * ld + it.h * D + 2 * t;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const float inv = row_inverse_sum(l[r]);
+      if (rows[r] < p.q_seq) {
+        const int64_t at = base + rows[r] * ld;
+#pragma unroll
+        for (int c = 0; c < D / 8; ++c) {
+          const uint32_t pair = pack2<T>(o[4 * c + 2 * r] * inv, o[4 * c + 2 * r + 1] * inv);
+          if (y) *reinterpret_cast<uint32_t*>(y + at + 8 * c) = pair;
+          if (p.yq) {
+            const T* e = reinterpret_cast<const T*>(&pair);
+            *reinterpret_cast<uint16_t*>(p.yq + at + 8 * c) = e4m3_pair(e[0], e[1], yq_scale);
+          }
         }
       }
     }
+    tile += it.n_tiles;
   }
 #else
   __trap();  // launch_fused_mha_sm90 only launches on sm_90a code
@@ -351,16 +387,32 @@ bool make_mask_map(CUtensorMap* map, const T* mask, const MhaShape& s, int rows)
   return encode_map(map, mask, dims, strides, rows);
 }
 
+// DEPLOYFUSE_MHA_PERSISTENT=0 launches a CTA per work item (each then runs one), for benchmarks to
+// time what persistence gives.
+bool persistent() {
+  static const bool on = [] {
+    const char* v = std::getenv("DEPLOYFUSE_MHA_PERSISTENT");
+    return v == nullptr || std::strcmp(v, "0") != 0;
+  }();
+  return on;
+}
+
 template <typename T, int D, int kConsumers, Sm90Mask kMask, int kCtas>
 cudaError_t launch_with(cudaStream_t stream, int device, const T* q, const T* k, const T* v, const T* mask, T* y, const MhaShape& s,
                         MhaYq yq) {
   using Tile = Sm90Tile<D, kConsumers, kMask, kCtas>;
   const auto kernel = fused_mha_sm90_kernel<T, D, kConsumers, kMask, kCtas>;
-  static std::atomic<uint64_t> configured{0};  // devices whose shared-memory limit is raised (bit = ordinal)
-  const uint64_t bit = device < 64 ? 1ull << device : 0;
-  if (!(configured.load() & bit)) {
+  static std::atomic<int> resident[64];  // CTAs the GPU runs at once, by device ordinal (0: not yet asked)
+  if (device >= 64) return cudaErrorNotSupported;
+  int ctas = resident[device].load();
+  if (ctas == 0) {
+    int per_sm = 0, sms = 0;
     DF_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(Tile::kSmem)));
-    configured.fetch_or(bit);
+    DF_RETURN_IF_ERROR(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, Tile::kThreads, Tile::kSmem));
+    DF_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    if (per_sm < 1) return cudaErrorNotSupported;
+    ctas = per_sm * sms;
+    resident[device].store(ctas);
   }
   CUtensorMap maps[4] = {};
   if (!make_map(&maps[0], q, s, s.q_seq, s.q_ld, Tile::kBlockM) || !make_map(&maps[1], k, s, s.k_seq, s.k_ld, kBlockN) ||
@@ -378,8 +430,16 @@ cudaError_t launch_with(cudaStream_t stream, int device, const T* q, const T* k,
   prm.mask_h = mask && s.mask_stride[1] != 0;
   prm.yq_scale = yq.scale;
   prm.yq = yq.yq;
-  const dim3 grid(static_cast<unsigned>((s.q_seq + Tile::kBlockM - 1) / Tile::kBlockM), static_cast<unsigned>(s.batch * s.heads));
-  kernel<<<grid, Tile::kThreads, Tile::kSmem, stream>>>(maps[0], maps[1], maps[2], maps[3], y, prm);
+  const int64_t q_blocks = (s.q_seq + Tile::kBlockM - 1) / Tile::kBlockM, items = q_blocks * s.batch * s.heads;
+  if (items > INT_MAX) return cudaErrorNotSupported;
+  prm.q_blocks = static_cast<int>(q_blocks);
+  prm.items = static_cast<int>(items);
+  // Causal items over more than one key tile differ in work (the diagonal's blocks are short): left to
+  // the hardware's CTA scheduler, a CTA an item (8 x 2048 causal, 16 heads: 0.211 ms that way, 0.223
+  // with narrow persistent CTAs, bench/results/mha_tiles_persistent_h200.log).
+  const bool even = !s.causal || s.k_seq <= kBlockN;
+  const int64_t grid = persistent() && even ? std::min<int64_t>(items, ctas) : items;
+  kernel<<<static_cast<unsigned>(grid), Tile::kThreads, Tile::kSmem, stream>>>(maps[0], maps[1], maps[2], maps[3], y, prm);
   return cudaGetLastError();
 }
 

@@ -124,6 +124,12 @@ GPU_CASES: list[tuple[str, tuple[int, ...], dict[str, Any]]] = [
     ("FusedMHA", (2, 100, 100, 384), {"num_heads": 4, "causal": 1, "mask": "bhqk", "packed_qkv": 1}),
     ("FusedMHA", (2, 77, 77, 256), {"num_heads": 4, "scale": -0.1, "packed_qkv": 1}),
     ("FusedMHA", (2, 50, 50, 60), {"num_heads": 3, "mask": True, "packed_qkv": 1}),
+    # More work items than the Hopper kernel's persistent CTAs, so each CTA runs several, the ring and
+    # its phases carried from one to the next: a padding row, a per-query mask over two key tiles,
+    # and the three-consumer CTAs (700 queries of 16 heads, 700 keys).
+    ("FusedMHA", (32, 128, 128, 768), {"num_heads": 12, "mask": True, "packed_qkv": 1}),
+    ("FusedMHA", (16, 197, 150, 768), {"num_heads": 12, "mask": "bhqk", "mask_inf": 0.2}),
+    ("FusedMHA", (4, 700, 700, 1024), {"num_heads": 16, "mask": "bk"}),
     # GemmAct (shape = X's dims + N): BERT/GPT-2 sizes (8x128 and 64x128 tokens, residual), K and N
     # not multiples of 8, N = 1, one big square, storage one element off alignment (cuBLASLt's
     # heuristic then offers only the algorithms that take it), a candidate index past the first.
