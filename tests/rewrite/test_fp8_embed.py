@@ -1,9 +1,13 @@
 """rules.fp8_embed: GPT-2's token and position lookups and their Add taken into the first SkipLayerNormFp8 (Ids, a broadcast
 Skip). A tiny GPT-2's fp8 ort-cuda export (dynamic batch) has nothing before that norm but the ids' reshape, and computes on
 fresh ids at another batch what the same artefact with the Gathers and the Add put back computes (ONNX Runtime CPU, function
-bodies and the CPU kernels)."""
+bodies and the CPU kernels). Tiny BERT and RoBERTa exports: the graph the rule received, and the rule's result on it,
+compute the same on fresh ids (BERT's constant token types folded into the Skip, a token_type_ids input or RoBERTa's
+positions kept as the Skip's lookup, a dynamic sequence axis refused)."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import numpy as np
 import onnx
@@ -31,9 +35,17 @@ def artefact(tmp_path_factory) -> onnx.ModelProto:
     torch.manual_seed(0)
     model = transformers.GPT2Model(transformers.GPT2Config(vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, n_positions=64)).eval()
     ids = torch.randint(0, VOCAB, (2, 16))
-    result = deployfuse.export(model, tmp_path_factory.mktemp("gpt2") / "model.onnx", example_inputs={"input_ids": ids},
-                               dynamic=[DynamicAxis("input_ids", 0, "batch")], target="ort-cuda", precision="fp8",
-                               accuracy_budget="cos=0.99,rel=0.2", seed=0, verify_draws=1)
+    result = deployfuse.export(
+        model,
+        tmp_path_factory.mktemp("gpt2") / "model.onnx",
+        example_inputs={"input_ids": ids},
+        dynamic=[DynamicAxis("input_ids", 0, "batch")],
+        target="ort-cuda",
+        precision="fp8",
+        accuracy_budget="cos=0.99,rel=0.2",
+        seed=0,
+        verify_draws=1,
+    )
     return onnx.load(result.onnx_path)
 
 
@@ -88,16 +100,22 @@ def test_gpt2_fp8_export_looks_up_the_embeddings_in_the_norm(artefact, library):
     assert not all(np.allclose(changed[k], v, atol=1e-2) for k, v in native.items()), "the ids reach the outputs"
 
 
-def _embeddings(rng: np.random.Generator, *, positions: str = "gather", bias: float = 0.0, residual: str = "output", late_scale: bool = False) -> onnx.ModelProto:
+def _embeddings(
+    rng: np.random.Generator, *, positions: str = "gather", bias: float = 0.0, residual: str = "output", late_scale: bool = False, skip: bool = False
+) -> onnx.ModelProto:
     """ids [B, 4] -> Gather(W [10, 16]) + P [1, 4, 16] -> SkipLayerNormFp8 (Y, YQ); positions: "gather" (a lookup of a constant
     [6, 16] table by constant positions), "range" (by Range(0, 4, 1)), "constant", "full" (a constant [2, 4, 16]: broadcasts
     over no leading axis, the batch being dynamic) or "rank4" (a constant [1, 1, 4, 16]: the Add one axis more than the
     lookup); residual: "output" (the Add is also a graph output), or "read" (a Neg before the norm reads it, and the norm
-    writes Sum); late_scale: the norm's YScale a Constant node between the Add and the norm."""
+    writes Sum); late_scale: the norm's YScale a Constant node between the Add and the norm; skip: the norm adds a constant
+    Skip [4, 16] too."""
     table = rng.standard_normal((10, 16)).astype(np.float32)
-    inits = [onnx.numpy_helper.from_array(table, "w"), onnx.numpy_helper.from_array(rng.standard_normal((6, 16)).astype(np.float32), "wp"),
-             *(onnx.numpy_helper.from_array(np.full(16, v, np.float32), n) for n, v in (("g", 1.0), ("b", 0.0), ("bias", bias))),
-             *([] if late_scale else [onnx.numpy_helper.from_array(np.array(0.01, np.float32), "s")])]
+    inits = [
+        onnx.numpy_helper.from_array(table, "w"),
+        onnx.numpy_helper.from_array(rng.standard_normal((6, 16)).astype(np.float32), "wp"),
+        *(onnx.numpy_helper.from_array(np.full(16, v, np.float32), n) for n, v in (("g", 1.0), ("b", 0.0), ("bias", bias))),
+        *([] if late_scale else [onnx.numpy_helper.from_array(np.array(0.01, np.float32), "s")]),
+    ]
     nodes = [helper.make_node("Gather", ["w", "ids"], ["e"], axis=0)]
     if positions in ("gather", "range"):
         if positions == "gather":
@@ -115,7 +133,10 @@ def _embeddings(rng: np.random.Generator, *, positions: str = "gather", bias: fl
     if late_scale:
         nodes.append(helper.make_node("Constant", [], ["s"], value=onnx.numpy_helper.from_array(np.array(0.01, np.float32))))
     total = "total" if residual == "read" else ""
-    nodes.append(helper.make_node("SkipLayerNormFp8", ["x", "g", "b", "bias", "s"], ["y", "yq", total], domain="deployfuse", epsilon=1e-5))
+    if skip:
+        inits.append(onnx.numpy_helper.from_array(rng.standard_normal((4, 16)).astype(np.float32), "skip"))
+    norm_inputs = ["x", "g", "b", "bias", "s", *(["skip"] if skip else [])]
+    nodes.append(helper.make_node("SkipLayerNormFp8", norm_inputs, ["y", "yq", total], domain="deployfuse", epsilon=1e-5))
     outputs = [helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, ["B", 4, 16]) for name in ("y", *(("nx", "total") if total else ("x",)))]
     graph = helper.make_graph(nodes, "embed", [helper.make_tensor_value_info("ids", onnx.TensorProto.INT64, ["B", 4])], outputs, initializer=inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20), helper.make_opsetid("deployfuse", 1)], ir_version=10)
@@ -140,8 +161,30 @@ def test_rule_keeps_what_the_graph_computes(positions, residual):
         np.testing.assert_allclose(got[name], value, rtol=1e-5, atol=1e-5, err_msg=name)
 
 
-@pytest.mark.parametrize("change,why", [(dict(bias=0.5), "Bias is not zeros"), (dict(positions="full"), "leading axes"),
-                                        (dict(positions="rank4"), "leading axes"), (dict(late_scale=True), "computed after the Add")])
+def test_rule_stands_after_an_input_of_the_norm_computed_after_the_add():
+    """The norm's YScale a Constant between the Add and the norm: the fused norm stands after it (nothing reads the sum before)."""
+    rng = np.random.default_rng()
+    model = _embeddings(rng, late_scale=True)
+    feed = {"ids": rng.integers(-10, 10, (3, 4))}
+    want = run(session(model, optimize=False), feed)
+    fused, count, refused = fp8_embed.fuse(_copy(model), "ort-cuda")
+    assert count == 1 and not refused and [n.op_type for n in fused.graph.node] == ["Constant", "SkipLayerNormFp8"]
+    deployfuse.ops.attach_functions(fused)
+    got = run(session(fused, optimize=False), feed)
+    for name, value in want.items():
+        np.testing.assert_allclose(got[name], value, rtol=1e-5, atol=1e-5, err_msg=name)
+
+
+@pytest.mark.parametrize(
+    "change,why",
+    [
+        (dict(bias=0.5), "Bias is not zeros"),
+        (dict(positions="full"), "leading axes"),
+        (dict(positions="rank4"), "leading axes"),
+        (dict(late_scale=True, residual="read"), "read before"),
+        (dict(skip=True), "adds a Skip"),
+    ],
+)
 def test_near_misses_are_refused_with_their_reason(change, why):
     model = _embeddings(np.random.default_rng(0), **change)
     fused, count, refused = fp8_embed.fuse(_copy(model), "ort-cuda")
@@ -158,3 +201,99 @@ def _copy(model: onnx.ModelProto) -> onnx.ModelProto:
     out = onnx.ModelProto()
     out.CopyFrom(model)
     return out
+
+
+def _captured(tmp_path, module: torch.nn.Module, inputs: dict[str, torch.Tensor], dynamic: list[DynamicAxis]) -> tuple[onnx.ModelProto, onnx.ModelProto, list[str]]:
+    """(the fp8 ort-cuda artefact, the graph `fp8_embed.fuse` last received in its export with its function bodies, what
+    that call refused)."""
+    real = fp8_embed.fuse
+    received: list[onnx.ModelProto] = []
+    refusals: list[list[str]] = []
+
+    def spy(model, target):
+        received.append(_copy(model))
+        out = real(model, target)
+        refusals.append(out[2])
+        return out
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(fp8_embed, "fuse", spy)
+        result = deployfuse.export(
+            module, tmp_path / "model.onnx", example_inputs=inputs, dynamic=dynamic, target="ort-cuda", precision="fp8", accuracy_budget="cos=0.99,rel=0.2", seed=0, verify_draws=1
+        )
+    deployfuse.ops.attach_functions(received[-1])
+    return onnx.load(result.onnx_path), received[-1], refusals[-1]
+
+
+def _with_first_norm(model: onnx.ModelProto) -> onnx.ModelProto:
+    """`model` with the first SkipLayerNormFp8's Y a graph output too (its type: the word table's)."""
+    out = _copy(model)
+    norm = next(n for n in out.graph.node if n.op_type == "SkipLayerNormFp8")
+    table = next(t for t in out.graph.initializer if t.name.endswith("word_embeddings.weight"))
+    out.graph.output.append(helper.make_tensor_value_info(norm.output[0], table.data_type, None))
+    return out
+
+
+def _bert_like(kind: str):
+    torch.manual_seed(0)
+    shape: dict[str, Any] = dict(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128, max_position_embeddings=64)
+    if kind == "roberta":
+        return transformers.RobertaModel(transformers.RobertaConfig(**shape), add_pooling_layer=False).eval()
+    if kind == "distilbert":
+        return transformers.DistilBertModel(transformers.DistilBertConfig(vocab_size=VOCAB, dim=64, n_layers=2, n_heads=4, hidden_dim=128, max_position_embeddings=64)).eval()
+    return transformers.BertModel(transformers.BertConfig(**shape), add_pooling_layer=False).eval()
+
+
+def _feed(rng: np.random.Generator, names: list[str], batch: int, seq: int) -> dict[str, np.ndarray]:
+    """Fresh ids (a padding token, 1, in every row: RoBERTa's positions skip it), random token types, a mask of ones."""
+    ids = rng.integers(2, VOCAB, (batch, seq))
+    ids[:, rng.integers(0, seq)] = 1
+    values = {"input_ids": ids, "token_type_ids": rng.integers(0, 2, (batch, seq)), "attention_mask": np.ones((batch, seq), np.int64)}
+    return {name: values[name] for name in names}
+
+
+# (model, inputs besides input_ids and attention_mask, dynamic axes, what stands before the first norm: None where refused)
+CASES = {
+    "bert": ("bert", (), ("batch",), []),
+    "bert-static": ("bert", (), (), []),
+    "bert-token-types": ("bert", ("token_type_ids",), ("batch",), ["Gather", "Add"]),
+    "bert-dynamic-sequence": ("bert", (), ("batch", "seq"), None),
+    "distilbert": ("distilbert", (), ("batch",), []),
+    "roberta": ("roberta", (), ("batch",), ["Equal", "Not", "Cast", "Cast", "CumSum", "Cast", "Mul", "Cast", "Add", "Gather", "Add"]),
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_bert_like_fp8_export(case, tmp_path, library):
+    """The first norm of each export looks up the words itself (Ids = input_ids, X the word table), the constant terms (the
+    positions, BERT's token-type row 0 where no token_type_ids are given) one constant Skip, or that Skip plus what stays
+    computed; the graph the rule received and its result compute the same Y of that norm and the same outputs on fresh
+    ids at batch 3 (2: the static export; function bodies, and the CPU kernels). A dynamic sequence axis is refused (the positions are a Slice
+    to S)."""
+    kind, extra, axes, before_norm = CASES[case]
+    names = ["input_ids", "attention_mask", *extra]
+    example = {k: torch.from_numpy(v) for k, v in _feed(np.random.default_rng(0), names, 2, 16).items()}
+    dynamic = [DynamicAxis(name, i, axis) for name in names for i, axis in enumerate(axes)]
+    artefact, before, refused = _captured(tmp_path, _bert_like(kind), example, dynamic)
+    nodes = list(artefact.graph.node)
+    first = next(i for i, n in enumerate(nodes) if n.op_type == "SkipLayerNormFp8")
+    norm = nodes[first]
+    if before_norm is None:
+        assert len(refused) == 1 and "dynamic sequence" in refused[0] and len(norm.input) <= 6, refused
+        return
+    assert not refused and [n.op_type for n in nodes[:first]] == before_norm, [n.op_type for n in nodes[: first + 1]]
+    table = next(t for t in artefact.graph.initializer if t.name == norm.input[0])
+    assert table.name.endswith("word_embeddings.weight") and norm.input[6] == "input_ids" and norm.input[5], norm.input
+    fused, count, _ = fp8_embed.fuse(_copy(before), "ort-cuda")
+    assert count == 1
+    deployfuse.ops.attach_functions(fused)
+    feed = _feed(np.random.default_rng(), names, 3, 16)
+    if "static" in case:
+        feed = {k: v[:2] for k, v in feed.items()}
+    want = run(session(_with_first_norm(before), optimize=False), feed)
+    _close(run(session(_with_first_norm(fused), optimize=False), feed), want)
+    native = run(session(_native(_with_first_norm(fused)), optimize=False, custom_ops_library=library), feed)
+    _close(native, run(session(_native(_with_first_norm(before)), optimize=False, custom_ops_library=library), feed))
+    for name in ("input_ids", *extra):  # the words, and the token types where given, reach the outputs
+        changed = run(session(_with_first_norm(fused), optimize=False), {**feed, name: (feed[name] + 1) % (VOCAB if name == "input_ids" else 2)})
+        assert not all(np.allclose(changed[k], v, atol=1e-2) for k, v in want.items()), name
