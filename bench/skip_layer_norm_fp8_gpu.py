@@ -8,7 +8,8 @@ vectors, the one-vector kernel's largest; 1025, the 8-vector kernel), 32768 fp16
 kernel's largest; 4097, the element-wise fallback), fp16 768 with a misaligned X (the fallback); fp32 37 on 3 rows. With and
 without Skip; every output, YQ + Sum (GPT-2's pre-LN), YQ alone. The embedding lookups (`rules.fp8_embed`), fp16 and bf16: Ids into
 a [V, H] table (a negative id, one below -V and one at V, clamped) with a Skip of 128 rows broadcast over 1024 rows (GPT-2 at batch
-8: V 50257, H 768; the fallback at 771; the 8-vector kernel at 8200), Ids without Skip, and the broadcast Skip alone. Y and Sum against a float64 reference (relative L2 within T's
+8: V 50257, H 768; the fallback at 771; the 8-vector kernel at 8200), Ids with a Skip of every row (BERT given token_type_ids: V
+30522, at 768 and 771), Ids without Skip, and the broadcast Skip alone. Y and Sum against a float64 reference (relative L2 within T's
 rounding); YQ bit for bit against e4m3(Y / YScale) of the Y the kernel wrote (q as the op and Fp8GemmAct define it, division
 correctly rounded; Fp8GemmAct's CUDA pass multiplies by 1 / YScale instead) or, where Y is not written, against the launch that
 writes it; dq(YQ) against the float64 Y within a float8 step.
@@ -167,7 +168,8 @@ def check_norm(lib: ctypes.CDLL, small: bool) -> bool:
         ok &= _check_norm_case(lib, 3 if cols == 37 else 33, cols, dtype, skip, dtype == torch.float16 and cols == 768)
     for dtype, (cols, vocab, skip, skip_rows) in itertools.product((torch.float16, torch.bfloat16), ((768, 50257, True, 128), (771, 50257, True, 128),
                                                                                                     (8200, 1000, True, 128), (768, 50257, False, 0),
-                                                                                                    (768, 0, True, 128))):
+                                                                                                    (768, 0, True, 128), (768, 30522, True, 0),
+                                                                                                    (771, 30522, True, 0))):
         ok &= _check_norm_case(lib, 1024, cols, dtype, skip, False, vocab, skip_rows)
     return ok
 
