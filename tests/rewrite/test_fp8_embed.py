@@ -192,6 +192,17 @@ def test_near_misses_are_refused_with_their_reason(change, why):
     assert [n.op_type for n in fused.graph.node] == [n.op_type for n in model.graph.node]
 
 
+def test_an_input_of_the_norm_computed_from_the_sum_is_refused():
+    """YScale = ReduceMax(the Add's output), the node the fused norm would stand after: fused, it would read the norm's own Sum
+    (a cycle), so the rule refuses."""
+    model = _embeddings(np.random.default_rng(0), late_scale=True)  # the Add also a graph output, read by no other node
+    scale = next(n for n in model.graph.node if n.output[0] == "s")
+    scale.CopyFrom(helper.make_node("ReduceMax", ["x"], ["s"], keepdims=0))
+    fused, count, refused = fp8_embed.fuse(_copy(model), "ort-cuda")
+    assert count == 0 and len(refused) == 1 and "read before" in refused[0], refused
+    assert [n.op_type for n in fused.graph.node] == [n.op_type for n in model.graph.node]
+
+
 def test_other_targets_keep_the_lookups():
     model = _embeddings(np.random.default_rng(0))
     assert fp8_embed.fuse(_copy(model), "tensorrt")[1] == 0

@@ -245,7 +245,7 @@ def _taken(
     root = g.producer[out]
     at = max([root, *(g.producer.get(name, -1) for name in [*norm.input[_GAMMA:_SKIP], *split.kept])])
     others = [i for i in g.readers.get(out, []) if i != index]
-    if any(i < at for i in others):
+    if any(i <= at for i in others):  # at itself reading it (a YScale computed from the sum) would make a cycle
         return "the residual is read before all the norm's inputs are computed, where the fused norm would stand"
     total = norm.output[2] if len(norm.output) > 2 else ""
     renames: dict[str, str] = {}
