@@ -9,7 +9,7 @@ memsets and kernels one launch runs (torch's profiler), and which candidate the 
 Fp8Mlp's candidates are varied one GEMM at a time, the other at the heuristic's choice.
 
 Since 2026-12-06 Fp8GemmAct gives cuBLASLt no workspace, whose algorithms then issue no memset
-(gemm_memsets_h200.log's second half); DEPLOYFUSE_FP8_GEMM_WORKSPACE=1 gives the 32 MiB again, as before.
+(gemm_memsets_workspace_h200.log's second half); DEPLOYFUSE_FP8_GEMM_WORKSPACE=1 gives the 32 MiB again, as before.
 
     python3 bench/gemm_memsets.py plugins/build/gpu/libdeployfuse_ops_cuda.so [--tokens 8192,12608]
     DEPLOYFUSE_FP8_GEMM_WORKSPACE=1 python3 bench/gemm_memsets.py plugins/build/gpu/libdeployfuse_ops_cuda.so

@@ -27,7 +27,7 @@ struct Fp8MlpProblem {
 };
 
 // The scratch bytes one launch asks for: X in float8 (none when p.x_fp8), 1/h_scale, H, and the larger of the two GEMMs' scratch
-// (padded copies, the workspace at most kGemmActWorkspaceBytes); each part rounded up to 256 bytes.
+// (padded copies; no cuBLASLt workspace unless DEPLOYFUSE_FP8_GEMM_WORKSPACE=1: fp8_gemm_act.cu); each part rounded up to 256 bytes.
 size_t fp8_mlp_scratch_bytes(const Fp8MlpProblem& p, size_t elem_bytes);
 
 // x: T [m, k], or float8e4m3fn [m, k] when p.x_fp8. Scales: device pointers to one float each; w1 float8e4m3fn [n1, k], w2 [n2, n1].
