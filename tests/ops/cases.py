@@ -130,6 +130,9 @@ GPU_CASES: list[tuple[str, tuple[int, ...], dict[str, Any]]] = [
     ("FusedMHA", (32, 128, 128, 768), {"num_heads": 12, "mask": True, "packed_qkv": 1}),
     ("FusedMHA", (16, 197, 150, 768), {"num_heads": 12, "mask": "bhqk", "mask_inf": 0.2}),
     ("FusedMHA", (4, 700, 700, 1024), {"num_heads": 16, "mask": "bk"}),
+    # ... and the persistent causal CTAs (keys in one tile; GPT-2 at batch 32), head_dim 128's (2 x 12 x 8 items, two key tiles).
+    ("FusedMHA", (32, 128, 128, 768), {"num_heads": 12, "causal": 1, "packed_qkv": 1}),
+    ("FusedMHA", (12, 200, 200, 1024), {"num_heads": 8, "mask": True}),
     # GemmAct (shape = X's dims + N): BERT/GPT-2 sizes (8x128 and 64x128 tokens, residual), K and N
     # not multiples of 8, N = 1, one big square, storage one element off alignment (cuBLASLt's
     # heuristic then offers only the algorithms that take it), a candidate index past the first.
