@@ -7,8 +7,9 @@
 // and whose one elected thread loads each item's Q, then its K_j and V_j (kBlockN = 128 keys) into a
 // kStages-deep ring by TMA (128-byte swizzle; rows past the sequence arrive as zeros). "full"
 // mbarriers count the bytes in, "empty" ones count the consumer threads out, so warpgroups wait only
-// on data, never on each other. CTAs are persistent: at most as many as fit on the GPU at once, each
-// taking items blockIdx.x, blockIdx.x + gridDim.x, ...; the ring and its phases run on across items,
+// on data, never on each other. CTAs are persistent (but for causal calls over several key tiles:
+// launch_with): at most as many as fit on the GPU at once, each taking items blockIdx.x,
+// blockIdx.x + gridDim.x, ...; the ring and its phases run on across items,
 // so the producer loads the next item's Q (once the consumers' last S = Q K^T of this one is done)
 // and K/V while the consumers still compute and store this one. At 128 keys an item is one key tile:
 // one CTA an item left the SM's memory and tensor cores idle in turn through every CTA's start, loads
