@@ -203,6 +203,30 @@ def test_an_input_of_the_norm_computed_from_the_sum_is_refused():
     assert [n.op_type for n in fused.graph.node] == [n.op_type for n in model.graph.node]
 
 
+def test_two_norms_placed_after_one_node_fuse_once():
+    """Two embedding norms whose YScale is one Constant computed after both sums would both stand after it: the first is fused,
+    the second refused (fusing both put two rewrites in that node's place, and one was lost), and the graph computes what it did."""
+    rng = np.random.default_rng()
+    model = _embeddings(rng, late_scale=True)
+    g = model.graph
+    g.initializer.append(onnx.numpy_helper.from_array(rng.standard_normal((1, 4, 16)).astype(np.float32), "p2"))
+    at = next(i for i, n in enumerate(g.node) if n.op_type == "Constant")
+    g.node.insert(at, helper.make_node("Add", ["e2", "p2"], ["x2"]))
+    g.node.insert(at, helper.make_node("Gather", ["w", "ids2"], ["e2"], axis=0))
+    g.node.append(helper.make_node("SkipLayerNormFp8", ["x2", "g", "b", "bias", "s"], ["y2", "yq2", ""], domain="deployfuse", epsilon=1e-5))
+    g.input.append(helper.make_tensor_value_info("ids2", onnx.TensorProto.INT64, ["B", 4]))
+    g.output.extend(helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, ["B", 4, 16]) for name in ("y2", "x2"))
+    deployfuse.ops.attach_functions(model)
+    feed = {"ids": rng.integers(-10, 10, (3, 4)), "ids2": rng.integers(-10, 10, (3, 4))}
+    want = run(session(model, optimize=False), feed)
+    fused, count, refused = fp8_embed.fuse(_copy(model), "ort-cuda")
+    assert count == 1 and len(refused) == 1 and "fused before it" in refused[0], refused
+    deployfuse.ops.attach_functions(fused)
+    got = run(session(fused, optimize=False), feed)
+    for name, value in want.items():
+        np.testing.assert_allclose(got[name], value, rtol=1e-5, atol=1e-5, err_msg=name)
+
+
 def test_other_targets_keep_the_lookups():
     model = _embeddings(np.random.default_rng(0))
     assert fp8_embed.fuse(_copy(model), "tensorrt")[1] == 0

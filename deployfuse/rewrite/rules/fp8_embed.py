@@ -294,7 +294,11 @@ def fuse(model: onnx.ModelProto, target: str | Target) -> tuple[onnx.ModelProto,
         if isinstance(taken, str):
             refused.append(f"{node.name or node.output[1]}: {taken}")
             continue
-        at, placed[at], removed, more = taken
+        at, fused, removed, more = taken
+        if at in placed or at in gone or removed & (gone | placed.keys()):  # two norms' rewrites would meet in one node
+            refused.append(f"{node.name or node.output[1]}: its lookups or placement share a node with a norm fused before it")
+            continue
+        placed[at] = fused
         gone |= removed
         renames.update(more)
     if placed:
