@@ -167,7 +167,7 @@ DF_EXPORT int df_gemm_act_candidates(int dtype, const void* x, const void* w, co
 // float32 each; w: float8e4m3fn [n, k]; options: bit 0 the fast_accum attribute (1 fast, 0 full fp32 accumulation), bit 1
 // (kOptionFp8X) X given in float8e4m3fn [m, k], already q(X, x_scale) (SkipLayerNormFp8's YQ; k a multiple of 16, else
 // cudaErrorNotSupported); scratch: scratch_bytes of 256-byte aligned device memory (at least df_fp8_gemm_act_scratch_bytes: X's
-// float8 copy, the padded copies of W, Bias and Y where needed, the workspace).
+// float8 copy, the padded copies of W, Bias and Y where needed; a cuBLASLt workspace only under DEPLOYFUSE_FP8_GEMM_WORKSPACE=1).
 namespace {
 constexpr int kOptionFastAccum = 1, kOptionFp8X = 2;
 

@@ -2,7 +2,7 @@
 // float32, W float8e4m3fn (the element types ort_ops.cc registers from the spec's input_types); registered a second time with
 // X in float8e4m3fn, already quantized (kTakesFp8X: no quantize pass).
 // On the CUDA EP each kernel instance keeps its own cuBLASLt runner and takes its scratch (X's float8
-// copy, the padded copies where K or N needs them, the algorithm's workspace) from ONNX Runtime's
+// copy, the padded copies where K or N needs them; no cuBLASLt workspace) from ONNX Runtime's
 // allocator, as GemmAct does (CUDA-graph capture safe).
 #pragma once
 

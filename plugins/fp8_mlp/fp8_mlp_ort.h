@@ -1,7 +1,7 @@
 // Fp8Mlp for ONNX Runtime (see common/ort_adapter.h): X (or X already in float8e4m3fn, as Fp8GemmAct's), B1, B2 and Y in T, the scales
 // float32, W1 and W2 float8e4m3fn; Y is [..., N2]. On the CUDA EP each kernel instance keeps its own cuBLASLt runner (Fp8GemmAct's: the
 // plans of FC1 and FC2, each GEMM launched with its own candidate, algo1 and algo2) and takes its scratch (X's float8 copy unless X comes
-// in float8, H in float8, 1/HScale, the GEMMs' workspace) from ONNX Runtime's allocator (CUDA-graph capture safe). An instance whose
+// in float8, H in float8, 1/HScale, the GEMMs' padded copies) from ONNX Runtime's allocator (CUDA-graph capture safe). An instance whose
 // HScale is a constant initializer (the rewrite's static calibration) keeps 1/HScale on the device from its first run
 // (Fp8MlpHScaleInverse), so its calls, X in float8 included, launch no reciprocal kernel.
 #pragma once
