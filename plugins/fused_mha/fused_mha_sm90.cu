@@ -203,10 +203,10 @@ __global__ void __launch_bounds__(Sm90Tile<D, kConsumers, kMask, kCtas>::kThread
     for (int e = 0; e < kBlockN / 2; ++e) sc[e] = 0.f;
     uint32_t pa[kBlockN / 16][4];
 
-    // sc[4 i + 2 r + c] += mask(row r, key 8 i + 2 t + c of tile j) / scale, so that the scale folded
+    // sc[4 c + 2 r + e] += mask(row r, key 8 c + 2 t + e of tile j) / scale, so that the scale folded
     // into the exponent gives (S * scale + mask) * log2(e). This thread's mask row in the tile: its
-    // row in the CTA (kTile) or the one row (kRow); 16-byte chunk i % 8 of that row sits at chunk
-    // (i % 8) ^ (row % 8) of its 64-key box.
+    // row in the CTA (kTile) or the one row (kRow); 16-byte chunk c % 8 of that row sits at chunk
+    // (c % 8) ^ (row % 8) of its 64-key box.
     const int m_row = kMask == Sm90Mask::kTile ? row_in_block : 0;
     auto add_mask = [&](int j) {
       const float mul = kLog2e / p.scale;
