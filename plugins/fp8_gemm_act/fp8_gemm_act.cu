@@ -13,13 +13,12 @@
 // CUBLASLT_MATMUL_DESC_D_SCALE_POINTER, by which cuBLASLt multiplies the epilogue's result before rounding it to e4m3).
 #include <cuda_fp8.h>
 
-#include <cstdlib>
-#include <cstring>
 #include <tuple>
 
 #include "common/cublaslt.cuh"
 #include "common/cuda_check.h"
 #include "common/dtype.cuh"
+#include "common/env_flag.h"
 #include "fp8_gemm_act/fp8_gemm_act.cuh"
 
 namespace deployfuse {
@@ -38,10 +37,7 @@ size_t scratch_aligned(size_t bytes) { return (bytes + kScratchAlign - 1) / kScr
 // 0.0283 ms at the fastest candidate, memsets included: bench/results/gemm_memsets_workspace_h200.log).
 // DEPLOYFUSE_FP8_GEMM_WORKSPACE=1 allows it again, for benchmarks to compare.
 uint64_t fp8_workspace_bytes() {
-  static const uint64_t bytes = [] {
-    const char* v = std::getenv("DEPLOYFUSE_FP8_GEMM_WORKSPACE");
-    return v != nullptr && std::strcmp(v, "1") == 0 ? static_cast<uint64_t>(kGemmActWorkspaceBytes) : 0;
-  }();
+  static const uint64_t bytes = env_flag("DEPLOYFUSE_FP8_GEMM_WORKSPACE", false) ? static_cast<uint64_t>(kGemmActWorkspaceBytes) : 0;
   return bytes;
 }
 

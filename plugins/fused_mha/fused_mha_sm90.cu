@@ -40,6 +40,7 @@
 #include "common/async_copy.cuh"
 #include "common/cuda_check.h"
 #include "common/dtype.cuh"
+#include "common/env_flag.h"
 #include "common/shared_mem.cuh"
 #include "fused_mha/flash_math.cuh"
 #include "fused_mha/wgmma.cuh"
@@ -391,10 +392,7 @@ bool make_mask_map(CUtensorMap* map, const T* mask, const MhaShape& s, int rows)
 // DEPLOYFUSE_MHA_PERSISTENT=0 launches a CTA per work item (each then runs one), for benchmarks to
 // time what persistence gives.
 bool persistent() {
-  static const bool on = [] {
-    const char* v = std::getenv("DEPLOYFUSE_MHA_PERSISTENT");
-    return v == nullptr || std::strcmp(v, "0") != 0;
-  }();
+  static const bool on = env_flag("DEPLOYFUSE_MHA_PERSISTENT", true);
   return on;
 }
 
