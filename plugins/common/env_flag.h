@@ -1,4 +1,4 @@
-// A benchmark switch read from the environment once per call site: "1" on, "0" off, anything else
+// A benchmark switch read from the environment (callers keep the answer in a static): "1" on, "0" off, anything else
 // (or unset) the default. The kernels' defaults are the measured choices; the switches only bring
 // back the alternatives for benchmarks to compare.
 #pragma once
