@@ -19,7 +19,6 @@
 
 #include "common/cuda_check.h"
 #include "common/dtype.cuh"
-#include "common/env_flag.h"
 #include "common/vec_math.cuh"
 #include "skip_layer_norm_fp8/skip_layer_norm_fp8.cuh"
 
@@ -152,58 +151,31 @@ struct RowSum {
   }
 };
 
-// The block's totals of v[i], i < kRows (blockDim.x a multiple of 32); every thread gets them, the same bits for every row
-// however many rows a block has. kSlot: the statistic's own slots of partial, so that two reductions need no barrier between them.
-template <int kSlot, int kRows>
-__device__ __forceinline__ void row_totals(float (&v)[kRows], float (&partial)[2][kRows][32]) {
-#pragma unroll
-  for (int i = 0; i < kRows; ++i) {
-    v[i] = warp_sum(v[i]);
-    if ((threadIdx.x & 31) == 0) partial[kSlot][i][threadIdx.x >> 5] = v[i];
-  }
+// The block's total of v (blockDim.x a multiple of 32); every thread gets it, the same bits. kSlot: the statistic's own slots of
+// partial, so that two reductions need no barrier between them.
+template <int kSlot>
+__device__ __forceinline__ float row_total(float v, float (&partial)[2][32]) {
+  v = warp_sum(v);
+  if ((threadIdx.x & 31) == 0) partial[kSlot][threadIdx.x >> 5] = v;
   __syncthreads();
   const int warps = static_cast<int>(blockDim.x >> 5);
-#pragma unroll
-  for (int i = 0; i < kRows; ++i) {
-    float total = partial[kSlot][i][0];
-    for (int w = 1; w < warps; ++w) total += partial[kSlot][i][w];
-    v[i] = total;
-  }
+  float total = partial[kSlot][0];
+  for (int w = 1; w < warps; ++w) total += partial[kSlot][w];
+  return total;
 }
 
-// kRows rows a block (n <= blockDim.x * kVecs vectors), kVecs vectors a thread of each. kMapped: X's rows looked up by ids or Skip
-// broadcast (Rows::x_row, skip_row); without, row r reads row r of each (with that index math in every row the plain rows took
-// 17.06 us at 8192 x 768 on the H200, 16.36 in their own instance: bench/results/sln_stats_h200.log). kRows > 1 (one vector a
-// thread): Gamma, Beta and YScale loaded once for the block's rows, and kRows independent loads of X (and Skip) a thread in flight.
-template <typename T, int kVecs, bool kMapped, int kRows>
-__global__ void __launch_bounds__(kVecs == 1 ? kOneVecThreads / kRows : kMaxThreads) block_kernel(Rows<T> a, int n, float inv_cols) {
-  static_assert(kRows == 1 || kVecs == 1, "several rows a block: one vector a thread");
-  __shared__ float partial[2][kRows][32];
-  const int64_t r0 = int64_t{blockIdx.x} * kRows;  // the block's first row in the part
-  RowSum<T, kVecs, kVecs == 1, kMapped> s[kRows];
-  if constexpr (kVecs == 1) {
-    s[0].prefetch(a, threadIdx.x, blockDim.x, n);
-#pragma unroll
-    for (int i = 1; i < kRows; ++i) {
-      s[i].g[0] = s[0].g[0];
-      s[i].b[0] = s[0].b[0];
-      s[i].y_scale = s[0].y_scale;
-    }
-  }
-  float mean[kRows], rstd[kRows];
-#pragma unroll
-  for (int i = 0; i < kRows; ++i) mean[i] = r0 + i < a.rows ? s[i].load(a, a.first + r0 + i, threadIdx.x, blockDim.x, n) : 0.f;
-  row_totals<0>(mean, partial);
-#pragma unroll
-  for (int i = 0; i < kRows; ++i) {
-    mean[i] *= inv_cols;
-    rstd[i] = r0 + i < a.rows ? s[i].squared_deviations(mean[i], threadIdx.x, blockDim.x, n) : 0.f;
-  }
-  row_totals<1>(rstd, partial);
-#pragma unroll
-  for (int i = 0; i < kRows; ++i) {
-    if (r0 + i < a.rows) s[i].store(a, a.first + r0 + i, mean[i], rsqrtf(rstd[i] * inv_cols + a.epsilon), threadIdx.x, blockDim.x, n);
-  }
+// A block per row (n <= blockDim.x * kVecs vectors), kVecs vectors a thread. kMapped: X's rows looked up by ids or Skip broadcast
+// (Rows::x_row, skip_row); without, row r reads row r of each (with that index math in every row the plain rows took 17.06 us
+// at 8192 x 768 on the H200, 16.36 in their own instance: bench/results/sln_stats_h200.log).
+template <typename T, int kVecs, bool kMapped>
+__global__ void __launch_bounds__(kVecs == 1 ? kOneVecThreads : kMaxThreads) block_kernel(Rows<T> a, int n, float inv_cols) {
+  __shared__ float partial[2][32];
+  const int64_t r = a.first + blockIdx.x;
+  RowSum<T, kVecs, kVecs == 1, kMapped> s;
+  if constexpr (kVecs == 1) s.prefetch(a, threadIdx.x, blockDim.x, n);
+  const float mean = row_total<0>(s.load(a, r, threadIdx.x, blockDim.x, n), partial) * inv_cols;
+  const float rstd = rsqrtf(row_total<1>(s.squared_deviations(mean, threadIdx.x, blockDim.x, n), partial) * inv_cols + a.epsilon);
+  s.store(a, r, mean, rstd, threadIdx.x, blockDim.x, n);
 }
 
 // Any row: element by element, the sum recomputed in each sweep.
@@ -250,40 +222,30 @@ Rows<T> rows_from(const Rows<T>& a, int64_t r0, int64_t count) {
   return part;
 }
 
-// launch(part, blocks): a block per rows_per_block rows of part, a's rows in parts within the grid's x limit.
+// launch(part, blocks): a block per row of part, a's rows in parts within the grid's x limit.
 template <typename T, typename Launch>
-cudaError_t launch_by_rows(const Rows<T>& a, Launch launch, int rows_per_block = 1) {
+cudaError_t launch_by_rows(const Rows<T>& a, Launch launch) {
   constexpr int64_t kMaxBlocks = 0x7fffffff;
-  const int64_t max_rows = kMaxBlocks / rows_per_block * rows_per_block;
-  for (int64_t r0 = 0; r0 < a.rows; r0 += max_rows) {
-    const int64_t count = a.rows - r0 < max_rows ? a.rows - r0 : max_rows;
-    launch(rows_from(a, r0, count), static_cast<unsigned>((count + rows_per_block - 1) / rows_per_block));
+  for (int64_t r0 = 0; r0 < a.rows; r0 += kMaxBlocks) {
+    const int64_t count = a.rows - r0 < kMaxBlocks ? a.rows - r0 : kMaxBlocks;
+    launch(rows_from(a, r0, count), static_cast<unsigned>(count));
     DF_RETURN_IF_ERROR(cudaGetLastError());
   }
   return cudaSuccess;
 }
 
-// kVecs vectors a thread, kRows rows a block: threads = n / kVecs rounded up to 32.
-template <typename T, int kVecs, int kRows = 1>
+// kVecs vectors a thread: threads = n / kVecs rounded up to 32.
+template <typename T, int kVecs>
 cudaError_t launch_block(cudaStream_t stream, const Rows<T>& a, int n, float inv_cols) {
   const int threads = ((n + kVecs - 1) / kVecs + 31) / 32 * 32;
   const bool mapped = a.ids != nullptr || (a.skip != nullptr && a.skip_rows != a.rows);
-  return launch_by_rows(
-      a,
-      [&](const Rows<T>& part, unsigned blocks) {
-        if (mapped) {
-          block_kernel<T, kVecs, true, kRows><<<blocks, threads, 0, stream>>>(part, n, inv_cols);
-        } else {
-          block_kernel<T, kVecs, false, kRows><<<blocks, threads, 0, stream>>>(part, n, inv_cols);
-        }
-      },
-      kRows);
-}
-
-// Two rows a block on the one-vector path (DEPLOYFUSE_SLN_TWO_ROWS=1): a benchmark switch until timed against one.
-bool two_rows() {
-  static const bool on = env_flag("DEPLOYFUSE_SLN_TWO_ROWS", false);
-  return on;
+  return launch_by_rows(a, [&](const Rows<T>& part, unsigned blocks) {
+    if (mapped) {
+      block_kernel<T, kVecs, true><<<blocks, threads, 0, stream>>>(part, n, inv_cols);
+    } else {
+      block_kernel<T, kVecs, false><<<blocks, threads, 0, stream>>>(part, n, inv_cols);
+    }
+  });
 }
 
 }  // namespace
@@ -298,7 +260,6 @@ cudaError_t launch_skip_layer_norm_fp8(cudaStream_t stream, const T* x, const T*
   const float inv_cols = 1.f / static_cast<float>(cols);
   if (vectorisable(a)) {
     const int64_t n = cols / Vec<T>::kSize;
-    if (n <= kOneVecThreads / 2 && two_rows()) return launch_block<T, 1, 2>(stream, a, static_cast<int>(n), inv_cols);
     if (n <= kOneVecThreads) return launch_block<T, 1>(stream, a, static_cast<int>(n), inv_cols);
     if (n <= int64_t{kMaxThreads} * kBlockVecs) return launch_block<T, kBlockVecs>(stream, a, static_cast<int>(n), inv_cols);
   }
