@@ -2,7 +2,8 @@
 
 On the same export, deployfuse's ORT targets are held against onnxscript's `optimize_for_ort`
 and the ORT transformers optimizer (for the architectures it knows). An anchor whose output ORT
-will not load sets no bar (onnxscript's GPT-2 graph is one). Per kind of fused op, deployfuse
+will not load sets no bar; onnxscript's GPT-2 graph loads once bench/anchors.py's repair gives its
+output projections their 2-D input back, as the benchmark does. Per kind of fused op, deployfuse
 must have at least as many; and at most as many nodes left. One exception, measured: on ort-cpu
 pre-norm residual adds stay unfused (skip_layernorm.py says why), so there each skip
 fusion an anchor has and deployfuse lacks allows one node more.
@@ -11,12 +12,16 @@ fusion an anchor has and deployfuse lacks allows one node more.
 from __future__ import annotations
 
 import collections
+import sys
 import tempfile
 from pathlib import Path
 
 import onnx
 import pytest
 from _export import build, exported, fused
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+from anchors import flatten_attention_into_gemm  # noqa: E402
 
 KINDS = {
     "attention": {"Attention", "MultiHeadAttention", "GroupQueryAttention", "PackedAttention", "PackedMultiHeadAttention"},
@@ -60,6 +65,7 @@ def _onnxscript(model: onnx.ModelProto) -> onnx.ModelProto:
     copy.CopyFrom(model)  # the IR shares the proto's messages, and optimize_for_ort changes them
     ir_model = ir.serde.deserialize_model(copy)
     optimize_for_ort(ir_model)
+    flatten_attention_into_gemm(ir_model)  # what a user of onnxscript's GPT-2 graph must do for ORT to load it
     return ir.serde.serialize_model(ir_model)
 
 
@@ -95,7 +101,7 @@ def anchors(name: str, exporter: str) -> dict[str, onnx.ModelProto]:
 @pytest.mark.parametrize(("name", "exporter"), CASES)
 def test_fused_at_least_as_far_as_the_anchors(name, exporter):
     bars = {anchor: fusion_depth(model) for anchor, model in anchors(name, exporter).items()}
-    assert bars or name == "gpt2", "no anchor produced a loadable model"
+    assert bars, "no anchor produced a loadable model"
     for target in ("ort-cpu", "ort-cuda"):
         ours = fusion_depth(fused(name, exporter, target)[0])
         for anchor, theirs in bars.items():
