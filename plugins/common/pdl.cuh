@@ -1,0 +1,65 @@
+// Programmatic dependent launch (Hopper and later): a kernel launched by launch_after_previous() may be scheduled while
+// the kernel before it on the stream still drains (its last CTAs, its memory flush), instead of after it; inside a CUDA
+// graph the capture keeps that as a programmatic edge. The kernel must call wait_for_previous_grid() before it reads
+// anything and before it writes anything: the previous kernel's outputs are complete only past that point, and a buffer
+// the previous kernel still reads may be the one this kernel writes (ONNX Runtime reuses freed buffers). What runs
+// before it, barrier setup in shared memory, overlaps the previous kernel's tail.
+// Off unless DEPLOYFUSE_PDL=1, and never before compute capability 9.0: a benchmark switch until end-to-end runs time it.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <atomic>
+#include <utility>
+
+#include "common/env_flag.h"
+
+namespace deployfuse {
+
+__device__ __forceinline__ void wait_for_previous_grid() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+// DEPLOYFUSE_PDL=1 and the current device is sm_90 or later (cached per device ordinal).
+inline bool programmatic_launch() {
+  static const bool asked = env_flag("DEPLOYFUSE_PDL", false);
+  if (!asked) return false;
+  static std::atomic<int> cached[64];  // 0 unknown, 1 yes, 2 no
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess || device >= 64) {
+    cudaGetLastError();
+    return false;
+  }
+  int state = cached[device].load();
+  if (state == 0) {
+    int major = 0;
+    state = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess && major >= 9 ? 1 : 2;
+    cudaGetLastError();
+    cached[device].store(state);
+  }
+  return state == 1;
+}
+
+// kernel<<<grid, block, smem, stream>>>(args...), allowed to start before the previous kernel on the stream ends when
+// programmatic_launch(); returns the launch's error.
+template <typename... Params, typename... Args>
+cudaError_t launch_after_previous(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream, Args&&... args) {
+  if (!programmatic_launch()) {
+    kernel<<<grid, block, smem, stream>>>(std::forward<Args>(args)...);
+    return cudaGetLastError();
+  }
+  cudaLaunchAttribute attribute;
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  config.attrs = &attribute;
+  config.numAttrs = 1;
+  return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+}
+
+}  // namespace deployfuse
