@@ -12,8 +12,9 @@ from __future__ import annotations
 import math
 import os
 import re
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -94,6 +95,24 @@ class DynamicAxis:
         """Parse `input_ids:1:seq`."""
         parts = split_spec(text, "--dynamic", "NAME:AXIS:LABEL", "input_ids:1:seq", (3,), lambda p: re.fullmatch(r"-?\d+", p[1]) and NAME.fullmatch(p[2]))
         return cls(parts[0], int(parts[1]), parts[2])
+
+
+_SPEC_EXAMPLES = {InputSpec: "input_ids:1x128:int64", DynamicAxis: "input_ids:0:batch"}
+
+
+def as_specs(given: object, kind: type[InputSpec] | type[DynamicAxis], argument: str) -> list[Any]:
+    """The Python API's `inputs=` / `dynamic=` as `kind`s: each item as is, or parsed from its CLI flag's string form.
+
+    Raises UsageError for anything else: a lone string or a dict would otherwise fail deep inside the export.
+    """
+    example = _SPEC_EXAMPLES[kind]
+    if isinstance(given, (str, bytes, Mapping)) or not isinstance(given, Iterable):
+        raise UsageError(f"{argument}= takes a list of {kind.__name__} or strings, e.g. [{example!r}], not a {type(given).__name__}")
+    items = list(given)
+    for item in items:
+        if not isinstance(item, (str, kind)):
+            raise UsageError(f"{argument}= takes {kind.__name__} or strings like {example!r}, not the {type(item).__name__} {item!r}")
+    return [kind.parse(item) if isinstance(item, str) else item for item in items]
 
 
 def integer_bound(module: object) -> int:

@@ -27,7 +27,7 @@ from deployfuse import metadata
 from deployfuse.backends import ort as ort_backend
 from deployfuse.errors import AccuracyError, DeployfuseError, UsageError, first_line
 from deployfuse.export import EXPORTERS, clean, flatten_outputs, to_onnx
-from deployfuse.inputs import DynamicAxis, InputSpec, Inputs, checked_dynamic, make_inputs, mask_like, resized, specs_of
+from deployfuse.inputs import DynamicAxis, InputSpec, Inputs, as_specs, checked_dynamic, make_inputs, mask_like, resized, specs_of
 from deployfuse.io import check_outputs, check_writable_target, default_opset, temporary_folder, write_text_atomic
 from deployfuse.loading import LoadedModel, given_inputs, load_model
 from deployfuse.quantize.calibration import RANDOM_WARNING, Calibration, load_calibration, random_calibration
@@ -123,9 +123,9 @@ def export(
     model: str | os.PathLike[str] | torch.nn.Module,
     output: str | os.PathLike[str],
     *,
-    inputs: Sequence[InputSpec] = (),
+    inputs: Sequence[InputSpec | str] = (),
     example_inputs: str | os.PathLike[str] | Sequence[torch.Tensor] | Mapping[str, torch.Tensor] | None = None,
-    dynamic: Sequence[DynamicAxis] = (),
+    dynamic: Sequence[DynamicAxis | str] = (),
     target: str | Target = "ort-cpu",
     precision: str = "fp32",
     opset: int | None = None,
@@ -157,9 +157,11 @@ def export(
         model: a model file (TorchScript, .pt2, pickled module), `package.module:callable`,
             or an `nn.Module`.
         output: the ONNX path to write (atomically).
-        inputs: shapes and dtypes to make random inputs from (`--input`).
+        inputs: shapes and dtypes to make random inputs from: `InputSpec`s, or `--input`'s strings
+            ("input_ids:1x128:int64").
         example_inputs: a `torch.save`d tuple/dict of tensors, or the tensors themselves.
-        dynamic: axes that vary at run time (`--dynamic`); verified at a second shape too.
+        dynamic: axes that vary at run time, verified at a second shape too: `DynamicAxis`es, or
+            `--dynamic`'s strings ("input_ids:0:batch").
         target: "ort-cpu", "ort-cuda" or "tensorrt": which ops the fusions may emit.
         precision: "fp32", "fp16" or "bf16": the dtype the model is exported in; "int8" or "fp8":
             exported in fp32, then quantized and checked by the accuracy gate (`deployfuse.quantize`).
@@ -207,6 +209,7 @@ def export(
     if isinstance(verify_draws, bool) or not isinstance(verify_draws, int) or verify_draws < 1:
         raise UsageError(f"--verify-draws {verify_draws!r}: give a whole number of input draws per shape, 1 or more")
     checking = _Checking(verify_draws, seed, allow_traced_control_flow)
+    inputs, dynamic = as_specs(inputs, InputSpec, "inputs"), as_specs(dynamic, DynamicAxis, "dynamic")
     resolved = get_target(target)  # UsageError for an unknown name
     if cuda_graph and (resolved != ORT_CUDA or dynamic):
         raise UsageError("--cuda-graph needs --target ort-cuda and static shapes (no --dynamic): a CUDA graph replays fixed shapes")

@@ -154,3 +154,35 @@ def test_a_pickled_module_whose_class_is_in_the_current_folder_loads(cli, tmp_pa
     code, _, stderr = cli("export", "mine.pt", "--trust-pickle", "-o", "mine.onnx", "--input", "x:2x3", "-q")
     assert code == 0, stderr
     assert (tmp_path / "mine.onnx").is_file()
+
+
+def test_the_python_api_takes_the_flags_string_forms(tmp_path):
+    """export's and compare's inputs= and dynamic= take `--input` / `--dynamic` strings as the CLI does (they used to
+    fail with an AttributeError deep inside); the file matches the one the typed specs give."""
+    from conftest import assert_onnx_matches_torch
+
+    model = _small_cnn()
+    typed = deployfuse.export(model, tmp_path / "typed.onnx", inputs=[InputSpec("input", (2, 3, 16, 16))],
+                              dynamic=[deployfuse.DynamicAxis("input", 0, "batch")], fuse=False, verify=False)
+    text = deployfuse.export(model, tmp_path / "text.onnx", inputs=["input:2x3x16x16:float32"], dynamic=["input:0:batch"], fuse=False, verify=False)
+    assert _dims(text.onnx_path) == _dims(typed.onnx_path) == {"input": ["batch", 3, 16, 16]}
+    assert_onnx_matches_torch(text.onnx_path, model, {"input": torch.randn(5, 3, 16, 16)})
+    checked = deployfuse.compare(model, text.onnx_path, inputs=["input:2x3x16x16:float32"], dynamic=["input:0:batch"], backends=("torch", "ort-cpu"),
+                                 iterations=0)
+    assert checked.passed and len({a.feed for a in checked.accuracy}) == 2  # the second feed at a resized batch
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"dynamic": "input:0:batch"}, "dynamic= takes a list of DynamicAxis or strings, e.g. ['input_ids:0:batch'], not a str"),
+        ({"dynamic": [{"input": 0}]}, "dynamic= takes DynamicAxis or strings like 'input_ids:0:batch', not the dict"),
+        ({"inputs": [(1, 3, 16, 16)]}, "inputs= takes InputSpec or strings like 'input_ids:1x128:int64', not the tuple"),
+        ({"dynamic": ["input:batch"]}, "--dynamic 'input:batch': expected NAME:AXIS:LABEL"),
+    ],
+)
+def test_the_python_api_refuses_other_spec_forms_with_one_line(tmp_path, kwargs, message):
+    with pytest.raises(deployfuse.UsageError) as refused:
+        deployfuse.export(_small_cnn(), tmp_path / "m.onnx", **{"inputs": [InputSpec("input", (1, 3, 16, 16))], **kwargs})
+    assert message in str(refused.value)
+    assert not any(tmp_path.iterdir()), "nothing may be written on bad input"

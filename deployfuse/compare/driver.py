@@ -23,7 +23,7 @@ from deployfuse.compare.localize import Localization, fused_nodes, localize
 from deployfuse.compare.result import BackendAccuracy, CompareResult
 from deployfuse.compare.tolerances import Tolerances
 from deployfuse.errors import UsageError
-from deployfuse.inputs import DynamicAxis, InputSpec
+from deployfuse.inputs import DynamicAxis, InputSpec, as_specs
 from deployfuse.io import check_outputs, default_opset, load_onnx
 from deployfuse.loading import LoadedModel, load_model
 from deployfuse.quantize.gate import Budget, recorded_budget
@@ -122,9 +122,9 @@ def compare(
     onnx_path: str | os.PathLike[str],
     *,
     backends: Sequence[str] = DEFAULT_BACKENDS,
-    inputs: Sequence[InputSpec] = (),
+    inputs: Sequence[InputSpec | str] = (),
     example_inputs: Any = None,
-    dynamic: Sequence[DynamicAxis] = (),
+    dynamic: Sequence[DynamicAxis | str] = (),
     trust_pickle: bool = False,
     task: str | None = None,
     atol: float | Mapping[str, float] | Tolerances | None = None,
@@ -174,6 +174,7 @@ def compare(
         UsageError: bad arguments, files or inputs.
     """
     say = progress or (lambda line: None)
+    inputs, dynamic = as_specs(inputs, InputSpec, "inputs"), as_specs(dynamic, DynamicAxis, "dynamic")
     chosen = _check_backends(backends)
     tolerances = atol if isinstance(atol, Tolerances) else Tolerances.of(atol, rtol)
     results_inputs = _inputs_beside(Path(save_results)) if save_results is not None else None
