@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import numpy as np
 import onnx
 import onnx_ir as ir
@@ -11,6 +15,24 @@ from onnx import numpy_helper
 MAX_IR_VERSION = 10  # ONNX Runtime 1.2x accepts <= 10 (1.31 accepts 13); 10 runs everywhere
 TINY = 1e-8  # onnxscript's no-op rules take |c| <= 1e-8 for zero and delete x + c
 _SHIELD = "deployfuse.shield"  # a private domain no rewrite rule matches, for the duration of the cleanup
+
+
+FOLDING_LOGGER = "onnxscript.optimizer._constant_folding"
+"""onnxscript's constant folding (run by the dynamo exporter's optimize=True and by `clean`) logs a WARNING,
+"Evaluation failed: cannot reshape ...", for each value it tries and fails to fold, e.g. a Reshape whose shape is
+still symbolic; the node simply stays, but on the user's terminal it reads as an error."""
+
+
+@contextmanager
+def quiet_folding() -> Iterator[None]:
+    """FOLDING_LOGGER at ERROR for the block's duration (its level restored after)."""
+    logger = logging.getLogger(FOLDING_LOGGER)
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
 
 def clean(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -49,7 +71,8 @@ def _optimize(model: onnx.ModelProto) -> onnx.ModelProto:
     """
     graph_model = ir.serde.deserialize_model(model)
     # inline=False keeps deployfuse nodes (and their function bodies) as the single nodes they are.
-    onnxscript.optimizer.optimize_ir(graph_model, inline=False)
+    with quiet_folding():
+        onnxscript.optimizer.optimize_ir(graph_model, inline=False)
     graph = graph_model.graph
     defined = {id(v) for v in graph.inputs} | {id(v) for v in graph.initializers.values()}
     for node in graph:

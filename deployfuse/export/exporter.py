@@ -19,6 +19,7 @@ import onnx
 import torch
 
 from deployfuse.errors import DeployfuseError, first_line
+from deployfuse.export.cleanup import quiet_folding
 from deployfuse.export.data_dependence import DataDependence, DataDependenceSpy, dynamo_data_dependence
 from deployfuse.export.overflow_clamp import OverflowClampAsWhere
 from deployfuse.export.type_check import mistyped_node
@@ -169,7 +170,7 @@ def to_onnx(
     for exporter in exporters:
         spy = DataDependenceSpy()
         try:
-            with warnings.catch_warnings():
+            with warnings.catch_warnings(), quiet_folding():
                 warnings.simplefilter("ignore")
                 if exporter == "dynamo":
                     model = _dynamo(loaded, inputs, dynamic, output_names, opset)
