@@ -44,8 +44,9 @@ def providers_for(target: Target) -> list[str]:
 def run_outputs(model: onnx.ModelProto, feeds: Sequence[Mapping[str, np.ndarray]], providers: Sequence[str],
                 custom_ops_library: str | os.PathLike[str] | None = None) -> list[dict[str, np.ndarray]]:
     """Outputs of `model` on every feed, ORT graph optimisations off; deployfuse nodes on
-    `custom_ops_library`'s kernels when given, else as their function bodies."""
-    sess = ort_backend.session(model, providers=providers, optimize=False, threads=1, custom_ops_library=custom_ops_library)
+    `custom_ops_library`'s kernels when given, else as their function bodies. ORT's own thread count, as the
+    verification's and the gate's sessions (one thread made the guard most of a BERT export's time on a many-core host)."""
+    sess = ort_backend.session(model, providers=providers, optimize=False, custom_ops_library=custom_ops_library)
     return [ort_backend.run(sess, feed) for feed in feeds]
 
 
