@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Iterator
-from contextlib import contextmanager
-
 import numpy as np
 import onnx
 import onnx_ir as ir
 import onnxscript.optimizer
 from onnx import numpy_helper
+
+from deployfuse.quiet_logs import quieted
 
 MAX_IR_VERSION = 10  # ONNX Runtime 1.2x accepts <= 10 (1.31 accepts 13); 10 runs everywhere
 TINY = 1e-8  # onnxscript's no-op rules take |c| <= 1e-8 for zero and delete x + c
@@ -20,19 +18,7 @@ _SHIELD = "deployfuse.shield"  # a private domain no rewrite rule matches, for t
 FOLDING_LOGGER = "onnxscript.optimizer._constant_folding"
 """onnxscript's constant folding (run by the dynamo exporter's optimize=True and by `clean`) logs a WARNING,
 "Evaluation failed: cannot reshape ...", for each value it tries and fails to fold, e.g. a Reshape whose shape is
-still symbolic; the node simply stays, but on the user's terminal it reads as an error."""
-
-
-@contextmanager
-def quiet_folding() -> Iterator[None]:
-    """FOLDING_LOGGER at ERROR for the block's duration (its level restored after)."""
-    logger = logging.getLogger(FOLDING_LOGGER)
-    level = logger.level
-    logger.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        logger.setLevel(level)
+still symbolic; the node simply stays, but on the user's terminal it reads as an error: `quieted` while they run."""
 
 
 def clean(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -71,7 +57,7 @@ def _optimize(model: onnx.ModelProto) -> onnx.ModelProto:
     """
     graph_model = ir.serde.deserialize_model(model)
     # inline=False keeps deployfuse nodes (and their function bodies) as the single nodes they are.
-    with quiet_folding():
+    with quieted(FOLDING_LOGGER):
         onnxscript.optimizer.optimize_ir(graph_model, inline=False)
     graph = graph_model.graph
     defined = {id(v) for v in graph.inputs} | {id(v) for v in graph.initializers.values()}

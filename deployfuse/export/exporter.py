@@ -19,7 +19,7 @@ import onnx
 import torch
 
 from deployfuse.errors import DeployfuseError, first_line
-from deployfuse.export.cleanup import quiet_folding
+from deployfuse.export.cleanup import FOLDING_LOGGER
 from deployfuse.export.data_dependence import DataDependence, DataDependenceSpy, dynamo_data_dependence
 from deployfuse.export.overflow_clamp import OverflowClampAsWhere
 from deployfuse.export.type_check import mistyped_node
@@ -27,6 +27,7 @@ from deployfuse.inputs import DynamicAxis, Inputs
 from deployfuse.loading import LoadedModel
 from deployfuse.ops import DOMAIN, attach_functions
 from deployfuse.ops.torch_ops import translation_table
+from deployfuse.quiet_logs import quieted
 
 EXPORTERS = ("dynamo", "torchscript")
 
@@ -170,7 +171,7 @@ def to_onnx(
     for exporter in exporters:
         spy = DataDependenceSpy()
         try:
-            with warnings.catch_warnings(), quiet_folding():
+            with warnings.catch_warnings(), quieted(FOLDING_LOGGER):
                 warnings.simplefilter("ignore")
                 if exporter == "dynamo":
                     model = _dynamo(loaded, inputs, dynamic, output_names, opset)

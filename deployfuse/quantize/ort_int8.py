@@ -21,10 +21,8 @@ them: a tiny BERT's attention output then differs by 27 % of its range on padded
 
 from __future__ import annotations
 
-import logging
 import tempfile
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import numpy as np
@@ -34,6 +32,7 @@ from onnx import TensorProto, helper, numpy_helper
 from deployfuse.quantize.gate import Switchboard
 from deployfuse.quantize.qdq import fresh_name
 from deployfuse.quantize.rounding import int8_per_column, weighted_matmuls
+from deployfuse.quiet_logs import quieted
 
 MODES = ("dynamic", "static")
 # Fusion families that would hide GEMMs from ORT's int8 quantizer: com.microsoft FusedConv (Conv +
@@ -48,18 +47,6 @@ SKIPPED_FAMILIES = ("fused_conv", "packed_qkv", "split_qkv")
 # quantizer rewrites into an fp32 MatMul of another name that `nodes_to_quantize` then misses;
 # `gemms_as_matmuls` hands it those as MatMuls of the Gemms' names first.
 OP_TYPES = ("MatMul", "Attention", "Conv")
-
-
-@contextmanager
-def _quiet_root_logger() -> Iterator[None]:
-    """ONNX Runtime's quantizer logs advice through the root logger ("consider pre-processing")."""
-    root = logging.getLogger()
-    level = root.level
-    root.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        root.setLevel(level)
 
 
 def gemms_as_matmuls(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -134,7 +121,7 @@ def quantizer(model: onnx.ModelProto, weights: Mapping[str, tuple[np.ndarray, np
         nodes = [n for n in quantizable if n not in exclude]
         if not nodes:  # ONNX Runtime's quantizer reads an empty nodes_to_quantize as "all of them"
             return source
-        with tempfile.TemporaryDirectory(prefix="deployfuse-int8-") as tmp, _quiet_root_logger():
+        with tempfile.TemporaryDirectory(prefix="deployfuse-int8-") as tmp, quieted():  # its quantizer logs advice through the root logger ("consider pre-processing")
             out = Path(tmp) / "int8.onnx"
             quantize_dynamic(source, out, per_channel=True, weight_type=QuantType.QInt8, nodes_to_quantize=nodes)
             quantized = onnx.load(str(out))
