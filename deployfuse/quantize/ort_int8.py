@@ -121,7 +121,8 @@ def quantizer(model: onnx.ModelProto, weights: Mapping[str, tuple[np.ndarray, np
         nodes = [n for n in quantizable if n not in exclude]
         if not nodes:  # ONNX Runtime's quantizer reads an empty nodes_to_quantize as "all of them"
             return source
-        with tempfile.TemporaryDirectory(prefix="deployfuse-int8-") as tmp, quieted():  # its quantizer logs advice through the root logger ("consider pre-processing")
+        # ONNX Runtime's quantizer logs advice through the root logger ("consider pre-processing")
+        with tempfile.TemporaryDirectory(prefix="deployfuse-int8-") as tmp, quieted():
             out = Path(tmp) / "int8.onnx"
             quantize_dynamic(source, out, per_channel=True, weight_type=QuantType.QInt8, nodes_to_quantize=nodes)
             quantized = onnx.load(str(out))

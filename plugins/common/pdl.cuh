@@ -1,8 +1,8 @@
 // Programmatic dependent launch (Hopper and later): a kernel launched by launch_after_previous() may be scheduled while
-// the kernel before it on the stream still drains (its last CTAs, its memory flush), instead of after it; inside a CUDA
-// graph the capture keeps that as a programmatic edge. The kernel must call wait_for_previous_grid() before it reads
-// anything and before it writes anything: the previous kernel's outputs are complete only past that point, and a buffer
-// the previous kernel still reads may be the one this kernel writes (ONNX Runtime reuses freed buffers). What runs
+// the kernel before it on the stream still drains (its last CTAs, its memory flush), instead of after it (stream capture
+// records it as a programmatic edge of the CUDA graph, as CUDA's programming guide describes). The kernel must call
+// wait_for_previous_grid() before it reads anything and before it writes anything: the previous kernel's outputs are complete only past
+// that point, and a buffer the previous kernel still reads may be the one this kernel writes (ONNX Runtime reuses freed buffers). What runs
 // before it, barrier setup in shared memory, overlaps the previous kernel's tail.
 // Off unless DEPLOYFUSE_PDL=1, and never before compute capability 9.0: a benchmark switch until end-to-end runs time it.
 #pragma once
