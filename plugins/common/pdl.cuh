@@ -4,13 +4,13 @@
 // wait_for_previous_grid() before it reads anything and before it writes anything: the previous kernel's outputs are complete only past
 // that point, and a buffer the previous kernel still reads may be the one this kernel writes (ONNX Runtime reuses freed buffers). What runs
 // before it, barrier setup in shared memory, overlaps the previous kernel's tail.
-// Off unless DEPLOYFUSE_PDL=1, and never before compute capability 9.0: a benchmark switch until end-to-end runs time it.
+// Off unless DEPLOYFUSE_PDL=1, and only for code built for sm_90 or later: a benchmark switch until end-to-end runs time it.
 #pragma once
 #include <cuda_runtime.h>
 
-#include <atomic>
 #include <utility>
 
+#include "common/arch_check.h"
 #include "common/env_flag.h"
 
 namespace deployfuse {
@@ -21,31 +21,15 @@ __device__ __forceinline__ void wait_for_previous_grid() {
 #endif
 }
 
-// DEPLOYFUSE_PDL=1 and the current device is sm_90 or later (cached per device ordinal).
-inline bool programmatic_launch() {
-  static const bool asked = env_flag("DEPLOYFUSE_PDL", false);
-  if (!asked) return false;
-  static std::atomic<int> cached[64];  // 0 unknown, 1 yes, 2 no
-  int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess || device >= 64) {
-    cudaGetLastError();
-    return false;
-  }
-  int state = cached[device].load();
-  if (state == 0) {
-    int major = 0;
-    state = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess && major >= 9 ? 1 : 2;
-    cudaGetLastError();
-    cached[device].store(state);
-  }
-  return state == 1;
-}
-
 // kernel<<<grid, block, smem, stream>>>(args...), allowed to start before the previous kernel on the stream ends when
-// programmatic_launch(); returns the launch's error.
+// DEPLOYFUSE_PDL=1 and the code the device runs for `kernel` was compiled for sm_90 or later (`built_for`, the call site's
+// cached answer): code compiled for an older architecture (a build for sm_80 JIT-compiled on a Hopper GPU) has no
+// griddepcontrol.wait, so it must not start early. Returns the launch's error.
 template <typename... Params, typename... Args>
-cudaError_t launch_after_previous(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream, Args&&... args) {
-  if (!programmatic_launch()) {
+cudaError_t launch_after_previous(ArchCheck& built_for, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                                  Args&&... args) {
+  static const bool asked = env_flag("DEPLOYFUSE_PDL", false);
+  if (!asked || !built_for(reinterpret_cast<const void*>(kernel), 90)) {
     kernel<<<grid, block, smem, stream>>>(std::forward<Args>(args)...);
     return cudaGetLastError();
   }

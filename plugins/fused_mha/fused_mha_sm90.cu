@@ -440,7 +440,8 @@ cudaError_t launch_with(cudaStream_t stream, int device, const T* q, const T* k,
   // with narrow persistent CTAs, bench/results/mha_tiles_persistent_h200.log).
   const bool even = !s.causal || s.k_seq <= kBlockN;
   const int64_t grid = persistent() && even ? std::min<int64_t>(items, ctas) : items;
-  return launch_after_previous(kernel, static_cast<unsigned>(grid), Tile::kThreads, Tile::kSmem, stream, maps[0], maps[1], maps[2], maps[3], y,
+  static ArchCheck built_for;
+  return launch_after_previous(built_for, kernel, static_cast<unsigned>(grid), Tile::kThreads, Tile::kSmem, stream, maps[0], maps[1], maps[2], maps[3], y,
                                prm);
 }
 

@@ -241,9 +241,10 @@ template <typename T, int kVecs>
 cudaError_t launch_block(cudaStream_t stream, const Rows<T>& a, int n, float inv_cols) {
   const int threads = ((n + kVecs - 1) / kVecs + 31) / 32 * 32;
   const bool mapped = a.ids != nullptr || (a.skip != nullptr && a.skip_rows != a.rows);
+  static ArchCheck built_for;  // both instances come from this file's one compilation
   return launch_by_rows(a, [&](const Rows<T>& part, unsigned blocks) {
-    return mapped ? launch_after_previous(block_kernel<T, kVecs, true>, blocks, threads, 0, stream, part, n, inv_cols)
-                  : launch_after_previous(block_kernel<T, kVecs, false>, blocks, threads, 0, stream, part, n, inv_cols);
+    return mapped ? launch_after_previous(built_for, block_kernel<T, kVecs, true>, blocks, threads, 0, stream, part, n, inv_cols)
+                  : launch_after_previous(built_for, block_kernel<T, kVecs, false>, blocks, threads, 0, stream, part, n, inv_cols);
   });
 }
 
@@ -262,8 +263,9 @@ cudaError_t launch_skip_layer_norm_fp8(cudaStream_t stream, const T* x, const T*
     if (n <= kOneVecThreads) return launch_block<T, 1>(stream, a, static_cast<int>(n), inv_cols);
     if (n <= int64_t{kMaxThreads} * kBlockVecs) return launch_block<T, kBlockVecs>(stream, a, static_cast<int>(n), inv_cols);
   }
+  static ArchCheck built_for;
   return launch_by_rows(a, [&](const Rows<T>& part, unsigned blocks) {
-    return launch_after_previous(row_kernel<T>, blocks, kFallbackThreads, 0, stream, part, inv_cols);
+    return launch_after_previous(built_for, row_kernel<T>, blocks, kFallbackThreads, 0, stream, part, inv_cols);
   });
 }
 
