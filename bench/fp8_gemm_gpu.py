@@ -7,7 +7,7 @@ the same quantization (X / XScale in float32 rounded to e4m3 as the spec's quant
 and sums), fp16 and bf16, every activation, odd M, N a multiple of 16, of 8 only, and neither, K a multiple of 16 and not
 (the padded copies of Y, X and W), X off 16-byte alignment (the scalar quantize path); the quantization bit for bit
 (W = identity, power-of-two scales: Y = dq(q(X)) exactly, ties, subnormals, saturation, infinities, NaN); every
-heuristic candidate; a CUDA-graph replay = the eager launch; fp32 (cuBLASLt's fp8
+candidate (the heuristic's and the variants around them); a CUDA-graph replay = the eager launch; fp32 (cuBLASLt's fp8
 kernels want a bf16 bias with an fp32 output: the op answers cudaErrorNotSupported, reported either way). Every
 check runs with full fp32 accumulation (fast_accum=0, TOL) and with cuBLASLt's fast accumulation (fast_accum=1, the
 op's default, TOL_FAST: its coarser rounding of the sum over K); the largest fast-accum error is printed.

@@ -9,11 +9,14 @@
 #include <cuda_fp16.h>
 #include <dlfcn.h>
 
+#include <algorithm>
+#include <array>
 #include <cstdint>
 #include <map>
 #include <mutex>
 #include <string>
 #include <type_traits>
+#include <vector>
 
 #include "common/activation.h"
 
@@ -33,7 +36,9 @@ constexpr const char* kLibrary = "libcublasLt.so." DF_STR(CUBLAS_VER_MAJOR);
   X(cublasLtMatmulDescCreate) X(cublasLtMatmulDescDestroy) X(cublasLtMatmulDescSetAttribute)            \
   X(cublasLtMatrixLayoutCreate) X(cublasLtMatrixLayoutDestroy)                                          \
   X(cublasLtMatmulPreferenceCreate) X(cublasLtMatmulPreferenceDestroy) X(cublasLtMatmulPreferenceSetAttribute) \
-  X(cublasLtMatmulAlgoGetHeuristic) X(cublasLtMatmul)
+  X(cublasLtMatmulAlgoGetHeuristic) X(cublasLtMatmul)                                                    \
+  X(cublasLtMatmulAlgoGetIds) X(cublasLtMatmulAlgoInit) X(cublasLtMatmulAlgoCheck) X(cublasLtMatmulAlgoCapGetAttribute) \
+  X(cublasLtMatmulAlgoConfigGetAttribute) X(cublasLtMatmulAlgoConfigSetAttribute)
 // clang-format on
 struct Library {
 #define DF_MEMBER(name) decltype(&::name) name = nullptr;
@@ -92,13 +97,57 @@ bool set(cublasLtMatmulDesc_t desc, cublasLtMatmulDescAttributes_t attr, const V
   return library().cublasLtMatmulDescSetAttribute(desc, attr, &value, sizeof(value)) == CUBLAS_STATUS_SUCCESS;
 }
 
-// Descriptors and heuristic candidates of one problem; C shares D's layout unless it has its own (a float8 D: C in fp16/bf16).
-template <int kCandidates>
+// An algorithm's configuration as the ids cuBLASLt takes: algo id, tile, stages, split-K, reduction scheme, CTA swizzle, custom
+// option, inner shape, cluster shape (what tells two candidates apart).
+using ConfigKey = std::array<int64_t, 9>;
+
+inline ConfigKey config_key(const cublasLtMatmulAlgo_t& algo) {
+  const Library& l = library();
+  int32_t id = 0, splitk = 0;
+  uint32_t tile = 0, stages = 0, reduction = 0, swizzle = 0, custom = 0;
+  uint16_t inner = 0, cluster = 0;
+  size_t written = 0;
+  const auto get = [&](cublasLtMatmulAlgoConfigAttributes_t attr, auto& value) {
+    l.cublasLtMatmulAlgoConfigGetAttribute(&algo, attr, &value, sizeof(value), &written);
+  };
+  get(CUBLASLT_ALGO_CONFIG_ID, id), get(CUBLASLT_ALGO_CONFIG_TILE_ID, tile), get(CUBLASLT_ALGO_CONFIG_STAGES_ID, stages);
+  get(CUBLASLT_ALGO_CONFIG_SPLITK_NUM, splitk), get(CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, reduction);
+  get(CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING, swizzle), get(CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION, custom);
+  get(CUBLASLT_ALGO_CONFIG_INNER_SHAPE_ID, inner), get(CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, cluster);
+  return {id, tile, stages, splitk, reduction, swizzle, custom, inner, cluster};
+}
+
+// The ids an algorithm lists for a capability (tiles, stages); empty when it lists none.
+inline std::vector<uint32_t> capability_ids(const cublasLtMatmulAlgo_t& algo, cublasLtMatmulAlgoCapAttributes_t attr) {
+  size_t bytes = 0;
+  const Library& l = library();
+  if (l.cublasLtMatmulAlgoCapGetAttribute(&algo, attr, nullptr, 0, &bytes) != CUBLAS_STATUS_SUCCESS || bytes == 0) return {};
+  std::vector<uint32_t> ids(bytes / sizeof(uint32_t));
+  if (l.cublasLtMatmulAlgoCapGetAttribute(&algo, attr, ids.data(), ids.size() * sizeof(uint32_t), &bytes) != CUBLAS_STATUS_SUCCESS)
+    return {};
+  return ids;
+}
+
+template <typename V>
+bool configure(cublasLtMatmulAlgo_t* algo, cublasLtMatmulAlgoConfigAttributes_t attr, V value) {
+  return library().cublasLtMatmulAlgoConfigSetAttribute(algo, attr, &value, sizeof(value)) == CUBLAS_STATUS_SUCCESS;
+}
+
+// Descriptors and candidate algorithms of one problem; C shares D's layout unless it has its own (a float8 D: C in fp16/bf16).
+// The candidates are the heuristic's (up to kHeuristic), then, once a caller asks for one past them (extend), the configurations
+// around them that the heuristic does not offer (variants): `algo` k names the same configuration wherever the GPU and cuBLASLt
+// are the same, as the heuristic's ranking does.
+template <int kHeuristic>
 struct Plan {
   cublasLtMatmulDesc_t desc = nullptr;
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr, d = nullptr;
-  cublasLtMatmulHeuristicResult_t candidates[kCandidates];
-  int count = 0;
+  std::vector<cublasLtMatmulHeuristicResult_t> candidates;
+  int count = 0;            // candidates.size()
+  int heuristic_count = 0;  // the heuristic's, first in candidates
+  bool extended = false;
+
+  // Most variants a plan appends: the tuner times each one (a CUDA graph apiece), so the list stays a few hundred long.
+  static constexpr int kMaxVariants = 240;
 
   // One matrix as stored: column-major rows x cols, leading dimension ld.
   struct Layout {
@@ -113,28 +162,92 @@ struct Plan {
     const auto layout = [&](cublasLtMatrixLayout_t* out, const Layout& m) {
       return l.cublasLtMatrixLayoutCreate(out, m.type, m.rows, m.cols, m.ld) == CUBLAS_STATUS_SUCCESS;
     };
+    compute_ = compute;
+    types_ = {a_layout.type, b_layout.type, (c_layout ? *c_layout : d_layout).type, d_layout.type};
     return l.cublasLtMatmulDescCreate(&desc, compute, CUDA_R_32F) == CUBLAS_STATUS_SUCCESS && layout(&a, a_layout) &&
            layout(&b, b_layout) && layout(&d, d_layout) && (c_layout == nullptr || layout(&c, *c_layout));
   }
 
-  // Asks the heuristic for up to kCandidates algorithms using at most workspace_bytes, for operands
+  // Asks the heuristic for up to kHeuristic algorithms using at most workspace_bytes, for operands
   // aligned to align_abcd (bytes of A, B, C, D); false when it has none.
   bool query(cublasLtHandle_t handle, uint64_t workspace_bytes, const uint32_t (&align_abcd)[4]) {
     const Library& l = library();
     static const cublasLtMatmulPreferenceAttributes_t kAlignAttrs[4] = {
         CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
         CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+    workspace_bytes_ = workspace_bytes;
+    std::copy(std::begin(align_abcd), std::end(align_abcd), align_.begin());
     cublasLtMatmulPreference_t pref = nullptr;
     bool ok = l.cublasLtMatmulPreferenceCreate(&pref) == CUBLAS_STATUS_SUCCESS &&
               l.cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace_bytes,
                                                      sizeof(workspace_bytes)) == CUBLAS_STATUS_SUCCESS;
     for (int i = 0; ok && i < 4; ++i)
       ok = l.cublasLtMatmulPreferenceSetAttribute(pref, kAlignAttrs[i], &align_abcd[i], sizeof(uint32_t)) == CUBLAS_STATUS_SUCCESS;
-    if (!ok ||
-        l.cublasLtMatmulAlgoGetHeuristic(handle, desc, a, b, c ? c : d, d, pref, kCandidates, candidates, &count) != CUBLAS_STATUS_SUCCESS)
-      count = 0;
+    candidates.resize(kHeuristic);
+    int found = 0;
+    if (!ok || l.cublasLtMatmulAlgoGetHeuristic(handle, desc, a, b, c ? c : d, d, pref, kHeuristic, candidates.data(), &found) !=
+                   CUBLAS_STATUS_SUCCESS)
+      found = 0;
     if (pref) l.cublasLtMatmulPreferenceDestroy(pref);
+    candidates.resize(found);
+    count = heuristic_count = found;
     return count > 0;
+  }
+
+  // Appends the variants (once): each heuristic candidate with every cluster shape up to four CTAs and both CTA swizzles, then
+  // each algorithm id cuBLASLt lists for these types with every tile and stages id it lists (cluster shape automatic, no split-K
+  // (the default)); each configuration once, in that order, where cublasLtMatmulAlgoCheck accepts it within the workspace and the
+  // operands' alignment. An algorithm picks a kernel, never the math.
+  void extend(cublasLtHandle_t handle) {
+    if (extended || heuristic_count == 0) return;
+    extended = true;
+    const Library& l = library();
+    std::vector<ConfigKey> seen;
+    for (const auto& candidate : candidates) seen.push_back(config_key(candidate.algo));
+    const auto add = [&](const cublasLtMatmulAlgo_t& algo) {
+      if (count - heuristic_count >= kMaxVariants) return;
+      const ConfigKey key = config_key(algo);
+      if (std::find(seen.begin(), seen.end(), key) != seen.end()) return;
+      seen.push_back(key);
+      cublasLtMatmulHeuristicResult_t checked{};
+      if (l.cublasLtMatmulAlgoCheck(handle, desc, a, b, c ? c : d, d, &algo, &checked) != CUBLAS_STATUS_SUCCESS ||
+          checked.workspaceSize > workspace_bytes_ || !aligned_for(algo))
+        return;
+      checked.algo = algo;
+      checked.state = CUBLAS_STATUS_SUCCESS;
+      candidates.push_back(checked);
+      ++count;
+    };
+    static constexpr uint16_t kClusters[] = {CUBLASLT_CLUSTER_SHAPE_AUTO,  CUBLASLT_CLUSTER_SHAPE_1x1x1, CUBLASLT_CLUSTER_SHAPE_2x1x1,
+                                             CUBLASLT_CLUSTER_SHAPE_1x2x1, CUBLASLT_CLUSTER_SHAPE_2x2x1, CUBLASLT_CLUSTER_SHAPE_4x1x1,
+                                             CUBLASLT_CLUSTER_SHAPE_1x4x1};
+    for (int i = 0; i < heuristic_count; ++i)
+      for (uint16_t cluster : kClusters)
+        for (uint32_t swizzle : {0u, 1u}) {
+          cublasLtMatmulAlgo_t algo = candidates[i].algo;
+          if (configure(&algo, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, cluster) &&
+              configure(&algo, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING, swizzle))
+            add(algo);
+        }
+    int ids[128], id_count = 0;
+    if (l.cublasLtMatmulAlgoGetIds(handle, compute_, CUDA_R_32F, types_[0], types_[1], types_[2], types_[3], 128, ids, &id_count) !=
+        CUBLAS_STATUS_SUCCESS)
+      return;
+    for (int i = 0; i < id_count; ++i) {
+      cublasLtMatmulAlgo_t init;
+      if (l.cublasLtMatmulAlgoInit(handle, compute_, CUDA_R_32F, types_[0], types_[1], types_[2], types_[3], ids[i], &init) !=
+          CUBLAS_STATUS_SUCCESS)
+        continue;
+      std::vector<uint32_t> tiles = capability_ids(init, CUBLASLT_ALGO_CAP_TILE_IDS),
+                            stages = capability_ids(init, CUBLASLT_ALGO_CAP_STAGES_IDS);
+      if (tiles.empty()) tiles.push_back(CUBLASLT_MATMUL_TILE_UNDEFINED);
+      if (stages.empty()) stages.push_back(CUBLASLT_MATMUL_STAGES_UNDEFINED);
+      for (uint32_t tile : tiles)
+        for (uint32_t stage : stages) {
+          cublasLtMatmulAlgo_t algo = init;
+          if (configure(&algo, CUBLASLT_ALGO_CONFIG_TILE_ID, tile) && configure(&algo, CUBLASLT_ALGO_CONFIG_STAGES_ID, stage)) add(algo);
+        }
+    }
   }
 
   // The `algo`-th candidate (-1 or past the last: the heuristic's first).
@@ -159,12 +272,36 @@ struct Plan {
     if (d) l.cublasLtMatrixLayoutDestroy(d);
     if (desc) l.cublasLtMatmulDescDestroy(desc);
   }
+
+ private:
+  // Whether the operands' alignment (align_) meets what the algorithm needs of each (the heuristic was told; AlgoCheck is not).
+  bool aligned_for(const cublasLtMatmulAlgo_t& algo) const {
+    static const cublasLtMatmulAlgoCapAttributes_t kCaps[4] = {
+        CUBLASLT_ALGO_CAP_MIN_ALIGNMENT_A_BYTES, CUBLASLT_ALGO_CAP_MIN_ALIGNMENT_B_BYTES, CUBLASLT_ALGO_CAP_MIN_ALIGNMENT_C_BYTES,
+        CUBLASLT_ALGO_CAP_MIN_ALIGNMENT_D_BYTES};
+    for (int i = 0; i < 4; ++i) {
+      uint32_t need = 0;
+      size_t written = 0;
+      if (library().cublasLtMatmulAlgoCapGetAttribute(&algo, kCaps[i], &need, sizeof(need), &written) != CUBLAS_STATUS_SUCCESS ||
+          need > align_[i])
+        return false;
+    }
+    return true;
+  }
+
+  cublasComputeType_t compute_ = CUBLAS_COMPUTE_32F;
+  std::array<cudaDataType_t, 4> types_{};  // A, B, C, D
+  uint64_t workspace_bytes_ = 0;
+  std::array<uint32_t, 4> align_{};
 };
 
 // One runner's cuBLASLt handle (created on first use) and the plans of the problems it has run, by
 // key; a plan is made once, so a later launch neither allocates nor queries the heuristic (CUDA-graph
 // capture safe). A runner finds its plans inside with_plan, under one lock (a plan's descriptor
 // takes each call's pointers).
+// `algo` that asks a plan for every candidate, its variants included (what a runner's `candidates` counts).
+constexpr int kAllCandidates = 1 << 30;
+
 template <typename Key, typename PlanT>
 class Plans {
  public:
@@ -174,17 +311,22 @@ class Plans {
     if (handle_) library().cublasLtDestroy(handle_);
   }
 
-  // The plan of key, made by make(PlanT&, cublasLtHandle_t) -> bool on first use; null with *err set
-  // when there is none (the library missing, no handle, or make found no algorithm).
+  // The plan of key, made by make(PlanT&, cublasLtHandle_t) -> bool on first use, with its variants where `algo` indexes past the
+  // heuristic's candidates (kAllCandidates: always); null with *err set when there is none (the library missing, no handle, or make
+  // found no algorithm).
   template <typename Make>
-  const PlanT* find(const Key& key, Make&& make, cudaError_t* err) {
+  const PlanT* find(const Key& key, Make&& make, int algo, cudaError_t* err) {
     if (!library().error.empty()) return fail(cudaErrorSharedObjectInitFailed, err);
     auto found = plans_.find(key);
-    if (found != plans_.end()) return found->second.count > 0 ? &found->second : fail(cudaErrorNotSupported, err);
-    if (handle_ == nullptr && library().cublasLtCreate(&handle_) != CUBLAS_STATUS_SUCCESS) return fail(cudaErrorInitializationError, err);
-    PlanT& plan = plans_[key];
-    if (!make(plan, handle_)) plan.count = 0;
-    return plan.count > 0 ? &plan : fail(cudaErrorNotSupported, err);
+    PlanT* plan = found != plans_.end() ? &found->second : nullptr;
+    if (plan == nullptr) {
+      if (handle_ == nullptr && library().cublasLtCreate(&handle_) != CUBLAS_STATUS_SUCCESS) return fail(cudaErrorInitializationError, err);
+      plan = &plans_[key];
+      if (!make(*plan, handle_)) plan->count = plan->heuristic_count = 0;
+    }
+    if (plan->count == 0) return fail(cudaErrorNotSupported, err);
+    if (algo >= plan->heuristic_count) plan->extend(handle_);
+    return plan;
   }
 
   cublasLtHandle_t handle() const { return handle_; }
@@ -199,7 +341,7 @@ class Plans {
     return plan ? launch(*plan) : err;
   }
 
-  // What a runner's `candidates` answers: the count of the plan plan_of finds, or -error.
+  // What a runner's `candidates` answers: the count of the plan plan_of finds (plan_of asks for kAllCandidates), or -error.
   template <typename PlanOf>
   int candidates(PlanOf&& plan_of) {
     int count = 0;

@@ -170,7 +170,7 @@ class Fp8GemmActRunner {
                  (!p.d_fp8 || cublaslt::set(plan.desc, CUBLASLT_MATMUL_DESC_D_SCALE_POINTER, d_scale)) &&
                  cublaslt::set(plan.desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, fast_accum) && plan.query(handle, fp8_workspace_bytes(), aligns);
         },
-        err);
+        p.algo, err);
   }
 
   template <typename T>
@@ -213,7 +213,9 @@ class Fp8GemmActRunner {
   template <typename T>
   int candidates(const Fp8GemmActProblem& p, const void* x, const float* x_scale, const uint8_t* w, const float* w_scale, const T* bias,
                  const void* y, const float* d_scale) {
-    return plans_.candidates([&](cudaError_t* err) { return plan(p, x, x_scale, w, w_scale, bias, y, d_scale, err); });
+    Fp8GemmActProblem all = p;
+    all.algo = cublaslt::kAllCandidates;
+    return plans_.candidates([&](cudaError_t* err) { return plan(all, x, x_scale, w, w_scale, bias, y, d_scale, err); });
   }
 
  private:

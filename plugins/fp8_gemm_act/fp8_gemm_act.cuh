@@ -25,7 +25,7 @@ constexpr int64_t fp8_gemm_act_k_padded(int64_t k) { return (k + kFp8GemmActKMul
 struct Fp8GemmActProblem {
   int64_t m, n, k;
   Act act;
-  int algo;  // -1: the heuristic's first choice; k >= 0: its k-th candidate (the first when there are fewer)
+  int algo;  // -1: the heuristic's first choice; k >= 0: the k-th candidate, the heuristic's first (the first when there are fewer)
   // cuBLASLt's fast accumulation (CUBLASLT_MATMUL_DESC_FAST_ACCUM; torchao's float8 default): on Hopper the fp8 tensor-core
   // partial sums are not promoted to full fp32 as often, which rounds the accumulation more coarsely; false: full fp32.
   bool fast_accum = true;
@@ -74,7 +74,7 @@ template <typename T>
 cudaError_t launch_fp8_gemm(Fp8GemmActRunner& runner, cudaStream_t stream, const Fp8GemmActProblem& p, const void* x, const float* x_scale,
                             const uint8_t* w, const float* w_scale, const T* bias, void* y, const float* d_scale, GemmActScratch& scratch);
 
-// How many heuristic candidates `algo` may index for the problem with these pointers (X's float8
+// How many candidates `algo` may index (the heuristic's and their variants) for the problem with these pointers (X's float8
 // copy is 256-byte aligned in the scratch); negative: a cudaError_t as for launch_fp8_gemm_act.
 template <typename T>
 int fp8_gemm_act_candidates(Fp8GemmActRunner& runner, const Fp8GemmActProblem& p, const float* x_scale, const uint8_t* w,

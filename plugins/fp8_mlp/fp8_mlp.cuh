@@ -59,8 +59,9 @@ class Fp8MlpHScaleInverse {
   float* inverse_ = nullptr;
 };
 
-// How many heuristic candidates algo1 and algo2 may index (into *fc1, *fc2): the counts of the plans FC1 (H out in float8) and FC2
-// run on with these pointers (X's float8 copy and H lie 256-byte aligned in the scratch); else the error launch_fp8_mlp gives.
+// How many candidates (the heuristic's and their variants) algo1 and algo2 may index (into *fc1, *fc2): the counts of the plans FC1 (H out
+// in float8) and FC2 run on with these pointers (X's float8 copy and H lie 256-byte aligned in the scratch); else the error launch_fp8_mlp
+// gives.
 template <typename T>
 cudaError_t fp8_mlp_candidates(Fp8GemmActRunner& runner, const Fp8MlpProblem& p, const float* x_scale, const uint8_t* w1,
                                const float* w1_scale, const T* b1, const float* h_scale, const uint8_t* w2, const float* w2_scale,

@@ -42,7 +42,7 @@ class GemmActRunner {
                  cublaslt::set(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, epi) &&
                  cublaslt::set(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias) && plan.query(handle, kGemmActWorkspaceBytes, aligns);
         },
-        err);
+        p.algo, err);
   }
 
   template <typename T>
@@ -61,7 +61,9 @@ class GemmActRunner {
 
   template <typename T>
   int candidates(const GemmActProblem& p, const T* x, const T* w, const T* bias, const T* residual, const T* y) {
-    return plans_.candidates([&](cudaError_t* err) { return plan(p, x, w, bias, residual, y, err); });
+    GemmActProblem all = p;
+    all.algo = cublaslt::kAllCandidates;
+    return plans_.candidates([&](cudaError_t* err) { return plan(all, x, w, bias, residual, y, err); });
   }
 
  private:

@@ -69,7 +69,7 @@ SPEC = OpSpec(
     doc="H = q(act(dq(q(X, XScale)) @ dq(W1, W1Scale)^T + B1), HScale) (float8e4m3fn), Y = dq(H, HScale) @ dq(W2, W2Scale)^T + B2, "
     "q and dq as Fp8GemmAct's; X [..., K], B1 [N1] and B2 [N2] in T, XScale, W1Scale, HScale and W2Scale float32 scalars, "
     "W1 [N1, K] and W2 [N2, N1] float8e4m3fn; computed in float32 (H quantized from float32, never rounded to T), Y [..., N2] "
-    "in T. algo1, algo2: FC1's and FC2's cuBLASLt candidate as Fp8GemmAct's algo (-1 = the heuristic's first choice, k >= 0 = its "
+    "in T. algo1, algo2: FC1's and FC2's cuBLASLt candidate as Fp8GemmAct's algo (-1 = the heuristic's first choice, k >= 0 = the "
     "k-th candidate, never a change of the math). fast_accum as Fp8GemmAct's, for both GEMMs. On CUDA N1 must be a multiple of 16 (H's rows in float8). Needs opset 19.",
     reference_fn=reference,
     body_fn=body,
