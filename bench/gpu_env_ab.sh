@@ -2,7 +2,7 @@
 # One device call that A/B-times a kernel switch end to end: the fp8 artefact's rows of bench/gpu_quant.py with VAR=0 and VAR=1,
 # after the kernels' checks pass with VAR=1, from the repo root of a CUDA machine with onnxruntime-gpu staged into /tmp/site and
 # plugins/build/{ort,trt}-include carried:
-#   bash bench/gpu_env_ab.sh DEPLOYFUSE_PDL bert          (MODEL default bert; batches 8 and 64)
+#   bash bench/gpu_env_ab.sh DEPLOYFUSE_SOME_SWITCH bert  (MODEL default bert; batches 8 and 64)
 # Checks with VAR=1: FusedMHA through the C ABI and ORT's CUDA EP (bench/ops_gpu.py), SkipLayerNormFp8, and Fp8GemmAct / Fp8Mlp
 # fed by it through ORT's CUDA EP (bench/fp8_gemm_gpu.py). Then the fp8 rows (export, tuning, CUDA-graph timing, kernel classes)
 # once per value, each in its own process and work folder, so that the kernels read the switch afresh; the fp16 and torch rows are

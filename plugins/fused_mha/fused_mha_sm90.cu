@@ -41,7 +41,6 @@
 #include "common/cuda_check.h"
 #include "common/dtype.cuh"
 #include "common/env_flag.h"
-#include "common/pdl.cuh"
 #include "common/shared_mem.cuh"
 #include "fused_mha/flash_math.cuh"
 #include "fused_mha/wgmma.cuh"
@@ -139,7 +138,6 @@ __global__ void __launch_bounds__(Sm90Tile<D, kConsumers, kMask, kCtas>::kThread
     fence_mbar_init();
   }
   __syncthreads();
-  wait_for_previous_grid();  // launch_after_previous: Q, K, V, the mask and Y only after it
 
   if (warp >= 4 * kConsumers) {  // producer: one thread issues every load; its registers go to the consumers
     setmaxnreg_dec<24>();
@@ -440,9 +438,8 @@ cudaError_t launch_with(cudaStream_t stream, int device, const T* q, const T* k,
   // with narrow persistent CTAs, bench/results/mha_tiles_persistent_h200.log).
   const bool even = !s.causal || s.k_seq <= kBlockN;
   const int64_t grid = persistent() && even ? std::min<int64_t>(items, ctas) : items;
-  static ArchCheck built_for;
-  return launch_after_previous(built_for, kernel, static_cast<unsigned>(grid), Tile::kThreads, Tile::kSmem, stream, maps[0], maps[1], maps[2], maps[3], y,
-                               prm);
+  kernel<<<static_cast<unsigned>(grid), Tile::kThreads, Tile::kSmem, stream>>>(maps[0], maps[1], maps[2], maps[3], y, prm);
+  return cudaGetLastError();
 }
 
 bool is_sm90(int device) {

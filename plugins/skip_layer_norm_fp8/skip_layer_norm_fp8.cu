@@ -19,7 +19,6 @@
 
 #include "common/cuda_check.h"
 #include "common/dtype.cuh"
-#include "common/pdl.cuh"
 #include "common/vec_math.cuh"
 #include "skip_layer_norm_fp8/skip_layer_norm_fp8.cuh"
 
@@ -171,7 +170,6 @@ __device__ __forceinline__ float row_total(float v, float (&partial)[2][32]) {
 template <typename T, int kVecs, bool kMapped>
 __global__ void __launch_bounds__(kVecs == 1 ? kOneVecThreads : kMaxThreads) block_kernel(Rows<T> a, int n, float inv_cols) {
   __shared__ float partial[2][32];
-  wait_for_previous_grid();  // launch_after_previous: every read and write after it
   const int64_t r = a.first + blockIdx.x;
   RowSum<T, kVecs, kVecs == 1, kMapped> s;
   if constexpr (kVecs == 1) s.prefetch(a, threadIdx.x, blockDim.x, n);
@@ -183,7 +181,6 @@ __global__ void __launch_bounds__(kVecs == 1 ? kOneVecThreads : kMaxThreads) blo
 // Any row: element by element, the sum recomputed in each sweep.
 template <typename T>
 __global__ void __launch_bounds__(kFallbackThreads) row_kernel(Rows<T> a, float inv_cols) {
-  wait_for_previous_grid();
   const int64_t r = a.first + blockIdx.x, at = r * a.cols, x_at = a.x_row(r) * a.cols;
   const int64_t skip_at = a.skip ? a.skip_row(r) * a.cols : 0;
   const auto total = [&](int64_t c) {
@@ -225,13 +222,14 @@ Rows<T> rows_from(const Rows<T>& a, int64_t r0, int64_t count) {
   return part;
 }
 
-// launch(part, blocks) -> its error: a block per row of part, a's rows in parts within the grid's x limit.
+// launch(part, blocks): a block per row of part, a's rows in parts within the grid's x limit.
 template <typename T, typename Launch>
 cudaError_t launch_by_rows(const Rows<T>& a, Launch launch) {
   constexpr int64_t kMaxBlocks = 0x7fffffff;
   for (int64_t r0 = 0; r0 < a.rows; r0 += kMaxBlocks) {
     const int64_t count = a.rows - r0 < kMaxBlocks ? a.rows - r0 : kMaxBlocks;
-    DF_RETURN_IF_ERROR(launch(rows_from(a, r0, count), static_cast<unsigned>(count)));
+    launch(rows_from(a, r0, count), static_cast<unsigned>(count));
+    DF_RETURN_IF_ERROR(cudaGetLastError());
   }
   return cudaSuccess;
 }
@@ -241,10 +239,12 @@ template <typename T, int kVecs>
 cudaError_t launch_block(cudaStream_t stream, const Rows<T>& a, int n, float inv_cols) {
   const int threads = ((n + kVecs - 1) / kVecs + 31) / 32 * 32;
   const bool mapped = a.ids != nullptr || (a.skip != nullptr && a.skip_rows != a.rows);
-  static ArchCheck built_for;  // both instances come from this file's one compilation
   return launch_by_rows(a, [&](const Rows<T>& part, unsigned blocks) {
-    return mapped ? launch_after_previous(built_for, block_kernel<T, kVecs, true>, blocks, threads, 0, stream, part, n, inv_cols)
-                  : launch_after_previous(built_for, block_kernel<T, kVecs, false>, blocks, threads, 0, stream, part, n, inv_cols);
+    if (mapped) {
+      block_kernel<T, kVecs, true><<<blocks, threads, 0, stream>>>(part, n, inv_cols);
+    } else {
+      block_kernel<T, kVecs, false><<<blocks, threads, 0, stream>>>(part, n, inv_cols);
+    }
   });
 }
 
@@ -263,10 +263,8 @@ cudaError_t launch_skip_layer_norm_fp8(cudaStream_t stream, const T* x, const T*
     if (n <= kOneVecThreads) return launch_block<T, 1>(stream, a, static_cast<int>(n), inv_cols);
     if (n <= int64_t{kMaxThreads} * kBlockVecs) return launch_block<T, kBlockVecs>(stream, a, static_cast<int>(n), inv_cols);
   }
-  static ArchCheck built_for;
-  return launch_by_rows(a, [&](const Rows<T>& part, unsigned blocks) {
-    return launch_after_previous(built_for, row_kernel<T>, blocks, kFallbackThreads, 0, stream, part, inv_cols);
-  });
+  return launch_by_rows(
+      a, [&](const Rows<T>& part, unsigned blocks) { row_kernel<T><<<blocks, kFallbackThreads, 0, stream>>>(part, inv_cols); });
 }
 
 #define DF_INSTANTIATE(T)                                                                                                              \
