@@ -4,7 +4,7 @@
 # `deployfuse plugins build` fetches).
 #   bash bench/gemm_gpu.sh [SRC]   SRC: the source tree to build and check (default: this checkout)
 # Builds SRC/plugins/build/gpu for sm_90, then: bench/gemm_gpu.py (checks against the float64
-# reference, every candidate (the heuristic's and their variants), CUDA-graph capture, timings against torch and an ORT-style
+# reference, every heuristic candidate, CUDA-graph capture, timings against torch and an ORT-style
 # separate bias kernel); the TensorRT plugin through plugins/tests/trt_driver (IPluginV3 life cycle
 # with enqueue, workspace from getWorkspaceSize); compute-sanitizer memcheck over the small checks
 # and the plugin enqueues. Logs go to $OUT (default /tmp).

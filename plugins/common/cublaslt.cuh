@@ -137,7 +137,8 @@ bool configure(cublasLtMatmulAlgo_t* algo, cublasLtMatmulAlgoConfigAttributes_t 
 // The candidates are the heuristic's (up to kHeuristic), then, once a caller asks for one past them (extend), the configurations
 // around them that the heuristic does not offer (variants): `algo` k names the same configuration wherever the GPU and cuBLASLt
 // are the same, as the heuristic's ranking does.
-template <int kHeuristic>
+// kVariants false: the heuristic's candidates only (GemmAct's, whose variants have not been checked on a GPU yet).
+template <int kHeuristic, bool kVariants = true>
 struct Plan {
   cublasLtMatmulDesc_t desc = nullptr;
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr, d = nullptr;
@@ -199,7 +200,7 @@ struct Plan {
   // (the default)); each configuration once, in that order, where cublasLtMatmulAlgoCheck accepts it within the workspace and the
   // operands' alignment. An algorithm picks a kernel, never the math.
   void extend(cublasLtHandle_t handle) {
-    if (extended || heuristic_count == 0) return;
+    if (!kVariants || extended || heuristic_count == 0) return;
     extended = true;
     const Library& l = library();
     std::vector<ConfigKey> seen;

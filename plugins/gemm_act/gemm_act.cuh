@@ -15,14 +15,14 @@ namespace deployfuse {
 // The most workspace an algorithm may ask for (NVIDIA's advice for Hopper); a TensorRT plugin
 // reserves this much, ONNX Runtime's allocator hands out what the chosen algorithm needs.
 constexpr size_t kGemmActWorkspaceBytes = size_t(32) << 20;
-// How many of the cuBLASLt heuristic's candidates a plan asks for; `algo` indexes them, then the configurations around them
-// (common/cublaslt.cuh Plan::extend).
+// How many of the cuBLASLt heuristic's candidates a plan asks for; GemmAct's `algo` indexes them (Fp8GemmAct's also the
+// configurations around them, common/cublaslt.cuh Plan::extend).
 constexpr int kGemmActCandidates = 16;
 
 struct GemmActProblem {
   int64_t m, n, k;
   Act act;
-  int algo;  // -1: the heuristic's first choice; k >= 0: the k-th candidate, the heuristic's first (the first when there are fewer)
+  int algo;  // -1: the heuristic's first choice; k >= 0: its k-th candidate (the first when there are fewer)
 };
 
 // Scratch memory for one launch: the launcher asks for the bytes its algorithm needs (null: none
@@ -58,7 +58,7 @@ template <typename T>
 cudaError_t launch_gemm_act(GemmActRunner& runner, cudaStream_t stream, const GemmActProblem& p, const T* x, const T* w, const T* bias,
                             const T* residual, T* y, GemmActScratch& scratch);
 
-// How many candidates (the heuristic's and their variants) the problem has with these pointers (their alignment matters);
+// How many heuristic candidates the problem has with these pointers (their alignment matters);
 // negative: a cudaError_t as for launch_gemm_act.
 template <typename T>
 int gemm_act_candidates(GemmActRunner& runner, const GemmActProblem& p, const T* x, const T* w, const T* bias, const T* residual,

@@ -109,8 +109,8 @@ SPEC = OpSpec(
     "(QuantizeLinear with a float8e4m3fn zero point), dq(v, s) = float(v) * s; X [..., K] and Bias [N] in T, "
     "XScale and WScale float32 scalars, W float8e4m3fn [N, K] (the weight transposed); X may also be float8e4m3fn, "
     "already q(., XScale) (no quantize pass; Y's type T is then Bias's); computed in float32, "
-    "Y [..., N] in T. algo: -1 = the cuBLASLt heuristic's first choice, k >= 0 = the k-th candidate as GemmAct's algo, never "
-    "a change of the math. fast_accum: 1 = cuBLASLt's fast fp8 accumulation (coarser rounding of the sum over K), "
+    "Y [..., N] in T. algo: -1 = the cuBLASLt heuristic's first choice, k >= 0 = the k-th candidate: the heuristic's, then "
+    "configurations around them that cuBLASLt accepts; never a change of the math. fast_accum: 1 = cuBLASLt's fast fp8 accumulation (coarser rounding of the sum over K), "
     "0 = full float32 accumulation; the rounding only, never the math. Needs opset 19 (float8 types, Cast's saturate).",
     reference_fn=reference,
     body_fn=body,

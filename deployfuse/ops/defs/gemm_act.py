@@ -56,8 +56,8 @@ SPEC = OpSpec(
     },
     doc="Y = act(X @ W + Bias [+ Residual]); X [..., K], W [K, N] (a constant weight), Bias [N], "
     "Residual [..., N] added before the activation; algo: -1 = the cuBLASLt heuristic's first "
-    "choice, k >= 0 = the k-th candidate: the heuristic's, then configurations around them that cuBLASLt "
-    "accepts (chosen by timing on the target GPU; the first when the GPU offers fewer), never a change of the math.",
+    "choice, k >= 0 = its k-th candidate (chosen by timing on the target GPU; the first when the "
+    "GPU offers fewer), never a change of the math.",
     reference_fn=reference,
     body_fn=body,
     example_fn=example_inputs,
