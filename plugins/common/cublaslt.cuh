@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <map>
 #include <mutex>
+#include <set>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -145,7 +146,6 @@ struct Plan {
   std::vector<cublasLtMatmulHeuristicResult_t> candidates;
   int count = 0;            // candidates.size()
   int heuristic_count = 0;  // the heuristic's, first in candidates
-  bool extended = false;
 
   // Most variants a plan appends: the tuner times each one (a CUDA graph apiece), so the list stays a few hundred long.
   static constexpr int kMaxVariants = 240;
@@ -195,60 +195,35 @@ struct Plan {
     return count > 0;
   }
 
-  // Appends the variants (once): each heuristic candidate with every cluster shape up to four CTAs and both CTA swizzles, then
-  // each algorithm id cuBLASLt lists for these types with every tile and stages id it lists (cluster shape automatic, no split-K
-  // (the default)); each configuration once, in that order, where cublasLtMatmulAlgoCheck accepts it within the workspace and the
-  // operands' alignment. An algorithm picks a kernel, never the math.
-  void extend(cublasLtHandle_t handle) {
-    if (!kVariants || extended || heuristic_count == 0) return;
-    extended = true;
+  // Appends variants until candidate `upto` exists or none is left (kAllCandidates: every one, at most kMaxVariants): each heuristic
+  // candidate with every cluster shape up to four CTAs and both CTA swizzles (the first 14 x heuristic_count configurations),
+  // then each algorithm id cuBLASLt lists for these types with every tile and stages id it lists (cluster shape automatic, no
+  // split-K: the defaults); each configuration once, in that order, where cublasLtMatmulAlgoCheck accepts it within the workspace
+  // and the operands' alignment. A later call resumes where the last one stopped, so the list is the same however it is reached,
+  // and an artefact's stored index costs only the checks up to it: with every variant appended at its first run (~6000 checks a
+  // plan), a tuned BERT-base's session setup took 7.2 s against 0.4 s untuned (bench/results/h200_quant.md, section 10). An
+  // algorithm picks a kernel, never the math.
+  void extend(cublasLtHandle_t handle, int upto) {
+    if (!kVariants || exhausted_ || heuristic_count == 0 || upto < count) return;
+    if (seen_.empty())
+      for (const auto& candidate : candidates) seen_.insert(config_key(candidate.algo));
     const Library& l = library();
-    std::vector<ConfigKey> seen;
-    for (const auto& candidate : candidates) seen.push_back(config_key(candidate.algo));
-    const auto add = [&](const cublasLtMatmulAlgo_t& algo) {
-      if (count - heuristic_count >= kMaxVariants) return;
-      const ConfigKey key = config_key(algo);
-      if (std::find(seen.begin(), seen.end(), key) != seen.end()) return;
-      seen.push_back(key);
+    int position = 0;  // in the walk's fixed sequence of configurations
+    exhausted_ = walk_variants(handle, [&](const cublasLtMatmulAlgo_t& algo) {
+      if (count > upto || count - heuristic_count >= kMaxVariants) return false;  // long enough: stop the walk
+      if (position++ < examined_) return true;                                    // an earlier call examined it
+      ++examined_;
       cublasLtMatmulHeuristicResult_t checked{};
-      if (l.cublasLtMatmulAlgoCheck(handle, desc, a, b, c ? c : d, d, &algo, &checked) != CUBLAS_STATUS_SUCCESS ||
+      if (!seen_.insert(config_key(algo)).second ||
+          l.cublasLtMatmulAlgoCheck(handle, desc, a, b, c ? c : d, d, &algo, &checked) != CUBLAS_STATUS_SUCCESS ||
           checked.workspaceSize > workspace_bytes_ || !aligned_for(algo))
-        return;
+        return true;
       checked.algo = algo;
       checked.state = CUBLAS_STATUS_SUCCESS;
       candidates.push_back(checked);
       ++count;
-    };
-    static constexpr uint16_t kClusters[] = {CUBLASLT_CLUSTER_SHAPE_AUTO,  CUBLASLT_CLUSTER_SHAPE_1x1x1, CUBLASLT_CLUSTER_SHAPE_2x1x1,
-                                             CUBLASLT_CLUSTER_SHAPE_1x2x1, CUBLASLT_CLUSTER_SHAPE_2x2x1, CUBLASLT_CLUSTER_SHAPE_4x1x1,
-                                             CUBLASLT_CLUSTER_SHAPE_1x4x1};
-    for (int i = 0; i < heuristic_count; ++i)
-      for (uint16_t cluster : kClusters)
-        for (uint32_t swizzle : {0u, 1u}) {
-          cublasLtMatmulAlgo_t algo = candidates[i].algo;
-          if (configure(&algo, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, cluster) &&
-              configure(&algo, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING, swizzle))
-            add(algo);
-        }
-    int ids[128], id_count = 0;
-    if (l.cublasLtMatmulAlgoGetIds(handle, compute_, CUDA_R_32F, types_[0], types_[1], types_[2], types_[3], 128, ids, &id_count) !=
-        CUBLAS_STATUS_SUCCESS)
-      return;
-    for (int i = 0; i < id_count; ++i) {
-      cublasLtMatmulAlgo_t init;
-      if (l.cublasLtMatmulAlgoInit(handle, compute_, CUDA_R_32F, types_[0], types_[1], types_[2], types_[3], ids[i], &init) !=
-          CUBLAS_STATUS_SUCCESS)
-        continue;
-      std::vector<uint32_t> tiles = capability_ids(init, CUBLASLT_ALGO_CAP_TILE_IDS),
-                            stages = capability_ids(init, CUBLASLT_ALGO_CAP_STAGES_IDS);
-      if (tiles.empty()) tiles.push_back(CUBLASLT_MATMUL_TILE_UNDEFINED);
-      if (stages.empty()) stages.push_back(CUBLASLT_MATMUL_STAGES_UNDEFINED);
-      for (uint32_t tile : tiles)
-        for (uint32_t stage : stages) {
-          cublasLtMatmulAlgo_t algo = init;
-          if (configure(&algo, CUBLASLT_ALGO_CONFIG_TILE_ID, tile) && configure(&algo, CUBLASLT_ALGO_CONFIG_STAGES_ID, stage)) add(algo);
-        }
-    }
+      return true;
+    });
   }
 
   // The `algo`-th candidate (-1 or past the last: the heuristic's first).
@@ -275,6 +250,45 @@ struct Plan {
   }
 
  private:
+  // Calls consider(algo) on each configuration of extend's sequence until it returns false; true when the sequence ran out.
+  template <typename Consider>
+  bool walk_variants(cublasLtHandle_t handle, Consider&& consider) const {
+    const Library& l = library();
+    static constexpr uint16_t kClusters[] = {CUBLASLT_CLUSTER_SHAPE_AUTO,  CUBLASLT_CLUSTER_SHAPE_1x1x1, CUBLASLT_CLUSTER_SHAPE_2x1x1,
+                                             CUBLASLT_CLUSTER_SHAPE_1x2x1, CUBLASLT_CLUSTER_SHAPE_2x2x1, CUBLASLT_CLUSTER_SHAPE_4x1x1,
+                                             CUBLASLT_CLUSTER_SHAPE_1x4x1};
+    for (int i = 0; i < heuristic_count; ++i)
+      for (uint16_t cluster : kClusters)
+        for (uint32_t swizzle : {0u, 1u}) {
+          cublasLtMatmulAlgo_t algo = candidates[i].algo;
+          if (configure(&algo, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, cluster) &&
+              configure(&algo, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING, swizzle) && !consider(algo))
+            return false;
+        }
+    int ids[128], id_count = 0;
+    if (l.cublasLtMatmulAlgoGetIds(handle, compute_, CUDA_R_32F, types_[0], types_[1], types_[2], types_[3], 128, ids, &id_count) !=
+        CUBLAS_STATUS_SUCCESS)
+      return true;
+    for (int i = 0; i < id_count; ++i) {
+      cublasLtMatmulAlgo_t init;
+      if (l.cublasLtMatmulAlgoInit(handle, compute_, CUDA_R_32F, types_[0], types_[1], types_[2], types_[3], ids[i], &init) !=
+          CUBLAS_STATUS_SUCCESS)
+        continue;
+      std::vector<uint32_t> tiles = capability_ids(init, CUBLASLT_ALGO_CAP_TILE_IDS),
+                            stages = capability_ids(init, CUBLASLT_ALGO_CAP_STAGES_IDS);
+      if (tiles.empty()) tiles.push_back(CUBLASLT_MATMUL_TILE_UNDEFINED);
+      if (stages.empty()) stages.push_back(CUBLASLT_MATMUL_STAGES_UNDEFINED);
+      for (uint32_t tile : tiles)
+        for (uint32_t stage : stages) {
+          cublasLtMatmulAlgo_t algo = init;
+          if (configure(&algo, CUBLASLT_ALGO_CONFIG_TILE_ID, tile) && configure(&algo, CUBLASLT_ALGO_CONFIG_STAGES_ID, stage) &&
+              !consider(algo))
+            return false;
+        }
+    }
+    return true;
+  }
+
   // Whether the operands' alignment (align_) meets what the algorithm needs of each (the heuristic was told; AlgoCheck is not).
   bool aligned_for(const cublasLtMatmulAlgo_t& algo) const {
     static const cublasLtMatmulAlgoCapAttributes_t kCaps[4] = {
@@ -294,6 +308,9 @@ struct Plan {
   std::array<cudaDataType_t, 4> types_{};  // A, B, C, D
   uint64_t workspace_bytes_ = 0;
   std::array<uint32_t, 4> align_{};
+  std::set<ConfigKey> seen_;  // the configurations in candidates or examined by extend
+  int examined_ = 0;          // how far extend's walk has gone
+  bool exhausted_ = false;    // it reached the end
 };
 
 // One runner's cuBLASLt handle (created on first use) and the plans of the problems it has run, by
@@ -326,7 +343,7 @@ class Plans {
       if (!make(*plan, handle_)) plan->count = plan->heuristic_count = 0;
     }
     if (plan->count == 0) return fail(cudaErrorNotSupported, err);
-    if (algo >= plan->heuristic_count) plan->extend(handle_);
+    if (algo >= plan->heuristic_count) plan->extend(handle_, algo);
     return plan;
   }
 
