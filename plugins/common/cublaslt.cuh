@@ -144,8 +144,9 @@ struct Plan {
   cublasLtMatmulDesc_t desc = nullptr;
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr, d = nullptr;
   std::vector<cublasLtMatmulHeuristicResult_t> candidates;
-  int count = 0;            // candidates.size()
   int heuristic_count = 0;  // the heuristic's, first in candidates
+
+  int count() const { return static_cast<int>(candidates.size()); }
 
   // Most variants a plan appends: the tuner times each one (a CUDA graph apiece), so the list stays a few hundred long.
   static constexpr int kMaxVariants = 240;
@@ -191,8 +192,8 @@ struct Plan {
       found = 0;
     if (pref) l.cublasLtMatmulPreferenceDestroy(pref);
     candidates.resize(found);
-    count = heuristic_count = found;
-    return count > 0;
+    heuristic_count = found;
+    return found > 0;
   }
 
   // Appends variants until candidate `upto` exists or none is left (kAllCandidates: every one, at most kMaxVariants): each heuristic
@@ -204,14 +205,14 @@ struct Plan {
   // plan), a tuned BERT-base's session setup took 7.2 s against 0.4 s untuned (bench/results/h200_quant.md, section 10). An
   // algorithm picks a kernel, never the math.
   void extend(cublasLtHandle_t handle, int upto) {
-    if (!kVariants || exhausted_ || heuristic_count == 0 || upto < count) return;
+    if (!kVariants || exhausted_ || heuristic_count == 0 || upto < count()) return;
     if (seen_.empty())
       for (const auto& candidate : candidates) seen_.insert(config_key(candidate.algo));
     const Library& l = library();
     int position = 0;  // in the walk's fixed sequence of configurations
     exhausted_ = walk_variants(handle, [&](const cublasLtMatmulAlgo_t& algo) {
-      if (count > upto || count - heuristic_count >= kMaxVariants) return false;  // long enough: stop the walk
-      if (position++ < examined_) return true;                                    // an earlier call examined it
+      if (count() > upto || count() - heuristic_count >= kMaxVariants) return false;  // long enough: stop the walk
+      if (position++ < examined_) return true;                                        // an earlier call examined it
       ++examined_;
       cublasLtMatmulHeuristicResult_t checked{};
       if (!seen_.insert(config_key(algo)).second ||
@@ -221,13 +222,12 @@ struct Plan {
       checked.algo = algo;
       checked.state = CUBLAS_STATUS_SUCCESS;
       candidates.push_back(checked);
-      ++count;
       return true;
     });
   }
 
   // The `algo`-th candidate (-1 or past the last: the heuristic's first).
-  const cublasLtMatmulHeuristicResult_t& candidate(int algo) const { return candidates[algo >= 0 && algo < count ? algo : 0]; }
+  const cublasLtMatmulHeuristicResult_t& candidate(int algo) const { return candidates[algo >= 0 && algo < count() ? algo : 0]; }
 
   // D = epilogue(op(A) op(B) + beta C) by the `algo`-th candidate; workspace: its workspaceSize bytes.
   cudaError_t matmul(cublasLtHandle_t handle, int algo, const void* a_data, const void* b_data, float beta, const void* c_data,
@@ -340,9 +340,12 @@ class Plans {
     if (plan == nullptr) {
       if (handle_ == nullptr && library().cublasLtCreate(&handle_) != CUBLAS_STATUS_SUCCESS) return fail(cudaErrorInitializationError, err);
       plan = &plans_[key];
-      if (!make(*plan, handle_)) plan->count = plan->heuristic_count = 0;
+      if (!make(*plan, handle_)) {
+        plan->candidates.clear();
+        plan->heuristic_count = 0;
+      }
     }
-    if (plan->count == 0) return fail(cudaErrorNotSupported, err);
+    if (plan->count() == 0) return fail(cudaErrorNotSupported, err);
     if (algo >= plan->heuristic_count) plan->extend(handle_, algo);
     return plan;
   }
@@ -364,7 +367,7 @@ class Plans {
   int candidates(PlanOf&& plan_of) {
     int count = 0;
     const cudaError_t err = with_plan(plan_of, [&](const PlanT& plan) {
-      count = plan.count;
+      count = plan.count();
       return cudaSuccess;
     });
     return err == cudaSuccess ? count : -static_cast<int>(err);
