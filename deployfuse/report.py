@@ -72,6 +72,6 @@ class ExportReport:
                 items += [tables.line(""), by_shapes[shapes]]
             for o in check["outputs"]:
                 tables.add(by_shapes[shapes], str(check.get("draw", 0) + 1), o["name"], f"{o['max_abs_error']:.3e}", f"{o['max_rel_error']:.3e}",
-                           f"{o['tolerance']:.1e}", tables.verdict("ok" if o["passed"] else "FAIL", o["passed"]),
+                           f"{o['tolerance']:.1e}", tables.verdict(("ok (all ~0)" if o.get("near_zero") else "ok") if o["passed"] else "FAIL", o["passed"]),
                            *([f"{o['same_precision_rel_error']:.3e}"] if same else []))
         return items

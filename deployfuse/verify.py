@@ -36,13 +36,20 @@ class OutputCheck:
     run in that precision (shown, not judged)."""
 
     stats: OutputStats
-    max_rel_error: float  # max |error| / max |reference|: the output's error at its own scale
+    max_rel_error: float  # max |error| / max(max |reference|, ABS_FLOOR): the output's error at its own scale
+    scale: float = 1.0  # max |finite reference|
     same_precision_abs_error: float | None = None
     same_precision_rel_error: float | None = None
 
     @property
     def passed(self) -> bool:
         return self.stats.passed
+
+    @property
+    def near_zero(self) -> bool:
+        """Every reference value is below ABS_FLOOR: the output passes on the floor alone, so its check proves little
+        (a model whose activations vanish, or example inputs that zero it)."""
+        return self.scale < ABS_FLOOR
 
     @property
     def tolerance(self) -> float:
@@ -52,7 +59,7 @@ class OutputCheck:
     def to_dict(self) -> dict[str, Any]:
         s = self.stats
         return {"name": s.name, "shape": list(s.shape), "max_abs_error": s.max_abs_error, "max_rel_error": self.max_rel_error, "tolerance": s.atol,
-                "rtol": s.rtol, "mismatched": s.mismatched, "passed": s.passed,
+                "rtol": s.rtol, "mismatched": s.mismatched, "passed": s.passed, "near_zero": self.near_zero,
                 "same_precision_abs_error": self.same_precision_abs_error, "same_precision_rel_error": self.same_precision_rel_error}
 
 
@@ -88,7 +95,7 @@ def compare_outputs(reference: Mapping[str, torch.Tensor], actual: Mapping[str, 
         ref, got = to_numpy(ref_t), np.asarray(actual[name])
         err, scale = _max_error(ref.astype(np.float64), got.astype(np.float64))
         stats = output_stats(name, ref, got, max(rtol * scale, ABS_FLOOR), rtol)
-        check = OutputCheck(stats, err / scale if scale else err)
+        check = OutputCheck(stats, err / max(scale, ABS_FLOOR), scale)
         if same_precision is not None:
             same_err, same_scale = _max_error(to_numpy(same_precision[name]).astype(np.float64), got.astype(np.float64))
             check.same_precision_abs_error = same_err

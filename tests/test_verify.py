@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from deployfuse.compare.accuracy import output_stats
-from deployfuse.verify import compare_outputs
+from deployfuse.verify import ABS_FLOOR, compare_outputs
 
 RTOL = 1e-4
 
@@ -34,3 +34,13 @@ def test_nan_where_the_reference_has_none_fails():
     actual[3] = np.nan
     (check,) = compare_outputs({"y": reference}, {"y": actual}, RTOL)
     assert not check.passed and check.max_rel_error == np.inf
+
+
+def test_an_output_that_vanishes_passes_on_the_floor_and_is_flagged():
+    reference = torch.randn(16, dtype=torch.float64) * 1e-40  # every value far below ABS_FLOOR, as a model whose activations vanish
+    actual = (reference * 1.3).numpy()  # 30 % off, yet within the floor
+    (check,) = compare_outputs({"y": reference}, {"y": actual}, RTOL)
+    assert check.passed and check.near_zero and check.to_dict()["near_zero"]
+    assert check.max_rel_error == check.stats.max_abs_error / ABS_FLOOR < 1e-30  # not 0.3: the error at the floor's scale
+    (normal,) = compare_outputs({"y": reference * 1e40}, {"y": actual * 1e40}, RTOL)
+    assert not normal.passed and not normal.near_zero

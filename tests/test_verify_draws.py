@@ -178,3 +178,17 @@ def test_fp16_report_shows_errors_against_fp32_and_fp16_pytorch(tmp_path):
     with torch.inference_mode():
         want = module(x.half().float()).numpy()
     assert np.abs(got - want).max() <= 1e-2 * np.abs(want).max()
+
+
+def test_an_output_that_vanishes_in_pytorch_is_named_in_the_verify_step(tmp_path):
+    """MobileViT built from its default config with random weights ends in values near 1e-40: such an output passes on the
+    absolute floor alone, and the step says so instead of printing a large relative error beside "ok"."""
+    module = torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.Tanh()).eval()
+    with torch.no_grad():
+        module[0].weight.mul_(1e-38)
+        module[0].bias.mul_(1e-38)
+    report = deployfuse.export(module, tmp_path / "x.onnx", example_inputs=(torch.randn(2, 8),), fuse=False).report
+    verify = next(s for s in report.steps if s.name == "verify")
+    (output,) = report.verify[0]["outputs"]
+    assert verify.status == "ok" and output["near_zero"] and output["name"] in verify.detail and "proves little" in verify.detail
+    assert output["max_rel_error"] < 1e-20
