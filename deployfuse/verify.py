@@ -37,7 +37,7 @@ class OutputCheck:
 
     stats: OutputStats
     max_rel_error: float  # max |error| / max(max |reference|, ABS_FLOOR): the output's error at its own scale
-    scale: float = 1.0  # max |finite reference|
+    scale: float  # max |finite reference|
     same_precision_abs_error: float | None = None
     same_precision_rel_error: float | None = None
 
