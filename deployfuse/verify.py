@@ -47,9 +47,9 @@ class OutputCheck:
 
     @property
     def near_zero(self) -> bool:
-        """Every reference value is below ABS_FLOOR: the output passes on the floor alone, so its check proves little
-        (a model whose activations vanish, or example inputs that zero it)."""
-        return self.scale < ABS_FLOOR
+        """It passed with every reference value below ABS_FLOOR: on the floor alone, so its check proves little (a model
+        whose activations vanish, or example inputs that zero it). A failed output never is (a shape mismatch has no scale)."""
+        return self.passed and self.scale < ABS_FLOOR
 
     @property
     def tolerance(self) -> float:

@@ -44,3 +44,5 @@ def test_an_output_that_vanishes_passes_on_the_floor_and_is_flagged():
     assert check.max_rel_error == check.stats.max_abs_error / ABS_FLOOR < 1e-30  # not 0.3: the error at the floor's scale
     (normal,) = compare_outputs({"y": reference * 1e40}, {"y": actual * 1e40}, RTOL)
     assert not normal.passed and not normal.near_zero
+    (reshaped,) = compare_outputs({"y": reference}, {"y": actual.reshape(4, 4)}, RTOL)  # no scale to speak of: failed, not "all ~0"
+    assert not reshaped.passed and not reshaped.near_zero

@@ -25,7 +25,7 @@ constexpr int64_t fp8_gemm_act_k_padded(int64_t k) { return (k + kFp8GemmActKMul
 struct Fp8GemmActProblem {
   int64_t m, n, k;
   Act act;
-  int algo;  // -1: the heuristic's first choice; k >= 0: the k-th candidate, the heuristic's first (the first when there are fewer)
+  int algo;  // -1: the heuristic's first choice; k >= 0: the k-th candidate (heuristic's, then variants; the first if fewer)
   // cuBLASLt's fast accumulation (CUBLASLT_MATMUL_DESC_FAST_ACCUM; torchao's float8 default): on Hopper the fp8 tensor-core
   // partial sums are not promoted to full fp32 as often, which rounds the accumulation more coarsely; false: full fp32.
   bool fast_accum = true;
