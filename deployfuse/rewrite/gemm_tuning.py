@@ -12,14 +12,14 @@ library's C ABI on torch tensors; the fastest setting is stored in the node's al
 `MARGIN` (else the node is left as it is: -1, the heuristic's choice, which also follows a different
 GPU). An algorithm picks a kernel, never the math (the ops' docstrings).
 
-An fp8 problem's candidates are the heuristic's (8 for these models on the H100), then up to 240 variants that
+A problem's candidates are the heuristic's (8 for these models on the H100), then up to 240 variants that
 the plugin's plan adds (plugins/common/cublaslt.cuh `Plan::extend`): each heuristic candidate with other
 cluster shapes and CTA swizzles, and every algorithm id with every tile and stages id cuBLASLt lists,
 where cublasLtMatmulAlgoCheck accepts them (19-101 candidates a problem). On the H100, at the batch-8 GEMMs of
 BERT-base, GPT-2 and ViT-B/16, the fastest candidate was a variant in 7 of 8 shapes, 2-12 % faster than the
 heuristic's choice (quantize pass included), and the tuned fp8 BERT-base's GPU time was 2.7-3.5 % below the untuned
 one's, against 1.4 % with the heuristic's candidates alone (bench/results/h200_quant.md, section 10). GemmAct's
-candidates stay the heuristic's until its variants are checked on a GPU.
+variants were checked on the H100 in section 11.
 
 A problem with one GEMM has every candidate timed. Fp8Mlp's two GEMMs run chained in one launch, so a
 setting is a pair; rather than the cross product of their candidates (up to 16 x 16 = 256 CUDA graphs

@@ -138,8 +138,7 @@ bool configure(cublasLtMatmulAlgo_t* algo, cublasLtMatmulAlgoConfigAttributes_t 
 // The candidates are the heuristic's (up to kHeuristic), then, once a caller asks for one past them (extend), the configurations
 // around them that the heuristic does not offer (variants): `algo` k names the same configuration wherever the GPU and cuBLASLt
 // are the same, as the heuristic's ranking does.
-// kVariants false: the heuristic's candidates only (GemmAct's, whose variants have not been checked on a GPU yet).
-template <int kHeuristic, bool kVariants = true>
+template <int kHeuristic>
 struct Plan {
   cublasLtMatmulDesc_t desc = nullptr;
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr, d = nullptr;
@@ -205,7 +204,7 @@ struct Plan {
   // plan), a tuned BERT-base's session setup took 7.2 s against 0.4 s untuned (bench/results/h200_quant.md, section 10). An
   // algorithm picks a kernel, never the math.
   void extend(cublasLtHandle_t handle, int upto) {
-    if (!kVariants || exhausted_ || heuristic_count == 0 || upto < count()) return;
+    if (exhausted_ || heuristic_count == 0 || upto < count()) return;
     if (seen_.empty())
       for (const auto& candidate : candidates) seen_.insert(config_key(candidate.algo));
     const Library& l = library();

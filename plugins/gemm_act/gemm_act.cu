@@ -13,7 +13,7 @@
 namespace deployfuse {
 namespace {
 
-using Plan = cublaslt::Plan<kGemmActCandidates, /*kVariants=*/false>;
+using Plan = cublaslt::Plan<kGemmActCandidates>;
 // dtype, m, n, k, epilogue, residual?, alignments of X, W, Bias, C, Y
 using PlanKey = std::tuple<int, int64_t, int64_t, int64_t, int, bool, uint32_t, uint32_t, uint32_t, uint32_t, uint32_t>;
 
@@ -61,7 +61,9 @@ class GemmActRunner {
 
   template <typename T>
   int candidates(const GemmActProblem& p, const T* x, const T* w, const T* bias, const T* residual, const T* y) {
-    return plans_.candidates([&](cudaError_t* err) { return plan(p, x, w, bias, residual, y, err); });
+    GemmActProblem all = p;
+    all.algo = cublaslt::kAllCandidates;
+    return plans_.candidates([&](cudaError_t* err) { return plan(all, x, w, bias, residual, y, err); });
   }
 
  private:
