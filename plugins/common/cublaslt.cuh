@@ -198,11 +198,11 @@ struct Plan {
   // Appends variants until candidate `upto` exists or none is left (kAllCandidates: every one, at most kMaxVariants): each heuristic
   // candidate with every cluster shape up to four CTAs and both CTA swizzles (the first 14 x heuristic_count configurations),
   // then each algorithm id cuBLASLt lists for these types with every tile and stages id it lists (cluster shape automatic, no
-  // split-K: the defaults); each configuration once, in that order, where cublasLtMatmulAlgoCheck accepts it within the workspace
-  // and the operands' alignment. A later call resumes where the last one stopped, so the list is the same however it is reached,
-  // and an artefact's stored index costs only the checks up to it: with every variant appended at its first run (~6000 checks a
-  // plan), a tuned BERT-base's session setup took 7.2 s against 0.4 s untuned (bench/results/h200_quant.md, section 10). An
-  // algorithm picks a kernel, never the math.
+  // split-K: the defaults; split-K variants with a workspace left the tuned BERT-base no faster: h200_quant.md section 12); each
+  // configuration once, in that order, where cublasLtMatmulAlgoCheck accepts it within the workspace and the operands' alignment. A later
+  // call resumes where the last one stopped, so the list is the same however it is reached, and an artefact's stored index costs only the
+  // checks up to it (a whole walk took 4.5-5.9 ms of host time a plan on the H100, section 12). An algorithm picks a kernel, never the
+  // math.
   void extend(cublasLtHandle_t handle, int upto) {
     if (exhausted_ || heuristic_count == 0 || upto < count()) return;
     if (seen_.empty())
