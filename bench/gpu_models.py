@@ -216,6 +216,36 @@ def median_ms(fn: Callable[[], object], warmup: int, runs: int) -> float:
     return statistics.median(times)
 
 
+def interleaved_medians(fns: dict[str, Callable[[], object]], rounds: int, calls: int, warmup: int,
+                        sync: Callable[[], None] | None = None) -> dict[str, float]:
+    """Median ms a call of each of `fns`, timed together: `warmup` calls each, then `rounds` rounds in which every fn makes
+    one untimed call (what switching from the last fn costs: caches, another runtime's threads still spinning) and `calls`
+    timed ones, round r beginning at the r-th fn (no fn always follows the same one); each call closed by `sync` (None:
+    torch.cuda.synchronize). Rows timed one after another drift apart: the same fp8 artefact took 0.589 ms a call, then 0.567
+    later in the lease (bench/results/h200_quant.md section 12); interleaved, every row sees the same machine."""
+    if sync is None:
+        import torch
+
+        sync = torch.cuda.synchronize
+    names = list(fns)
+    for name in names:
+        for _ in range(warmup):
+            fns[name]()
+    sync()
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[: r % len(names)]:
+            fn = fns[name]
+            fn()
+            sync()
+            for _ in range(calls):
+                start = time.perf_counter()
+                fn()
+                sync()
+                times[name].append((time.perf_counter() - start) * 1e3)
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
 def deployfuse_library(path: str | os.PathLike[str], library: str | os.PathLike[str] | None, cuda: bool = True) -> str | None:
     """The custom-op library to time deployfuse's artefact at `path` with, so its nodes (GemmAct)
     run on their native kernels as a user's session runs them.

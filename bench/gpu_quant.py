@@ -44,7 +44,9 @@ eager (TF32 off) on the same inputs, and with --gpu-time the CUPTI kernel-time s
 kernels per call, the time by kernel class (`by_class_ms`, bench/kernel_profile.py: GEMMs, fp8
 quantize passes, attention, norms, copies, the rest), every kernel's time and launches (`top`), and the idle time
 between kernels inside a call (`gap_ms`, each kernel's share in `top` as `gap_before_ms`).
-A failing variant records `error`. Rows merge into WORKDIR/h200_quant.json after every variant
+Once every variant of a model and batch is timed, all of them are timed again together, in interleaved rounds
+(`--interleave-rounds`, bench/gpu_models.py's `interleaved_medians`): `interleaved_ms`, the times to take ratios from, as
+the machine drifts by several % over a run. A failing variant records `error`. Rows merge into WORKDIR/h200_quant.json after every variant
 (a re-run skips the variants it has) and are copied to --out.
 
     pip install torchao                          # the fp8 alternative (not a deployfuse dependency)
@@ -68,7 +70,7 @@ from typing import TYPE_CHECKING
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from gpu_models import deployfuse_library, first_output, key, median_ms, ort_cuda, set_tf32, short_error  # noqa: E402
+from gpu_models import deployfuse_library, first_output, interleaved_medians, key, median_ms, ort_cuda, set_tf32, short_error  # noqa: E402
 
 from deployfuse.backends.ort import native_library  # noqa: E402
 
@@ -233,6 +235,7 @@ def bench_row(model_name: str, batch: int, device: Device, workdir: Path, result
     folder = workdir / key(model_name, "fp8", batch)
     folder.mkdir(parents=True, exist_ok=True)
     args = device.args
+    timed: dict[str, tuple[dict, Callable[[], object]]] = {}  # variant -> its row and callable, for the interleaved rounds
 
     def record(variant: str, dtype: str, settings: str, make: Callable[[], Callable[[], object]], fields: dict[str, object] | None = None) -> None:
         row: dict[str, object] = {"model": model_name, "dtype": dtype, "batch": batch, "variant": variant, "settings": settings, **(fields or {})}
@@ -245,6 +248,8 @@ def bench_row(model_name: str, batch: int, device: Device, workdir: Path, result
             with torch.inference_mode():
                 row["max_abs_err"] = float((first_output(fn()).float().cpu() - reference).abs().max())
                 row["median_ms"] = round(device.time(fn), 4)
+                if args.interleave_rounds:
+                    timed[variant] = (row, fn)
                 if device.cuda and args.gpu_time:
                     import kernel_profile
 
@@ -290,6 +295,17 @@ def bench_row(model_name: str, batch: int, device: Device, workdir: Path, result
     gc.collect()
     if "fp8" not in args.skip:
         _fp8_rows(model_name, batch, build, inputs32, workdir, folder, device, library, record)
+    if len(timed) > 1:
+        calls = max(5, args.runs // args.interleave_rounds)  # a round's first calls after a switch are the noisy ones
+        with torch.inference_mode():
+            medians = interleaved_medians({v: fn for v, (_, fn) in timed.items()}, args.interleave_rounds, calls, args.warmup,
+                                          None if device.cuda else lambda: None)
+        for variant, (row, _) in timed.items():
+            row["interleaved_ms"] = round(medians[variant], 4)
+            results.add(row)
+        print(f"{model_name} batch {batch}: interleaved ({args.interleave_rounds} rounds of {calls} calls), ms and x alone: "
+              + ", ".join(f"{v} {medians[v]:.4f} ({medians[v] / row['median_ms']:.2f})" for v, (row, _) in timed.items()), flush=True)
+    timed.clear()
     if device.cuda:
         torch.cuda.empty_cache()
 
@@ -481,6 +497,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--compile-modes", default="default,reduce-overhead", help="torch.compile modes for PyTorch fp16 and torchao")
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--runs", type=int, default=50)
+    parser.add_argument("--interleave-rounds", type=int, default=10,
+                        help="time every variant of a model and batch again together, in this many interleaved rounds of RUNS/N calls, at least 5 (0: not)")
     parser.add_argument("--torchao-granularities", default=",".join(TORCHAO_GRANULARITIES),
                         help="torchao float8 scale granularities to time (each a torch.compile of about a minute)")
     parser.add_argument("--gpu-time", action="store_true", help="also record the CUPTI kernel-time sum, kernel count and time by class (bench/kernel_profile.py)")
@@ -506,6 +524,8 @@ def main(argv: list[str] | None = None) -> None:
         parser.exit(2, f"gpu_quant.py: --torchao-granularities takes {', '.join(TORCHAO_GRANULARITIES)}\n")
     if args.skip - set(SKIPPABLE):
         parser.exit(2, f"gpu_quant.py: --skip takes {', '.join(SKIPPABLE)}, not {', '.join(sorted(args.skip - set(SKIPPABLE)))}\n")
+    if args.interleave_rounds < 0:
+        parser.exit(2, "gpu_quant.py: --interleave-rounds takes 0 (not) or more\n")
     if args.dry_run:
         args.runs, batches, args.fp8_export_batch = 3, [2], min(args.fp8_export_batch, 2)
     workdir = Path(args.workdir)

@@ -18,18 +18,22 @@ from pathlib import Path
 FP8_ROWS = ("deployfuse-fp8+cudagraph", "deployfuse-fp8-tuned+cudagraph")
 
 
-def _ms(row: dict) -> float | None:
-    value = row.get("median_ms")
-    return value if isinstance(value, (int, float)) and not row.get("error") else None
+TIMES = ("median_ms", "interleaved_ms")
+"""Each row's time as timed alone, and (runs since 2026-12-07) as timed again with every variant of its model and batch in
+interleaved rounds, which takes the machine's drift over a run out of the ratios."""
 
 
-def fp16_rows(rows: list[dict], ours: bool) -> list[dict]:
-    """The timed fp16 rows: deployfuse's own (`ours`) or the alternatives'."""
-    return [r for r in rows if r.get("dtype") == "fp16" and _ms(r) is not None and r["variant"].startswith("deployfuse") == ours]
+def table(rows: list[dict], time: str = "median_ms") -> str:
+    """Markdown: per model and batch, the best alternative, deployfuse's best fp16, each fp8 row with both ratios, torchao;
+    `time` one of TIMES."""
 
+    def _ms(row: dict | None) -> float | None:
+        value = row.get(time) if row else None
+        return value if isinstance(value, (int, float)) and not row.get("error") else None
 
-def table(rows: list[dict]) -> str:
-    """Markdown: per model and batch, the best alternative, deployfuse's best fp16, each fp8 row with both ratios, torchao."""
+    def fp16_rows(here: list[dict], ours: bool) -> list[dict]:  # deployfuse's own (`ours`) or the alternatives'
+        return [r for r in here if r.get("dtype") == "fp16" and _ms(r) is not None and r["variant"].startswith("deployfuse") == ours]
+
     lines = ["| model | batch | best fp16 alternative | deployfuse fp16 | fp8 +graph (x alt, x own fp16) | fp8 tuned (x alt, x own fp16) | torchao fp8 |",
              "| --- | --- | --- | --- | --- | --- | --- |"]
     for model, batch in dict.fromkeys((r["model"], r["batch"]) for r in rows):
@@ -75,6 +79,9 @@ def main(argv: list[str] | None = None) -> None:
     except (OSError, ValueError) as exc:
         parser.exit(2, f"quant_table.py: cannot read {args.results}: {exc}\n")
     print(table(rows))
+    if any("interleaved_ms" in r for r in rows):
+        print("\nTimed again together, in interleaved rounds (interleaved_ms):\n")
+        print(table(rows, "interleaved_ms"))
     for spec in args.kernels:
         model, batch, variant = spec.split(":", 2)
         print()

@@ -74,3 +74,16 @@ def test_kernels_lists_the_gap_column_only_where_the_run_recorded_it():
     assert "0.02 ms idle" in with_gaps and with_gaps.splitlines()[-1].endswith("0.0200 |")
     older = [{k: v for k, v in top[0].items() if k != "gap_before_ms"}]
     assert "gap" not in kernels([_row("vit", 64, "v", 1.0, gpu_ms=0.5, kernels_per_call=12, top=older)], "vit", 64, "v")
+
+
+def test_the_interleaved_table_takes_the_interleaved_times():
+    rng = random.Random()
+    alone = {"onnxscript-fp16+cudagraph": 0.8, "eager": 5.0, "deployfuse-fp16+cudagraph": 0.75, "deployfuse-fp8-tuned+cudagraph": 0.57}
+    together = {v: ms * rng.uniform(0.9, 1.1) for v, ms in alone.items()}
+    rows = [_row("bert", 8, v, ms, dtype="fp8" if "fp8" in v else "fp16", interleaved_ms=together[v]) for v, ms in alone.items()]
+    rows.append(_row("bert", 8, "compile-reduce-overhead", 0.1))  # timed alone only (an older run's row): not in the interleaved table
+    line = table(rows, "interleaved_ms").splitlines()[2].split(" | ")
+    alt, own, fp8 = together["onnxscript-fp16+cudagraph"], together["deployfuse-fp16+cudagraph"], together["deployfuse-fp8-tuned+cudagraph"]
+    assert line[2] == f"{alt:.3f} (onnxscript-fp16+cudagraph)"
+    assert line[5] == f"{fp8:.3f} ({fp8 / alt:.2f}, {fp8 / own:.2f})"
+    assert table(rows).splitlines()[2].split(" | ")[2] == "0.100 (compile-reduce-overhead)"
