@@ -26,6 +26,8 @@ interleaved rounds, which takes the machine's drift over a run out of the ratios
 def table(rows: list[dict], time: str = "median_ms") -> str:
     """Markdown: per model and batch, the best alternative, deployfuse's best fp16, each fp8 row with both ratios, torchao;
     `time` one of TIMES."""
+    if time not in TIMES:
+        raise ValueError(f"time is one of {TIMES}, not {time!r}")
 
     def _ms(row: dict | None) -> float | None:
         value = row.get(time) if row else None
