@@ -98,6 +98,9 @@ CHECKS = [
     ((64, 197), 768, 2304, "none", False),
 ]
 SMALL = 1 << 22  # --small: the checks of at most this many multiply-adds
+# Without a bias (Bias empty: the epilogue adds none, as the output projections and FC2 of an fp8 export run), fast accumulation:
+# N padded (the bias copy skipped), BERT-base's output projection, an activation without a bias
+NO_BIAS_CHECKS = [((3, 5), 48, 19, "gelu_tanh", False), ((8, 128), 768, 768, "none", False), ((2, 64), 768, 3072, "relu", False)]
 
 # Fp8Mlp: (leading dims of X, K, N1, N2, FC1's activation). Odd M; K not a multiple of 16 (X's padded float8 rows, W1's padded
 # copy); N2 not a multiple of 8 (FC2's padded Y); BERT-base's MLP.
@@ -120,12 +123,22 @@ BENCH = [(f"{tokens} {gemm}", m, k, n) for tokens, m in (("b8 bert/gpt2", 1024),
          for gemm, (k, n) in (("qkv|o", (768, 768)), ("fc1", (768, 3072)), ("fc2", (3072, 768)), ("gpt2 c_attn", (768, 2304)))]
 
 
+def with_bias(y: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """y + bias in y's dtype, or y for an empty bias (none)."""
+    return y + bias.to(y.dtype) if bias.numel() else y
+
+
+def pointer(t: torch.Tensor) -> int | None:
+    """t's device address, or None (NULL: none) for an empty bias, as the ORT adapters pass an empty Bias."""
+    return t.data_ptr() if t.numel() else None
+
+
 class Problem:
     """One Fp8GemmAct call: inputs as the spec's example_inputs makes them (XScale = 0.8·amax(X)/448, so the largest
     |X| saturate; W quantized from a random weight), an output, the scratch, and the float64 reference."""
 
     def __init__(self, lead: tuple[int, ...], k: int, n: int, act: str, dtype: torch.dtype, device: str, misalign: bool = False,
-                 fast_accum: int = 0) -> None:
+                 fast_accum: int = 0, bias: bool = True) -> None:
         self.lead, self.m, self.n, self.k, self.act, self.dtype = lead, math.prod(lead), n, k, act, dtype
         self.fast_accum = fast_accum
         x = torch.randn(*lead, k, device=device).to(dtype)
@@ -136,13 +149,14 @@ class Problem:
         self.x_scale = (x.float().abs().max() * (0.8 / E4M3_MAX)).reshape(())
         self.w_scale = (weight.abs().max() / E4M3_MAX).reshape(())
         self.w = to_element_type(weight / self.w_scale, "float8e4m3fn")
-        self.bias = torch.randn(n, device=device).to(dtype)
+        self.bias = torch.randn(n if bias else 0, device=device).to(dtype)  # empty: none (the op's Bias [0])
         self.y = torch.empty(*lead, n, device=device, dtype=dtype)
 
     def reference(self) -> torch.Tensor:
         xs, ws = self.x_scale.double(), self.w_scale.double()
         x_dq = quantize_e4m3(self.x, self.x_scale).double() * xs
-        return apply_activation(x_dq @ (self.w.double() * ws).T + self.bias.double(), self.act)
+        return apply_activation(with_bias(x_dq @ (self.w.double() * ws).T, self.bias), self.act)
+
 
     def error(self, run: Any, algo: int = -1) -> tuple[int, float, int]:
         """(return code, relative L2 error, NaN count) of one launch into a NaN-poisoned output."""
@@ -207,21 +221,23 @@ class MlpProblem:
     """One Fp8Mlp call: inputs as the spec's example_inputs makes them (XScale and HScale at 0.8·amax / 448, so the largest
     |X| and hidden values saturate), an output, and the float64 reference of the same quantization."""
 
-    def __init__(self, lead: tuple[int, ...], k: int, n1: int, n2: int, act: str, dtype: torch.dtype, device: str, fast_accum: int = 0) -> None:
+    def __init__(self, lead: tuple[int, ...], k: int, n1: int, n2: int, act: str, dtype: torch.dtype, device: str, fast_accum: int = 0,
+                 empty: str = "") -> None:
         self.lead, self.m, self.k, self.n1, self.n2, self.act, self.dtype, self.fast_accum = lead, math.prod(lead), k, n1, n2, act, dtype, fast_accum
 
         def rand(*shape: int, scale: float = 1.0, shift: float = 0.0) -> Any:  # torch tensors for the spec's RandFn
             return (torch.randn(*shape, device=device) * scale + shift).to(dtype)
 
-        self.inputs: list[torch.Tensor] = fp8_mlp.example_inputs((*lead, k, n1, n2), rand, {})  # X, XScale, W1, W1Scale, B1, HScale, W2, ...
+        # X, XScale, W1, W1Scale, B1, HScale, W2, ...; `empty` ("no_b1", "no_b2", both): those biases given empty (none)
+        self.inputs: list[torch.Tensor] = fp8_mlp.example_inputs((*lead, k, n1, n2), rand, {"mask": empty})
         self.y = torch.empty(*lead, n2, device=device, dtype=dtype)
 
     def reference(self) -> torch.Tensor:
         x, xs, w1, w1s, b1, hs, w2, w2s, b2 = self.inputs
         x_dq = quantize_e4m3(x, xs).double() * xs.double()
-        hidden = apply_activation(x_dq @ (w1.double() * w1s.double()).T + b1.double(), self.act)
+        hidden = apply_activation(with_bias(x_dq @ (w1.double() * w1s.double()).T, b1), self.act)
         h_dq = quantize_e4m3(hidden, hs).double() * hs.double()  # from the float64 sum rounded to fp32, as the GEMM's fp32 result
-        return h_dq @ (w2.double() * w2s.double()).T + b2.double()
+        return with_bias(h_dq @ (w2.double() * w2s.double()).T, b2)
 
     def error(self, run: Any, algos: tuple[int, int] = (-1, -1)) -> tuple[int, float, int]:
         """(return code, relative L2 error, NaN count) of one launch with FC1's and FC2's candidates `algos` into a NaN-poisoned output."""
@@ -253,7 +269,7 @@ class CApi:
         s = self._scratch(p)
         x = p.x if x is None else x
         return self.lib.df_fp8_gemm_act(DT[p.dtype], torch.cuda.current_stream().cuda_stream, x.data_ptr(), p.x_scale.data_ptr(), p.w.data_ptr(),
-                                        p.w_scale.data_ptr(), p.bias.data_ptr(), p.y.data_ptr(), p.m, p.n, p.k, ACT_CODES[p.act], algo,
+                                        p.w_scale.data_ptr(), pointer(p.bias), p.y.data_ptr(), p.m, p.n, p.k, ACT_CODES[p.act], algo,
                                         p.fast_accum | options, s.data_ptr(), s.numel())
 
     def run_mlp(self, p: MlpProblem, algos: tuple[int, int] = (-1, -1), x: torch.Tensor | None = None, options: int = 0,
@@ -263,21 +279,21 @@ class CApi:
         s = self._scratch(p)
         x = p.inputs[0] if x is None else x
         inverse = None if h_scale_inverse is None else h_scale_inverse.data_ptr()
-        return self.lib.df_fp8_mlp(DT[p.dtype], torch.cuda.current_stream().cuda_stream, x.data_ptr(), *(t.data_ptr() for t in p.inputs[1:]),
+        return self.lib.df_fp8_mlp(DT[p.dtype], torch.cuda.current_stream().cuda_stream, x.data_ptr(), *(pointer(t) for t in p.inputs[1:]),
                                    p.y.data_ptr(), p.m, p.k, p.n1, p.n2, ACT_CODES[p.act], *algos, p.fast_accum | options, s.data_ptr(), s.numel(),
                                    inverse)
 
     def mlp_candidates(self, p: MlpProblem) -> tuple[int, int]:
         """FC1's and FC2's candidate counts (df_fp8_mlp_candidates); raises on an error code."""
         counts = (ctypes.c_int(), ctypes.c_int())
-        rc = self.lib.df_fp8_mlp_candidates(DT[p.dtype], *(t.data_ptr() for t in p.inputs[1:]), p.y.data_ptr(), p.m, p.k, p.n1, p.n2, ACT_CODES[p.act],
+        rc = self.lib.df_fp8_mlp_candidates(DT[p.dtype], *(pointer(t) for t in p.inputs[1:]), p.y.data_ptr(), p.m, p.k, p.n1, p.n2, ACT_CODES[p.act],
                                             p.fast_accum, *(ctypes.byref(c) for c in counts))
         if rc != 0:
             raise RuntimeError(f"df_fp8_mlp_candidates: CUDA error {rc}")
         return counts[0].value, counts[1].value
 
     def candidates(self, p: Problem) -> int:
-        return self.lib.df_fp8_gemm_act_candidates(DT[p.dtype], p.x_scale.data_ptr(), p.w.data_ptr(), p.w_scale.data_ptr(), p.bias.data_ptr(),
+        return self.lib.df_fp8_gemm_act_candidates(DT[p.dtype], p.x_scale.data_ptr(), p.w.data_ptr(), p.w_scale.data_ptr(), pointer(p.bias),
                                                    p.y.data_ptr(), p.m, p.n, p.k, ACT_CODES[p.act], p.fast_accum)
 
     def quantize(self, p: Problem, q: torch.Tensor) -> int:
@@ -294,7 +310,7 @@ def one_node_model(p: Problem) -> onnx.ModelProto:
              numpy_helper.from_array(np.asarray(p.w_scale.cpu().numpy(), np.float32), "WScale"),
              numpy_helper.from_array(p.bias.float().cpu().numpy(), "Bias")]
     if p.dtype != torch.float32:  # Bias in T
-        inits[3] = helper.make_tensor("Bias", ONNX_TYPE[p.dtype], [p.n], p.bias.cpu().view(torch.int16).numpy().tobytes(), raw=True)
+        inits[3] = helper.make_tensor("Bias", ONNX_TYPE[p.dtype], [p.bias.numel()], p.bias.cpu().view(torch.int16).numpy().tobytes(), raw=True)
     node = helper.make_node(OP, ["X", "XScale", "W", "WScale", "Bias"], ["Y"], domain=DOMAIN, activation=p.act, fast_accum=p.fast_accum)
     graph = helper.make_graph([node], "fp8", [helper.make_tensor_value_info("X", ONNX_TYPE[p.dtype], [p.m, p.k])],
                               [helper.make_tensor_value_info("Y", ONNX_TYPE[p.dtype], [p.m, p.n])], initializer=inits)
@@ -368,6 +384,13 @@ def check_mlp(run: Any, device: str, small: bool, dtypes: tuple[torch.dtype, ...
               f"rel_l2={err:.2e} nan={nan}")
     for dtype, worst in worst_fast.items():
         print(f"     Fp8Mlp {str(dtype)[6:]:8} fast_accum=1: largest rel_l2 {worst:.2e} (tolerance {TOL_MLP_FAST[dtype]:.1e})")
+    no_bias = [((3, 5), 32, 32, 19, "relu", "no_b1,no_b2"), ((8, 128), 768, 3072, 768, "gelu_tanh", "no_b2")]  # FC2's bias in the norm after it
+    for dtype, (lead, k, n1, n2, act, empty) in itertools.product(dtypes, [c for c in no_bias if not small or math.prod(c[0]) * c[1] * c[2] <= SMALL]):
+        rc, err, nan = MlpProblem(lead, k, n1, n2, act, dtype, device, 1, empty).error(run)
+        good = rc == 0 and nan == 0 and err <= TOL_MLP_FAST[dtype]
+        ok &= good
+        print(f"{'ok  ' if good else 'FAIL'} Fp8Mlp {str(dtype)[6:]:8} X{list(lead) + [k]} N1={n1} N2={n2} {act:9} {empty} fast_accum=1 rc={rc} "
+              f"rel_l2={err:.2e} nan={nan}")
     return ok
 
 
@@ -407,6 +430,11 @@ def check(run: Any, device: str, small: bool, dtypes: tuple[torch.dtype, ...]) -
         print(f"{'ok  ' if good else 'FAIL'} {name} misaligned={int(misalign)} fast_accum={fast_accum} rc={rc} rel_l2={err:.2e} nan={nan}")
     for dtype, worst in worst_fast.items():
         print(f"     {str(dtype)[6:]:8} fast_accum=1: largest rel_l2 {worst:.2e} (tolerance {TOL_FAST[dtype]:.1e}; full accumulation {TOL[dtype]:.1e})")
+    for dtype, (lead, k, n, act, misalign) in itertools.product(dtypes, [c for c in NO_BIAS_CHECKS if not small or math.prod(c[0]) * c[1] * c[2] <= SMALL]):
+        rc, err, nan = Problem(lead, k, n, act, dtype, device, misalign, 1, bias=False).error(run)
+        good = rc == 0 and nan == 0 and err <= TOL_FAST[dtype]
+        ok &= good
+        print(f"{'ok  ' if good else 'FAIL'} {str(dtype)[6:]:8} X{list(lead) + [k]} N={n} {act:9} no bias, fast_accum=1 rc={rc} rel_l2={err:.2e} nan={nan}")
     for dtype in dtypes:
         same, what = exact_match(exact_problem(dtype, device), run)
         ok &= same
@@ -615,28 +643,31 @@ def check_ort(library: str) -> bool:
     """Through ONNX Runtime's CUDA EP with the library (fp16; a bf16 X has no numpy type to bind), plain and with ORT's
     CUDA graph: the output against the reference."""
     ok = True
-    for (lead, k, n, act), graph in itertools.product((((8, 128), 768, 3072, "gelu_tanh"), ((37,), 64, 24, "relu")), ("0", "1")):
-        p = Problem(lead, k, n, act, torch.float16, "cuda")
+    cases = (((8, 128), 768, 3072, "gelu_tanh", True), ((37,), 64, 24, "relu", True), ((8, 128), 768, 768, "none", False))  # last: no bias
+    for (lead, k, n, act, bias), graph in itertools.product(cases, ("0", "1")):
+        p = Problem(lead, k, n, act, torch.float16, "cuda", bias=bias)
         y = ort_cuda_output(library, one_node_model(p), p.x.reshape(p.m, p.k), p.n, graph)
         ref = p.reference().reshape(p.m, p.n)
         err = rel_l2(y.double(), ref)
         good = not torch.isnan(y).any() and err <= TOL[torch.float16]
         ok &= good
-        print(f"{'ok  ' if good else 'FAIL'} ORT CUDA EP{' + CUDA graph' if graph == '1' else ''}, fp16 X{list(lead) + [k]} N={n} {act}: rel_l2={err:.2e}")
+        print(f"{'ok  ' if good else 'FAIL'} ORT CUDA EP{' + CUDA graph' if graph == '1' else ''}, fp16 X{list(lead) + [k]} N={n} {act}"
+              f"{'' if bias else ' (Bias empty)'}: rel_l2={err:.2e}")
     return ok
 
 
 def check_ort_mlp(library: str) -> bool:
     """Fp8Mlp through ONNX Runtime's CUDA EP with the library (fp16), plain and with ORT's CUDA graph, against the reference."""
     ok = True
-    for (lead, k, n1, n2, act), graph in itertools.product((((8, 128), 768, 3072, 768, "gelu_tanh"), ((37,), 64, 48, 24, "relu")), ("0", "1")):
-        p = MlpProblem(lead, k, n1, n2, act, torch.float16, "cuda")
+    cases = (((8, 128), 768, 3072, 768, "gelu_tanh", ""), ((37,), 64, 48, 24, "relu", ""), ((8, 128), 768, 3072, 768, "gelu_tanh", "no_b2"))
+    for (lead, k, n1, n2, act, empty), graph in itertools.product(cases, ("0", "1")):
+        p = MlpProblem(lead, k, n1, n2, act, torch.float16, "cuda", empty=empty)
         y = ort_cuda_output(library, mlp_node_model(p, torch.float16), p.inputs[0].reshape(p.m, p.k), p.n2, graph)
         ref = p.reference().reshape(p.m, p.n2)
         err = rel_l2(y.double(), ref)
         good = not torch.isnan(y).any() and err <= TOL_MLP[torch.float16]
         ok &= good
-        print(f"{'ok  ' if good else 'FAIL'} ORT CUDA EP{' + CUDA graph' if graph == '1' else ''}, Fp8Mlp fp16 X{list(lead) + [k]} N1={n1} N2={n2} {act}: "
+        print(f"{'ok  ' if good else 'FAIL'} ORT CUDA EP{' + CUDA graph' if graph == '1' else ''}, Fp8Mlp fp16 X{list(lead) + [k]} N1={n1} N2={n2} {act} {empty}: "
               f"rel_l2={err:.2e}")
     return ok & check_ort_mlp_constant_h_scale(library)
 

@@ -392,7 +392,9 @@ def _fp8_rows(model_name: str, batch: int, build: Callable, inputs32: dict, work
 
     record("deployfuse-fp8-tuned" + ("+cudagraph" if device.cuda else ""), "fp8",
            f"deployfuse export --target ort-cuda --precision fp8, {tuning}: {holds}; {runs_on}" + (", CUDA graph" if device.cuda else ""), make_tuned, fields)
-    for ablation, (undo, what) in ABLATIONS.items() if "ablations" not in args.skip else ():  # one fusion undone: what it gives
+    for ablation, (undo, what) in ABLATIONS.items() if "ablations" not in args.skip else ():  # one change undone: what it gives
+        if ablation not in args.ablations:
+            continue
         def make_ablated(undo=undo, ablation=ablation):
             if artefact is None:
                 raise RuntimeError(holds)
@@ -456,11 +458,31 @@ def _attention_out_unfused(model):
     return out
 
 
+def zero_biases(model):
+    """Each empty bias of an Fp8GemmAct (Bias) or Fp8Mlp (B1, B2) back to N zeros, as the fp8 artefacts were before an empty
+    bias meant none: cuBLASLt then runs its bias epilogue on zeros."""
+    import numpy as np
+    from onnx import helper, numpy_helper
+
+    inits = {t.name: t for t in model.graph.initializer}
+    biases = {"Fp8GemmAct": ((4, 2),), "Fp8Mlp": ((4, 2), (8, 6))}  # (bias input, the weight input whose rows are N)
+    for node in model.graph.node:
+        for bias, weight in biases.get(node.op_type, ()) if node.domain == "deployfuse" else ():
+            empty = inits.get(node.input[bias])
+            if empty is not None and not any(empty.dims[:1]) and node.input[weight] in inits:
+                zeros = np.zeros(inits[node.input[weight]].dims[0], helper.tensor_dtype_to_np_dtype(empty.data_type))
+                name = f"{node.input[bias]}_{node.name}_zeros"
+                model.graph.initializer.append(numpy_helper.from_array(zeros, name))
+                node.input[bias] = name
+    return model
+
+
 ABLATIONS = {"split-mha": (split_mha, "packed_mha undone: Split + com.microsoft.MultiHeadAttention"),
              "norm-unfused": (_norm_unfused, "fp8_norm undone: the GEMMs quantize each SkipLayerNormFp8's Y themselves"),
-             "attn-out-unfused": (_attention_out_unfused, "fp8_attention_out undone: the output projections quantize FusedMHA's Y themselves")}
-"""--fp8 rows of the artefact with one fusion of its own undone: what packed_mha, fp8_norm and fp8_attention_out each give, timed
-in the same run."""
+             "attn-out-unfused": (_attention_out_unfused, "fp8_attention_out undone: the output projections quantize FusedMHA's Y themselves"),
+             "zero-bias": (zero_biases, "each empty bias back to zeros: the GEMMs whose bias a norm took run cuBLASLt's bias epilogue")}
+"""--fp8 rows of the artefact with one change of its own undone: what packed_mha, fp8_norm, fp8_attention_out and the empty
+biases each give, timed in the same run (--ablations picks them)."""
 
 
 def tuned_copy(artefact: Path, inputs: dict, library: str | None, folder: Path) -> tuple[Path, str]:
@@ -509,6 +531,7 @@ def main(argv: list[str] | None = None) -> None:
                         help="export the fp8 artefact once per model at this batch, with a dynamic batch axis (calibration and gate at that batch: "
                         "BERT-base's gate at batch 64 runs many minutes on the host CPU); 0: a static export per row, at its batch")
     parser.add_argument("--skip", default="", help=f"comma-separated groups of variants not to run: {', '.join(SKIPPABLE)}")
+    parser.add_argument("--ablations", default=",".join(ABLATIONS), help=f"the fp8 artefact's ablations to time: {', '.join(ABLATIONS)} (--skip ablations: none)")
     parser.add_argument("--fp8-budget", default=FP8_BUDGET, help=f"the fp8 export's --accuracy-budget (default {FP8_BUDGET}; see above)")
     parser.add_argument("--ort-library", default=None, help="libdeployfuse_ort.so for the deployfuse artefacts' nodes (fp16 GemmAct, fp8 Fp8GemmAct; default: the built one)")
     parser.add_argument("--dry-run", action="store_true", help="tiny models on the CPU in fp32, 3 runs, no torch.compile: checks the script, times nothing real")
@@ -519,6 +542,9 @@ def main(argv: list[str] | None = None) -> None:
         parser.exit(2, f"gpu_quant.py: unknown model {', '.join(bad)} (models: {', '.join(MODELS)})\n")
     args.compile_modes = [] if args.dry_run else [m for m in args.compile_modes.split(",") if m]
     args.skip = {g for g in args.skip.split(",") if g}
+    args.ablations = [a for a in args.ablations.split(",") if a]
+    if set(args.ablations) - set(ABLATIONS):
+        parser.exit(2, f"gpu_quant.py: --ablations takes {', '.join(ABLATIONS)}\n")
     args.torchao_granularities = [g for g in args.torchao_granularities.split(",") if g]
     if set(args.torchao_granularities) - set(TORCHAO_GRANULARITIES):
         parser.exit(2, f"gpu_quant.py: --torchao-granularities takes {', '.join(TORCHAO_GRANULARITIES)}\n")

@@ -164,8 +164,8 @@ DF_EXPORT int df_gemm_act_candidates(int dtype, const void* x, const void* w, co
 
 // Fp8GemmAct (an ONNX Runtime op only: no TensorRT plugin, so not behind df_run) on the process's
 // runner, as bench/fp8_gemm_gpu.py checks and times it. x_scale, w_scale: device pointers to one
-// float32 each; w: float8e4m3fn [n, k]; options: bit 0 the fast_accum attribute (1 fast, 0 full fp32 accumulation), bit 1
-// (kOptionFp8X) X given in float8e4m3fn [m, k], already q(X, x_scale) (SkipLayerNormFp8's YQ; k a multiple of 16, else
+// float32 each; w: float8e4m3fn [n, k]; bias [n] in dtype or NULL (none); options: bit 0 the fast_accum attribute (1 fast, 0 full fp32
+// accumulation), bit 1 (kOptionFp8X) X given in float8e4m3fn [m, k], already q(X, x_scale) (SkipLayerNormFp8's YQ; k a multiple of 16, else
 // cudaErrorNotSupported); scratch: scratch_bytes of 256-byte aligned device memory (at least df_fp8_gemm_act_scratch_bytes: X's
 // float8 copy, the padded copies of W, Bias and Y where needed; a cuBLASLt workspace only under DEPLOYFUSE_FP8_GEMM_WORKSPACE=1).
 namespace {
@@ -243,7 +243,7 @@ DF_EXPORT int df_fp8_gemm_act_candidates(int dtype, const void* x_scale, const v
 
 // Fp8Mlp (ONNX Runtime only, as Fp8GemmAct) on the process's Fp8GemmAct runner, as bench/fp8_gemm_gpu.py checks and times it:
 // x [m, k] and y [m, n2] in dtype, the scales device pointers to one float32 each, w1 float8e4m3fn [n1, k], w2 [n2, n1], b1 [n1]
-// and b2 [n2] in dtype; act: FC1's activation; scratch: scratch_bytes of 256-byte aligned device memory (at least
+// and b2 [n2] in dtype, each or NULL (none); act: FC1's activation; scratch: scratch_bytes of 256-byte aligned device memory (at least
 // df_fp8_mlp_scratch_bytes); algo1, algo2: FC1's and FC2's candidate (-1: the heuristic's choice; df_fp8_mlp_candidates counts
 // them); options as df_fp8_gemm_act's (fast accumulation, X given in float8 [m, k]); h_scale_inverse: a device float32 holding
 // 1 / *h_scale (what the ORT adapter keeps for a constant HScale), or NULL: the launch computes it (with X given in float8, one more

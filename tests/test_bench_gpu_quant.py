@@ -53,6 +53,9 @@ def test_each_ablation_undoes_its_fusion_and_keeps_the_outputs(tmp_path):
     assert ops.count("FusedMHA") == config.num_hidden_layers and "Split" not in ops, ops  # what split-mha undoes
     assert any(n.op_type == "SkipLayerNormFp8" and n.output[1] for n in artefact.graph.node), "what norm-unfused undoes"
     assert any(n.op_type == "FusedMHA" and len(n.output) > 1 and n.output[1] for n in artefact.graph.node), "what attn-out-unfused undoes"
+    dims = {t.name: list(t.dims) for t in artefact.graph.initializer}
+    empty = [i for n in artefact.graph.node if n.op_type in ("Fp8GemmAct", "Fp8Mlp") for i in n.input if dims.get(i) == [0]]
+    assert len(empty) >= 2 * config.num_hidden_layers, "what zero-bias undoes: at least each layer's output projection and FC2 without a bias"
     ids = torch.randint(0, config.vocab_size, (2, 16))
     mask = torch.ones_like(ids)
     mask[1, 9:] = 0  # a padded row: the attention bias reaches both forms
@@ -73,6 +76,10 @@ def test_each_ablation_undoes_its_fusion_and_keeps_the_outputs(tmp_path):
             assert ops.count("MultiHeadAttention") == ops.count("Split") == config.num_hidden_layers and "FusedMHA" not in ops, ops
         elif name == "attn-out-unfused":
             assert all(len(n.output) == 1 for n in ablated.graph.node if n.op_type == "FusedMHA"), "no FusedMHA writes YQ any more"
+        elif name == "zero-bias":
+            sizes = {t.name: list(t.dims) for t in ablated.graph.initializer}
+            gemms = [n for n in ablated.graph.node if n.op_type in ("Fp8GemmAct", "Fp8Mlp")]
+            assert not [i for n in gemms for i in n.input if sizes.get(i) == [0]], "no empty bias left"
         else:
             assert all(n.output[1] == "" for n in ablated.graph.node if n.op_type == "SkipLayerNormFp8"), "no norm writes YQ any more"
         np.testing.assert_allclose(run(ablated), expected, atol=2e-2 * float(np.abs(expected).max()), err_msg=name)

@@ -60,7 +60,7 @@ def revertible(model: onnx.ModelProto) -> list[str]:
 def to_float_gemm(model: onnx.ModelProto, names: Iterable[str]) -> onnx.ModelProto:
     """A copy of `model` in which each Fp8GemmAct node of `names` (output names, from `revertible`) is the equivalent GemmAct
     in the graph's float type T (Bias's): W = float(Wq) * WScale in float32, transposed to GemmAct's [K, N], rounded to T; Bias
-    and the activation carried over; XScale no longer read. Y = act(X W + Bias) computed from X itself, so the node is the fp8
+    and the activation carried over (an empty Bias as zeros); XScale no longer read. Y = act(X W + Bias) computed from X itself, so the node is the fp8
     one less X's rounding to float8. Initializers no node reads any more are dropped; every other node stays as it is.
     The function bodies are not attached (`ops.attach_functions`). ValueError for a name that is not revertible."""
     wanted = set(names)
@@ -79,6 +79,10 @@ def to_float_gemm(model: onnx.ModelProto, names: Iterable[str]) -> onnx.ModelPro
         weight = dequantized.T.astype(helper.tensor_dtype_to_np_dtype(inits[bias].data_type))
         name = fresh_name(f"{w}_{gemm_act.SPEC.name}", taken)
         out.graph.initializer.append(numpy_helper.from_array(weight, name))
+        if not numpy_helper.to_array(inits[bias]).size:  # none (empty): GemmAct takes its bias always, zeros here
+            zeros = np.zeros(weight.shape[1], weight.dtype)
+            bias = fresh_name(f"{bias}_zeros", taken)
+            out.graph.initializer.append(numpy_helper.from_array(zeros, bias))
         attrs = fp8_gemm_act.SPEC.node_attrs(node)
         replacement = helper.make_node(FLOAT_OP, [x, name, bias], list(node.output), name=node.name, domain=DOMAIN, activation=attrs["activation"])
         node.CopyFrom(replacement)

@@ -151,6 +151,8 @@ class Fp8GemmProblem(_Gemm):
     fast_accum: int
     x_fp8: int = 0
     """1: X comes already in float8e4m3fn (a SkipLayerNormFp8's YQ): no quantize pass, as the ORT adapter then runs it."""
+    bias: int = 1
+    """0: the node's Bias is empty (none): cuBLASLt's epilogue adds none, another plan with its own candidates."""
 
     op_type: ClassVar[str] = "Fp8GemmAct"
     weight_inputs: ClassVar[tuple[int, ...]] = (2,)
@@ -176,16 +178,20 @@ class Fp8GemmProblem(_Gemm):
         x, x_scale, w, w_scale, bias = _cuda_example(SPEC, (self.m, self.k, self.n))
         x, bias = _x_operand(x, x_scale, dtype, self.x_fp8), bias.to(dtype)
         y = torch.empty(self.m, self.n, device="cuda", dtype=dtype)
+
+        def bias_ptr() -> int | None:  # NULL: none, as the ORT adapter passes an empty Bias; the closure keeps bias alive
+            return bias.data_ptr() if self.bias else None
+
         scratch_bytes = lib.df_fp8_gemm_act_scratch_bytes(code, self.m, self.n, self.k)
         scratch = torch.empty(scratch_bytes, dtype=torch.uint8, device="cuda")
         fast = self.fast_accum | (FP8_X_OPTION if self.x_fp8 else 0)
 
         def launch(setting: Setting) -> None:
             _checked("df_fp8_gemm_act", lib.df_fp8_gemm_act(code, torch.cuda.current_stream().cuda_stream, x.data_ptr(), x_scale.data_ptr(), w.data_ptr(),
-                                                            w_scale.data_ptr(), bias.data_ptr(), y.data_ptr(), self.m, self.n, self.k, act, *setting, fast,
+                                                            w_scale.data_ptr(), bias_ptr(), y.data_ptr(), self.m, self.n, self.k, act, *setting, fast,
                                                             scratch.data_ptr(), scratch_bytes), self, setting)
 
-        count = lib.df_fp8_gemm_act_candidates(code, x_scale.data_ptr(), w.data_ptr(), w_scale.data_ptr(), bias.data_ptr(), y.data_ptr(),
+        count = lib.df_fp8_gemm_act_candidates(code, x_scale.data_ptr(), w.data_ptr(), w_scale.data_ptr(), bias_ptr(), y.data_ptr(),
                                                self.m, self.n, self.k, act, self.fast_accum)
         return (count,), launch
 
@@ -221,6 +227,9 @@ class Fp8MlpProblem:
     fast_accum: int
     x_fp8: int = 0
     """As Fp8GemmProblem's."""
+    b1: int = 1
+    b2: int = 1
+    """0: B1 / B2 empty (none), as Fp8GemmProblem's bias."""
 
     op_type: ClassVar[str] = "Fp8Mlp"
     weight_inputs: ClassVar[tuple[int, ...]] = (2, 6)
@@ -254,13 +263,17 @@ class Fp8MlpProblem:
         shape, fast = (self.m, self.k, self.n1, self.n2), self.fast_accum
         options = fast | (FP8_X_OPTION if self.x_fp8 else 0)
         h_inverse = 1 / inputs[5]  # 1/HScale given, as the ORT adapter keeps it for the constant HScale an export has
+        absent = {i for given, i in ((self.b1, 4), (self.b2, 8)) if not given}
 
-        def launch(setting: Setting) -> None:  # the closure keeps the tensors alive as long as the launch
-            _checked("df_fp8_mlp", lib.df_fp8_mlp(code, torch.cuda.current_stream().cuda_stream, *(t.data_ptr() for t in inputs), y.data_ptr(), *shape,
+        def ptrs() -> list[int | None]:  # NULL for a bias given empty, as the ORT adapter passes it; the closure keeps the tensors alive
+            return [None if i in absent else t.data_ptr() for i, t in enumerate(inputs)]
+
+        def launch(setting: Setting) -> None:
+            _checked("df_fp8_mlp", lib.df_fp8_mlp(code, torch.cuda.current_stream().cuda_stream, *ptrs(), y.data_ptr(), *shape,
                                                   act, *setting, options, scratch.data_ptr(), scratch_bytes, h_inverse.data_ptr()), self, setting)
 
         counts = (ctypes.c_int(), ctypes.c_int())
-        err = lib.df_fp8_mlp_candidates(code, *(t.data_ptr() for t in inputs[1:]), y.data_ptr(), *shape, act, fast, *(ctypes.byref(c) for c in counts))
+        err = lib.df_fp8_mlp_candidates(code, *ptrs()[1:], y.data_ptr(), *shape, act, fast, *(ctypes.byref(c) for c in counts))
         return ((-err, -err) if err else (counts[0].value, counts[1].value)), launch
 
 
@@ -316,6 +329,11 @@ def gemm_problems(model: onnx.ModelProto, feed: Mapping[str, np.ndarray]) -> dic
         problem = kind.of(node, list(x.shape), x_elem, [weights[node.input[i]] for i in kind.weight_inputs])
         if isinstance(problem, Fp8GemmProblem | Fp8MlpProblem) and x_fp8:
             problem = dataclasses.replace(problem, x_fp8=1) if problem.k % 16 == 0 else None  # the CUDA GEMM reads X's rows as they are
+        given = [not (name in weights and math.prod(weights[name][0]) == 0) for name in node.input]  # an empty bias: none
+        if isinstance(problem, Fp8GemmProblem):
+            problem = dataclasses.replace(problem, bias=int(given[4]))
+        elif isinstance(problem, Fp8MlpProblem):
+            problem = dataclasses.replace(problem, b1=int(given[4]), b2=int(given[8]))
         if problem is not None:
             out[node.output[0]] = problem
     return out

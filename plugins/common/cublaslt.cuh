@@ -83,12 +83,14 @@ inline uint32_t alignment(const void* p) {  // the largest power of two up to 25
   return align;
 }
 
-// The bias epilogue computing the activation; false for one cuBLASLt has none for (the ops' specs allow none of those).
-inline bool bias_epilogue(Act act, cublasLtEpilogue_t* out) {
+// The epilogue computing the activation, after adding a bias vector or none (bias false: the fp8 GEMMs whose bias a norm took; a bias
+// epilogue costs cuBLASLt's fp8 kernels 9-27 % on an H100 even for zeros: bench/results/lt_variants_h100.log); false for an
+// activation cuBLASLt has none for (the ops' specs allow none of those).
+inline bool epilogue(Act act, bool bias, cublasLtEpilogue_t* out) {
   switch (act) {
-    case Act::kNone: *out = CUBLASLT_EPILOGUE_BIAS; return true;
-    case Act::kRelu: *out = CUBLASLT_EPILOGUE_RELU_BIAS; return true;
-    case Act::kGeluTanh: *out = CUBLASLT_EPILOGUE_GELU_BIAS; return true;
+    case Act::kNone: *out = bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT; return true;
+    case Act::kRelu: *out = bias ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_RELU; return true;
+    case Act::kGeluTanh: *out = bias ? CUBLASLT_EPILOGUE_GELU_BIAS : CUBLASLT_EPILOGUE_GELU; return true;
     default: return false;
   }
 }

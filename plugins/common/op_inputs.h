@@ -34,6 +34,11 @@ struct Tensor {
   const T* as() const {
     return static_cast<const T*>(data);
   }
+  // The data, or null for a tensor of no elements (the fp8 GEMMs' Bias given empty: none added).
+  template <typename T>
+  const T* as_or_null() const {
+    return elements() == 0 ? nullptr : as<T>();
+  }
 };
 
 // The inputs of a call in the spec's order: absent optional inputs at the end left out, one before a

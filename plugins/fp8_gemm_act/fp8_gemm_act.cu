@@ -127,7 +127,7 @@ class Fp8GemmActRunner {
   const Plan* plan(const Fp8GemmActProblem& p, const void* x, const float* x_scale, const uint8_t* w, const float* w_scale, const T* bias,
                    const void* y, const float* d_scale, cudaError_t* err) {
     cublasLtEpilogue_t epi;
-    if (p.k <= 0 || !cublaslt::bias_epilogue(p.act, &epi) || (p.d_fp8 && d_scale == nullptr)) {
+    if (p.k <= 0 || !cublaslt::epilogue(p.act, bias != nullptr, &epi) || (p.d_fp8 && d_scale == nullptr)) {
       *err = cudaErrorInvalidValue;
       return nullptr;
     }
@@ -139,7 +139,7 @@ class Fp8GemmActRunner {
     const uint32_t d_align = at.d ? kScratchAlign : cublaslt::alignment(y);
     const uint32_t aligns[4] = {at.wq ? kScratchAlign : cublaslt::alignment(w), p.x_fp8 ? cublaslt::alignment(x) : kScratchAlign, d_align,
                                 d_align};
-    const uint32_t bias_align = at.bias ? kScratchAlign : cublaslt::alignment(bias);
+    const uint32_t bias_align = at.bias || bias == nullptr ? kScratchAlign : cublaslt::alignment(bias);
     const cudaDataType_t type = cublaslt::data_type<T>();
     const int8_t fast_accum = p.fast_accum ? 1 : 0;
     const PlanKey key{static_cast<int>(type),
@@ -163,8 +163,8 @@ class Fp8GemmActRunner {
                              {p.d_fp8 ? CUDA_R_8F_E4M3 : type, at.np, p.m, at.np}, p.d_fp8 ? &c_layout : nullptr) &&
                  cublaslt::set(plan.desc, CUBLASLT_MATMUL_DESC_TRANSA, CUBLAS_OP_T) &&
                  cublaslt::set(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, epi) &&
-                 cublaslt::set(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, bias_type) &&
-                 cublaslt::set(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias) &&
+                 (bias == nullptr || (cublaslt::set(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, bias_type) &&
+                                      cublaslt::set(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias))) &&
                  cublaslt::set(plan.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, w_scale) &&
                  cublaslt::set(plan.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, x_scale) &&
                  (!p.d_fp8 || cublaslt::set(plan.desc, CUBLASLT_MATMUL_DESC_D_SCALE_POINTER, d_scale)) &&
@@ -192,11 +192,12 @@ class Fp8GemmActRunner {
         if (at.np > p.n) DF_RETURN_IF_ERROR(cudaMemsetAsync(wq + p.n * at.kp, 0, (at.np - p.n) * at.kp, stream));
       }
       const size_t row = static_cast<size_t>(p.n) * sizeof(T), padded_row = static_cast<size_t>(at.np) * sizeof(T);
-      if (at.bias) {  // the epilogue reads np bias values: the given n, zeros past them
+      if (at.bias && bias != nullptr) {  // the epilogue reads np bias values: the given n, zeros past them
         DF_RETURN_IF_ERROR(cudaMemcpyAsync(bias_copy, bias, row, cudaMemcpyDeviceToDevice, stream));
         DF_RETURN_IF_ERROR(cudaMemsetAsync(bias_copy + row, 0, padded_row - row, stream));
       }
-      if (!cublaslt::set(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, at.bias ? reinterpret_cast<const T*>(bias_copy) : bias) ||
+      if ((bias != nullptr &&
+           !cublaslt::set(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, at.bias ? reinterpret_cast<const T*>(bias_copy) : bias)) ||
           !cublaslt::set(plan.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, w_scale) ||  // this call's pointers
           !cublaslt::set(plan.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, x_scale) ||
           (p.d_fp8 && !cublaslt::set(plan.desc, CUBLASLT_MATMUL_DESC_D_SCALE_POINTER, d_scale)))

@@ -58,7 +58,8 @@ class Fp8GemmActRunner;
 std::shared_ptr<Fp8GemmActRunner> make_fp8_gemm_act_runner();
 
 // x: T [m, k], or float8e4m3fn [m, fp8_gemm_act_k_padded(k)] when p.x_fp8 (already q(X, x_scale): SkipLayerNormFp8's YQ).
-// x_scale, w_scale: device pointers to one float each. cudaErrorSharedObjectInitFailed when cuBLASLt
+// x_scale, w_scale: device pointers to one float each. bias: T [n], or nullptr for none (an epilogue without a bias, which cuBLASLt's
+// fp8 kernels run faster than one adding zeros). cudaErrorSharedObjectInitFailed when cuBLASLt
 // is missing (gemm_act_unavailable says why), cudaErrorInvalidValue for K = 0, an activation no
 // epilogue computes or a scratch not 256-byte aligned, cudaErrorNotSupported when cuBLASLt has no fp8 algorithm for the
 // problem (fp32, a GPU before sm_89, misaligned pointers), cudaErrorMemoryAllocation when scratch

@@ -31,7 +31,7 @@ struct Fp8GemmActAttrs {
     if (x.rank < 1 || w.rank != 2 || w.dims[1] != x.dims[x.rank - 1]) throw std::invalid_argument("X must be [..., K] and W [N, K]");
     if (in[1].elements() != 1 || in[3].elements() != 1) throw std::invalid_argument("XScale and WScale must be scalars (one element)");
     const Sizes s{x.size(0, x.rank - 1), w.dims[0], w.dims[1]};
-    if (in[4].elements() != s.n) throw std::invalid_argument("Bias must have W's N elements");
+    if (in[4].elements() != s.n && in[4].elements() != 0) throw std::invalid_argument("Bias must have W's N elements, or none (no bias)");
     return s;
   }
 };
@@ -43,7 +43,7 @@ uint8_t e4m3_from_float(float v);
 float e4m3_to_float(uint8_t v);
 
 // y[m, n] = act(dq(q(x, x_scale)) @ dq(w, w_scale)^T + bias) with q(x, s) = e4m3(x / s), dq(v, s) = v * s
-// in fp32; w: float8e4m3fn [n, k].
+// in fp32; w: float8e4m3fn [n, k]; bias null: none.
 void fp8_gemm_act_cpu(const float* x, float x_scale, const uint8_t* w, float w_scale, const float* bias, float* y, int64_t m, int64_t n,
                       int64_t k, Act act);
 

@@ -60,7 +60,7 @@ struct Fp8GemmAct : Fp8GemmActAttrs {
     if (!on_cuda) {
       const std::vector<float> xd = x_fp8 ? dequantized(in[0], in[1].as<float>()[0]) : std::vector<float>();
       fp8_gemm_act_cpu(x_fp8 ? xd.data() : in[0].as<float>(), in[1].as<float>()[0], in[2].as<uint8_t>(), in[3].as<float>()[0],
-                       in[4].as<float>(), y.GetTensorMutableData<float>(), s.m, s.n, s.k, act);
+                       in[4].as_or_null<float>(), y.GetTensorMutableData<float>(), s.m, s.n, s.k, act);
       return;
     }
 #ifdef DEPLOYFUSE_WITH_CUDA
@@ -69,9 +69,10 @@ struct Fp8GemmAct : Fp8GemmActAttrs {
       using T = std::remove_pointer_t<decltype(tag)>;
       Fp8GemmActProblem p{s.m, s.n, s.k, act, algo, fast_accum};
       p.x_fp8 = x_fp8;
-      return fp8_gemm_refusal(Spec::kName, launch_fp8_gemm_act<T>(*runner, static_cast<cudaStream_t>(c.stream), p, in[0].data,
-                                                                  in[1].as<float>(), in[2].as<uint8_t>(), in[3].as<float>(), in[4].as<T>(),
-                                                                  static_cast<T*>(y.GetTensorMutableRawData()), scratch));
+      return fp8_gemm_refusal(
+          Spec::kName,
+          launch_fp8_gemm_act<T>(*runner, static_cast<cudaStream_t>(c.stream), p, in[0].data, in[1].as<float>(), in[2].as<uint8_t>(),
+                                 in[3].as<float>(), in[4].as_or_null<T>(), static_cast<T*>(y.GetTensorMutableRawData()), scratch));
     });
 #endif
   }

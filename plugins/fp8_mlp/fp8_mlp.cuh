@@ -30,7 +30,8 @@ struct Fp8MlpProblem {
 // (padded copies; no cuBLASLt workspace unless DEPLOYFUSE_FP8_GEMM_WORKSPACE=1: fp8_gemm_act.cu); each part rounded up to 256 bytes.
 size_t fp8_mlp_scratch_bytes(const Fp8MlpProblem& p, size_t elem_bytes);
 
-// x: T [m, k], or float8e4m3fn [m, k] when p.x_fp8. Scales: device pointers to one float each; w1 float8e4m3fn [n1, k], w2 [n2, n1].
+// x: T [m, k], or float8e4m3fn [m, k] when p.x_fp8. Scales: device pointers to one float each; w1 float8e4m3fn [n1, k], w2 [n2, n1];
+// b1, b2: T [n1], [n2], or nullptr for none (as launch_fp8_gemm_act's bias).
 // h_scale_inverse: a device float holding 1 / *h_scale (FC1's D scale; Fp8MlpHScaleInverse's), or nullptr: the launch writes it into
 // the scratch (with X given in float8, one more kernel). The runner is one kernel instance's (its plans: FC1's and FC2's).
 // cudaErrorNotSupported for n1 (or, with p.x_fp8, k) not a multiple of 16, else launch_fp8_gemm_act's errors.

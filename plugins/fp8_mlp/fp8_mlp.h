@@ -36,15 +36,15 @@ struct Fp8MlpAttrs {
     for (int scale : {1, 3, 5, 7})
       if (in[scale].elements() != 1) throw std::invalid_argument("XScale, W1Scale, HScale and W2Scale must be scalars (one element)");
     const Sizes s{x.size(0, x.rank - 1), w1.dims[1], w1.dims[0], w2.dims[0]};
-    if (in[4].elements() != s.n1) throw std::invalid_argument("B1 must have W1's N1 elements");
-    if (in[8].elements() != s.n2) throw std::invalid_argument("B2 must have W2's N2 elements");
+    if (in[4].elements() != s.n1 && in[4].elements() != 0) throw std::invalid_argument("B1 must have W1's N1 elements, or none (no bias)");
+    if (in[8].elements() != s.n2 && in[8].elements() != 0) throw std::invalid_argument("B2 must have W2's N2 elements, or none (no bias)");
     return s;
   }
 };
 
 // y[m, n2] = dq(h, h_scale) @ dq(w2, w2_scale)^T + b2 with h = q(act(dq(q(x, x_scale)) @ dq(w1, w1_scale)^T + b1), h_scale), in
 // fp32: h is quantized from FC1's fp32 result (never rounded to T), as the CUDA epilogue writes it. w1: float8e4m3fn [n1, k],
-// w2: [n2, n1].
+// w2: [n2, n1]; b1, b2 null: none.
 void fp8_mlp_cpu(const float* x, float x_scale, const uint8_t* w1, float w1_scale, const float* b1, float h_scale, const uint8_t* w2,
                  float w2_scale, const float* b2, float* y, const Fp8MlpAttrs::Sizes& s, Act act);
 

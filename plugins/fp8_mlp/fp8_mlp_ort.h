@@ -38,9 +38,9 @@ struct Fp8Mlp : Fp8MlpAttrs {
     const bool x_fp8 = fp8_x(c);
     if (!on_cuda) {
       const std::vector<float> xd = x_fp8 ? dequantized(in[0], in[1].as<float>()[0]) : std::vector<float>();
-      fp8_mlp_cpu(x_fp8 ? xd.data() : in[0].as<float>(), in[1].as<float>()[0], in[2].as<uint8_t>(), in[3].as<float>()[0], in[4].as<float>(),
-                  in[5].as<float>()[0], in[6].as<uint8_t>(), in[7].as<float>()[0], in[8].as<float>(), y.GetTensorMutableData<float>(), s,
-                  act);
+      fp8_mlp_cpu(x_fp8 ? xd.data() : in[0].as<float>(), in[1].as<float>()[0], in[2].as<uint8_t>(), in[3].as<float>()[0],
+                  in[4].as_or_null<float>(), in[5].as<float>()[0], in[6].as<uint8_t>(), in[7].as<float>()[0], in[8].as_or_null<float>(),
+                  y.GetTensorMutableData<float>(), s, act);
       return;
     }
 #ifdef DEPLOYFUSE_WITH_CUDA
@@ -58,8 +58,8 @@ struct Fp8Mlp : Fp8MlpAttrs {
           Spec::kName,
           launch_fp8_mlp<T>(*runner, static_cast<cudaStream_t>(c.stream),
                             Fp8MlpProblem{s.m, s.k, s.n1, s.n2, act, fast_accum, algo1, algo2, x_fp8}, in[0].data, in[1].as<float>(),
-                            in[2].as<uint8_t>(), in[3].as<float>(), in[4].as<T>(), in[5].as<float>(), in[6].as<uint8_t>(),
-                            in[7].as<float>(), in[8].as<T>(), static_cast<T*>(y.GetTensorMutableRawData()), scratch, h_inverse));
+                            in[2].as<uint8_t>(), in[3].as<float>(), in[4].as_or_null<T>(), in[5].as<float>(), in[6].as<uint8_t>(),
+                            in[7].as<float>(), in[8].as_or_null<T>(), static_cast<T*>(y.GetTensorMutableRawData()), scratch, h_inverse));
     });
 #endif
   }

@@ -25,7 +25,7 @@ class GemmActRunner {
   template <typename T>
   const Plan* plan(const GemmActProblem& p, const T* x, const T* w, const T* bias, const T* residual, const T* y, cudaError_t* err) {
     cublasLtEpilogue_t epi;
-    if (!cublaslt::bias_epilogue(p.act, &epi)) {
+    if (!cublaslt::epilogue(p.act, true, &epi)) {
       *err = cudaErrorInvalidValue;
       return nullptr;
     }

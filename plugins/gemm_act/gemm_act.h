@@ -38,7 +38,7 @@ struct GemmActAttrs {
   }
 };
 
-// y[m, n] = act(x[m, k] @ w[k, n] + bias[n] (+ residual[m, n])); residual may be null.
+// y[m, n] = act(x[m, k] @ w[k, n] + bias[n] (+ residual[m, n])); bias and residual may be null (none added).
 void gemm_act_cpu(const float* x, const float* w, const float* bias, const float* residual, float* y, int64_t m, int64_t n, int64_t k,
                   Act act);
 

@@ -4,7 +4,8 @@ k_seq) and non-default numeric attributes; GPU_CASES add the shapes that reach e
 path (sizes at and past the kernels' thresholds, misaligned storage), checked only on a GPU.
 
 Attributes outside the op's spec describe the inputs: "mask" (FusedMHA: True = a [batch, 1, 1,
-k_seq] mask; on the GPU also a string naming the kept dims of [b, h, q, k]), "outputs" (FusedMHA's
+k_seq] mask; on the GPU also a string naming the kept dims of [b, h, q, k]; Fp8GemmAct's "no_bias", Fp8Mlp's "no_b1" / "no_b2": that
+bias given empty), "outputs" (FusedMHA's
 YQ_CASES: the outputs the node writes; YQ among them = a YScale input), and on the GPU
 "misalign" (storage one element off 16-byte alignment), "mask_inf" and "mask_layout" (see
 bench/ops_gpu.py, mha_mask)."""
@@ -37,9 +38,12 @@ CASES: list[tuple[str, tuple[int, ...], dict[str, Any]]] = [
     *[("Fp8GemmAct", (3, 5, 37, 19), {"activation": a}) for a in ("none", "relu", "gelu_tanh")],
     ("Fp8GemmAct", (1, 45, 23), {"activation": "gelu_tanh", "algo": 1}), ("Fp8GemmAct", (7, 16, 1), {"activation": "relu"}),
     ("Fp8GemmAct", (2, 9, 48, 19), {"activation": "relu", "fast_accum": 0}),  # full fp32 accumulation: the same math
+    # an empty Bias ("no_bias"): none added (the GEMMs whose bias a norm took)
+    ("Fp8GemmAct", (3, 5, 37, 19), {"activation": "gelu_tanh", "mask": "no_bias"}), ("Fp8GemmAct", (2, 9, 48, 16), {"mask": "no_bias"}),
     # Fp8Mlp (shape = X's dims + N1 + N2): every activation, odd K and N2, N1 a multiple of 16 (CUDA's need) and not, one row
     *[("Fp8Mlp", (3, 5, 37, 48, 19), {"activation": a}) for a in ("none", "relu", "gelu_tanh")],
     ("Fp8Mlp", (1, 24, 20, 7), {"activation": "gelu_tanh", "fast_accum": 0}),
+    ("Fp8Mlp", (3, 5, 37, 48, 19), {"activation": "gelu_tanh", "mask": "no_b2"}), ("Fp8Mlp", (2, 32, 48, 16), {"activation": "relu", "mask": "no_b1,no_b2"}),
     # SkipLayerNormFp8: with Skip ("mask") and without, an odd hidden size, one row; Ids into a table (the outputs' shape = Ids' +
     # [H]), alone and with a Skip broadcast over the rows
     ("SkipLayerNormFp8", (3, 5, 37), {"mask": "skip"}), ("SkipLayerNormFp8", (1, 1, 48), {"epsilon": 1e-3}),

@@ -83,10 +83,12 @@ def test_fp8_export_with_autotune_succeeds_and_says_whether_it_tuned(fp8_tuned):
 
 
 def test_each_fp8_gemm_problem_is_the_shape_the_node_runs_at(fp8_tuned):
-    """M, N, K against the X and Y shapes ONNX Runtime computes for each node, and against the BERT's own sizes."""
+    """M, N, K against the X and Y shapes ONNX Runtime computes for each node, and against the BERT's own sizes; the problem
+    has a bias where the node's Bias has values (QKV's), none where it is empty (the output projections': the norm took it)."""
     artefact, _, model, feed = fp8_tuned
     nodes = [n for n in artefact.graph.node if n.op_type == "Fp8GemmAct"]
     problems = gemm_problems(artefact, feed)
+    dims = {t.name: list(t.dims) for t in artefact.graph.initializer}
     assert {name for name, p in problems.items() if isinstance(p, Fp8GemmProblem)} == {n.output[0] for n in nodes}
     shapes = _shapes(artefact, [name for n in nodes for name in (n.input[0], n.output[0])], feed)
     hidden, tokens = model.config.hidden_size, BATCH * SEQ
@@ -98,14 +100,17 @@ def test_each_fp8_gemm_problem_is_the_shape_the_node_runs_at(fp8_tuned):
         assert (p.m, p.k, p.n) == (math.prod(x[:-1]), x[-1], y[-1]) and p.m == math.prod(y[:-1]), node.name
         assert (p.m, p.k, p.n) in sizes, (node.name, p)
         assert (p.dtype, p.fast_accum) == (onnx.TensorProto.FLOAT16, 1)
+        assert p.bias == int(math.prod(dims[node.input[4]]) > 0) and (p.bias or (p.k, p.n) == (hidden, hidden)), node.name
         assert p.activation == (helper.get_attribute_value(next(a for a in node.attribute if a.name == "activation")).decode()
                                 if any(a.name == "activation" for a in node.attribute) else "none")
     assert {(p.m, p.k, p.n) for p in problems.values() if isinstance(p, Fp8GemmProblem)} >= {(tokens, hidden, 3 * hidden)}  # split_qkv: one GEMM
+    assert {p.bias for p in problems.values() if isinstance(p, Fp8GemmProblem)} == {0, 1}
 
 
 def test_each_fp8_mlp_problem_is_the_shape_the_node_runs_at(fp8_tuned):
     """Each layer's Fp8Mlp: M, K from X's shape and N2 from Y's as ONNX Runtime computes them, N1 = W1's rows = W2's columns,
-    and all four the BERT's own sizes; FC1's activation and the accumulation as the node's attributes say."""
+    and all four the BERT's own sizes; FC1's activation and the accumulation as the node's attributes say; FC1 with its bias,
+    FC2 without (the norm after it took it: B2 empty)."""
     artefact, _, model, feed = fp8_tuned
     nodes = [n for n in artefact.graph.node if n.op_type == "Fp8Mlp"]
     assert len(nodes) == model.config.num_hidden_layers
@@ -120,6 +125,7 @@ def test_each_fp8_mlp_problem_is_the_shape_the_node_runs_at(fp8_tuned):
         assert [p.n1, p.k] == dims[node.input[2]] and [p.n2, p.n1] == dims[node.input[6]], node.name
         assert (p.m, p.k, p.n1, p.n2) == (BATCH * SEQ, model.config.hidden_size, model.config.intermediate_size, model.config.hidden_size)
         assert (p.dtype, p.fast_accum, p.activation) == (onnx.TensorProto.FLOAT16, _attr(node, "fast_accum", 1), _attr(node, "activation", "none"))
+        assert (p.b1, p.b2) == (1, 0) and (dims[node.input[4]], dims[node.input[8]]) == ([p.n1], [0]), node.name
 
 
 def test_algo_is_written_only_where_a_choice_was_made_and_never_changes_the_outputs(fp8_tuned):

@@ -9,7 +9,8 @@ FC2 (none), with FC1's output quantized straight from float32 instead of rounded
 and quantized again by FC2's own pass: on CUDA FC1's GEMM writes H in float8 (cuBLASLt's D scale
 1/HScale), so the [tokens, N1] hidden activation crosses memory once, in one byte an element.
 
-X [..., K] (in T, or already q(X, XScale) in float8e4m3fn as Fp8GemmAct's X may be), B1 [N1], B2 [N2] in T; XScale, W1Scale, HScale, W2Scale float32 scalars; W1 [N1, K] and
+X [..., K] (in T, or already q(X, XScale) in float8e4m3fn as Fp8GemmAct's X may be), B1 [N1], B2 [N2] in T (either [0] for
+none, as Fp8GemmAct's Bias: BERT's and ViT's B2 sits in the SkipLayerNormFp8 after it); XScale, W1Scale, HScale, W2Scale float32 scalars; W1 [N1, K] and
 W2 [N2, N1] float8e4m3fn (the weights transposed, as Fp8GemmAct's W); Y [..., N2] in T. algo1 and algo2
 pick FC1's and FC2's cuBLASLt candidate as Fp8GemmAct's algo does (each GEMM has its own heuristic ranking;
 `--autotune` sets them), never the math.
@@ -50,12 +51,17 @@ def body(b: Body, variant: dict[str, Any]) -> str:
 
 def example_inputs(shape: Sequence[int], rand: RandFn, attrs: dict[str, Any]) -> list[Any]:
     """shape = (*X's shape, N1, N2): FC1's inputs as Fp8GemmAct's example makes them, HScale = 0.8·amax of
-    FC1's pre-activation result / 448 (so the largest hidden values saturate), FC2's weight and bias."""
+    FC1's pre-activation result / 448 (so the largest hidden values saturate), FC2's weight and bias; B1 and B2 [0] (none)
+    where attrs["mask"] (the cases' flag) names "no_b1" and "no_b2"."""
     *lead, k, n1, n2 = shape
-    x, x_scale, w1, w1_scale, b1 = fp8_gemm_act.example_inputs((*lead, k, n1), rand, attrs)
-    hidden = to_element_type(x, "float") @ (to_element_type(w1, "float") * w1_scale).T + to_element_type(b1, "float")
+    empty = str(attrs.get("mask") or "").split(",")
+    fc1 = {"mask": "no_bias"} if "no_b1" in empty else {}
+    x, x_scale, w1, w1_scale, b1 = fp8_gemm_act.example_inputs((*lead, k, n1), rand, fc1)
+    hidden = to_element_type(x, "float") @ (to_element_type(w1, "float") * w1_scale).T
+    if "no_b1" not in empty:
+        hidden = hidden + to_element_type(b1, "float")
     h_scale = to_element_type(abs(hidden).max() * (0.8 / E4M3_MAX), "float")
-    _, _, w2, w2_scale, b2 = fp8_gemm_act.example_inputs((n1, n2), rand, attrs)
+    _, _, w2, w2_scale, b2 = fp8_gemm_act.example_inputs((n1, n2), rand, {"mask": "no_bias"} if "no_b2" in empty else {})
     return [x, x_scale, w1, w1_scale, b1, h_scale, w2, w2_scale, b2]
 
 
@@ -67,7 +73,7 @@ SPEC = OpSpec(
     attrs={"activation": fp8_gemm_act.SPEC.attrs["activation"], "algo1": fp8_gemm_act.SPEC.attrs["algo"], "algo2": fp8_gemm_act.SPEC.attrs["algo"],
            "fast_accum": fp8_gemm_act.SPEC.attrs["fast_accum"]},
     doc="H = q(act(dq(q(X, XScale)) @ dq(W1, W1Scale)^T + B1), HScale) (float8e4m3fn), Y = dq(H, HScale) @ dq(W2, W2Scale)^T + B2, "
-    "q and dq as Fp8GemmAct's; X [..., K], B1 [N1] and B2 [N2] in T, XScale, W1Scale, HScale and W2Scale float32 scalars, "
+    "q and dq as Fp8GemmAct's; X [..., K], B1 [N1] and B2 [N2] in T (either [0]: none), XScale, W1Scale, HScale and W2Scale float32 scalars, "
     "W1 [N1, K] and W2 [N2, N1] float8e4m3fn; computed in float32 (H quantized from float32, never rounded to T), Y [..., N2] "
     "in T. algo1, algo2: FC1's and FC2's cuBLASLt candidate as Fp8GemmAct's algo (-1 = the heuristic's first choice, k >= 0 = the "
     "k-th candidate, never a change of the math). fast_accum as Fp8GemmAct's, for both GEMMs. On CUDA N1 must be a multiple of 16 (H's rows in float8). Needs opset 19.",
