@@ -157,7 +157,6 @@ class Problem:
         x_dq = quantize_e4m3(self.x, self.x_scale).double() * xs
         return apply_activation(with_bias(x_dq @ (self.w.double() * ws).T, self.bias), self.act)
 
-
     def error(self, run: Any, algo: int = -1) -> tuple[int, float, int]:
         """(return code, relative L2 error, NaN count) of one launch into a NaN-poisoned output."""
         return poisoned_error(self.y, lambda: run(self, algo), self.reference)

@@ -41,6 +41,13 @@ ExampleFn = Callable[[Sequence[int], RandFn, dict[str, Any]], "list[np.ndarray |
 """Example inputs: (main shape, rand, attributes) -> one array (or None) per spec input."""
 
 
+def case_flags(attrs: dict[str, Any]) -> set[str]:
+    """The input flags an op case's attrs["mask"] names, comma-separated (SkipLayerNormFp8's "skip,ids", Fp8GemmAct's
+    "no_bias"); none for a missing or boolean one (FusedMHA's True: a mask)."""
+    mask = attrs.get("mask")
+    return set(mask.split(",")) if isinstance(mask, str) and mask else set()
+
+
 E4M3_MAX = 448.0
 """The largest finite float8e4m3fn value; conversions saturate to ±E4M3_MAX (QuantizeLinear's saturate=1)."""
 

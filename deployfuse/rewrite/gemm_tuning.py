@@ -329,14 +329,18 @@ def gemm_problems(model: onnx.ModelProto, feed: Mapping[str, np.ndarray]) -> dic
         problem = kind.of(node, list(x.shape), x_elem, [weights[node.input[i]] for i in kind.weight_inputs])
         if isinstance(problem, Fp8GemmProblem | Fp8MlpProblem) and x_fp8:
             problem = dataclasses.replace(problem, x_fp8=1) if problem.k % 16 == 0 else None  # the CUDA GEMM reads X's rows as they are
-        given = [not (name in weights and math.prod(weights[name][0]) == 0) for name in node.input]  # an empty bias: none
         if isinstance(problem, Fp8GemmProblem):
-            problem = dataclasses.replace(problem, bias=int(given[4]))
+            problem = dataclasses.replace(problem, bias=_given(weights, node.input[4]))
         elif isinstance(problem, Fp8MlpProblem):
-            problem = dataclasses.replace(problem, b1=int(given[4]), b2=int(given[8]))
+            problem = dataclasses.replace(problem, b1=_given(weights, node.input[4]), b2=_given(weights, node.input[8]))
         if problem is not None:
             out[node.output[0]] = problem
     return out
+
+
+def _given(weights: Mapping[str, Weight], bias: str) -> int:
+    """1 for a bias with values, 0 for an initializer of no elements (an empty bias: none)."""
+    return int(not (bias in weights and math.prod(weights[bias][0]) == 0))
 
 
 def load_library(library: Path | str) -> ctypes.CDLL:

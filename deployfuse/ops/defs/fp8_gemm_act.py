@@ -35,7 +35,7 @@ from onnxscript.onnx_types import FLOAT, FLOAT8E4M3FN
 from deployfuse.ops.body import Body
 from deployfuse.ops.defs import gemm_act
 from deployfuse.ops.defs._onnxscript import DF, TFloat
-from deployfuse.ops.schema import E4M3_MAX, Attr, OpSpec, RandFn, apply_activation, to_element_type
+from deployfuse.ops.schema import E4M3_MAX, Attr, OpSpec, RandFn, apply_activation, case_flags, to_element_type
 
 
 def quantize_e4m3(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
@@ -108,7 +108,7 @@ def example_inputs(shape: Sequence[int], rand: RandFn, attrs: dict[str, Any]) ->
     weight = to_element_type(rand(n, k, scale=float(k) ** -0.5), "float")
     w_scale = to_element_type(abs(weight).max() / E4M3_MAX, "float")
     x_scale = to_element_type(abs(x).max() * (0.8 / E4M3_MAX), "float")
-    bias = rand(0) if "no_bias" in str(attrs.get("mask") or "").split(",") else rand(n)
+    bias = rand(0) if "no_bias" in case_flags(attrs) else rand(n)
     return [x, x_scale, to_element_type(weight / w_scale, "float8e4m3fn"), w_scale, bias]
 
 

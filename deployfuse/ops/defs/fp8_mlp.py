@@ -28,7 +28,7 @@ from onnxscript.onnx_types import FLOAT, FLOAT8E4M3FN
 from deployfuse.ops.body import Body
 from deployfuse.ops.defs import fp8_gemm_act
 from deployfuse.ops.defs._onnxscript import DF, TFloat
-from deployfuse.ops.schema import E4M3_MAX, OpSpec, RandFn, to_element_type
+from deployfuse.ops.schema import E4M3_MAX, OpSpec, RandFn, case_flags, to_element_type
 
 
 def reference(
@@ -54,7 +54,7 @@ def example_inputs(shape: Sequence[int], rand: RandFn, attrs: dict[str, Any]) ->
     FC1's pre-activation result / 448 (so the largest hidden values saturate), FC2's weight and bias; B1 and B2 [0] (none)
     where attrs["mask"] (the cases' flag) names "no_b1" and "no_b2"."""
     *lead, k, n1, n2 = shape
-    empty = str(attrs.get("mask") or "").split(",")
+    empty = case_flags(attrs)
     fc1 = {"mask": "no_bias"} if "no_b1" in empty else {}
     x, x_scale, w1, w1_scale, b1 = fp8_gemm_act.example_inputs((*lead, k, n1), rand, fc1)
     hidden = to_element_type(x, "float") @ (to_element_type(w1, "float") * w1_scale).T

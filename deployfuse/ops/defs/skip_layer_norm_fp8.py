@@ -37,7 +37,7 @@ from onnxscript.onnx_types import FLOAT, INT64
 from deployfuse.ops.body import Body
 from deployfuse.ops.defs._onnxscript import DF, TFloat
 from deployfuse.ops.defs.fp8_gemm_act import quantize_e4m3
-from deployfuse.ops.schema import E4M3_MAX, Attr, OpSpec, RandFn, to_element_type
+from deployfuse.ops.schema import E4M3_MAX, Attr, OpSpec, RandFn, case_flags, to_element_type
 
 
 def table_rows(ids: torch.Tensor, rows: int) -> torch.Tensor:
@@ -102,8 +102,7 @@ def example_inputs(shape: Sequence[int], rand: RandFn, attrs: dict[str, Any]) ->
     first axis), "skip,ids" both. Gamma, Beta, Bias over the last axis; YScale = 0.8·amax(Y)/448 for Gamma ~ 1 ± 1 (|Y| up to
     ~4·|Gamma|), so the largest |Y| saturate. The ids lie in [-V, V) (the negative ones read from the end), the first three
     -V - 3 and V (clamped) and -1 where there are that many."""
-    mask = attrs.get("mask")
-    given = {"skip"} if mask is True else set(str(mask or "").split(","))
+    given = {"skip"} if attrs.get("mask") is True else case_flags(attrs)
     hidden, vocab = shape[-1], EXAMPLE_VOCAB if "ids" in given else 0
     gamma = rand(hidden, shift=1.0)
     y_scale = to_element_type(abs(gamma).max() * (4.0 * 0.8 / E4M3_MAX), "float")
