@@ -50,15 +50,16 @@ int64_t n_padded(int64_t n, size_t elem_bytes) {
 // The scratch of one launch, in this order: X in float8 as [m, kp] (none when given in float8); W copied to [np, kp] where K is not a
 // multiple of 16 or N not of 16 bytes of T (zeros past K add nothing to the products; the rows past N make the dropped columns); the bias
 // copied to [np] and D as [m, np] where N is padded; the workspace.
+// has_bias false: no room for a padded bias copy (an empty bias runs no bias epilogue); the size queries assume a bias (the most).
 struct ScratchLayout {
   int64_t kp, np;          // K rounded up to 16, N to 16 bytes of T
   size_t xq, wq, bias, d;  // bytes of each part, 0 for a part not needed (W, Bias and Y used as given)
-  ScratchLayout(const Fp8GemmActProblem& p, size_t elem_bytes)
+  ScratchLayout(const Fp8GemmActProblem& p, size_t elem_bytes, bool has_bias = true)
       : kp(fp8_gemm_act_k_padded(p.k)),
         np(n_padded(p.n, p.d_fp8 ? 1 : elem_bytes)),
         xq(p.x_fp8 ? 0 : scratch_aligned(static_cast<size_t>(p.m * kp))),
         wq(kp == p.k && np == p.n ? 0 : scratch_aligned(static_cast<size_t>(np * kp))),
-        bias(np == p.n ? 0 : scratch_aligned(static_cast<size_t>(np) * elem_bytes)),
+        bias(np == p.n || !has_bias ? 0 : scratch_aligned(static_cast<size_t>(np) * elem_bytes)),
         d(np == p.n ? 0 : scratch_aligned(static_cast<size_t>(p.m * np) * elem_bytes)) {}
   size_t bytes(size_t workspace) const { return xq + wq + bias + d + workspace; }
 };
@@ -135,7 +136,7 @@ class Fp8GemmActRunner {
       *err = cudaErrorNotSupported;
       return nullptr;
     }
-    const ScratchLayout at(p, sizeof(T));
+    const ScratchLayout at(p, sizeof(T), bias != nullptr);
     const uint32_t d_align = at.d ? kScratchAlign : cublaslt::alignment(y);
     const uint32_t aligns[4] = {at.wq ? kScratchAlign : cublaslt::alignment(w), p.x_fp8 ? cublaslt::alignment(x) : kScratchAlign, d_align,
                                 d_align};
@@ -179,7 +180,7 @@ class Fp8GemmActRunner {
     if (p.m == 0 || p.n == 0) return cudaSuccess;
     const auto plan_of = [&](cudaError_t* err) { return plan(p, x, x_scale, w, w_scale, bias, y, d_scale, err); };
     return plans_.with_plan(plan_of, [&](const Plan& plan) {
-      const ScratchLayout at(p, sizeof(T));
+      const ScratchLayout at(p, sizeof(T), bias != nullptr);
       const size_t workspace_bytes = plan.candidate(p.algo).workspaceSize, bytes = at.bytes(workspace_bytes);
       auto* xq = bytes ? static_cast<uint8_t*>(scratch.get(bytes)) : nullptr;  // X given in float8 and no workspace: none
       if (bytes && xq == nullptr) return cudaErrorMemoryAllocation;
@@ -192,7 +193,7 @@ class Fp8GemmActRunner {
         if (at.np > p.n) DF_RETURN_IF_ERROR(cudaMemsetAsync(wq + p.n * at.kp, 0, (at.np - p.n) * at.kp, stream));
       }
       const size_t row = static_cast<size_t>(p.n) * sizeof(T), padded_row = static_cast<size_t>(at.np) * sizeof(T);
-      if (at.bias && bias != nullptr) {  // the epilogue reads np bias values: the given n, zeros past them
+      if (at.bias) {  // the epilogue reads np bias values: the given n, zeros past them
         DF_RETURN_IF_ERROR(cudaMemcpyAsync(bias_copy, bias, row, cudaMemcpyDeviceToDevice, stream));
         DF_RETURN_IF_ERROR(cudaMemsetAsync(bias_copy + row, 0, padded_row - row, stream));
       }
