@@ -146,6 +146,25 @@ def test_one_gemm_becomes_fp8_gemm_act_computing_the_qdq_math(form, activation, 
         assert np.abs(got - qdq).max() <= 0.02 * scale  # the Q/DQ graph itself: fp16 throughout
 
 
+@pytest.mark.parametrize("form", ["matmul", "gemm"])
+def test_a_bias_of_zeros_becomes_none(form):
+    """A config-fresh model's zero bias: an empty one ([0]), so cuBLASLt runs no bias epilogue; the same outputs as the Q/DQ graph
+    with its zeros added, and a non-zero bias stays."""
+    model, _ = _gemm_graph(form, activation="relu", bias=True)
+    shape = [d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim]
+    bias = next(t for t in model.graph.initializer if t.name == "bias")
+    kept = {t.name: list(t.dims) for t in _lower(model).graph.initializer}
+    assert kept[_lower(model).graph.node[0].input[4]] == [24], "a non-zero bias stays"
+    bias.CopyFrom(numpy_helper.from_array(np.zeros(24, helper.tensor_dtype_to_np_dtype(bias.data_type)), "bias"))
+    fused = _lower(model)
+    dims = {t.name: list(t.dims) for t in fused.graph.initializer}
+    assert _ops(fused) == ["Fp8GemmAct"] and dims[fused.graph.node[0].input[4]] == [0]
+    plain, fast = session(model, optimize=False), session(fused, optimize=False)
+    for feed in _feeds(shape, 2, 11):
+        want = run(plain, feed)["y"].astype(np.float64)
+        np.testing.assert_allclose(run(fast, feed)["y"].astype(np.float64), want, atol=0.02 * np.abs(want).max())
+
+
 @pytest.mark.parametrize(("why", "kwargs"), [("fp32 graph", {"dtype": TensorProto.FLOAT}), ("int8 Q/DQ", {"zero_type": TensorProto.INT8}),
                                               ("per-channel weight scales", {"w_scales": 24})])
 def test_what_the_rule_leaves(why, kwargs):

@@ -22,6 +22,7 @@ from deployfuse.backends.ort import run, session
 from deployfuse.ops.schema import DOMAIN
 from deployfuse.rewrite import gemm_tuning
 from deployfuse.rewrite.gemm_tuning import AlgoChoice, Fp8GemmProblem, Fp8MlpProblem, best_setting, gemm_problems, store_algos
+from tests.rewrite._export import _trained_like
 
 BATCH, SEQ = 3, 10  # M = 30 tokens: not a multiple of 16, as no padding of the problem would leave it
 
@@ -30,7 +31,9 @@ def _bert() -> transformers.BertModel:
     torch.manual_seed(0)
     config = transformers.BertConfig(vocab_size=500, hidden_size=128, num_hidden_layers=2, num_attention_heads=4, intermediate_size=512,
                                      max_position_embeddings=64)
-    return transformers.BertModel(config).eval()
+    model = transformers.BertModel(config).eval()
+    _trained_like(model)  # non-zero biases, as trained: a bias of zeros is none (rules.fp8_gemm)
+    return model
 
 
 @pytest.fixture(scope="module")

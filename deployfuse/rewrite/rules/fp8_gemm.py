@@ -19,10 +19,10 @@ steps of 1/16 to 1/8 of the value), the rounding the next GEMM applies to its in
 judges the artefact with it. It takes a separate GELU kernel out of every layer: one fp16 read and
 write of [tokens, 4·D], 12 of them in BERT-base (ONNX Runtime's took 10.8 us each at batch 8 on an
 H200, bench/results/h200.profile.json; the fused form ran in bench/results/h200_quant.md section 3).
-A GEMM without a bias gets an empty one ([0]: none), so every Q/DQ'd GEMM becomes an Fp8GemmAct and cuBLASLt's epilogue
-adds nothing (an epilogue adding zeros costs its fp8 kernels 9-15 % at BERT-base's shapes for 1024 tokens on an H100,
-h200_quant.md section 13). The scales (the
-graph's float type in an fp16 graph) become float32 initializers, as the op takes them.
+A GEMM without a bias, or with a bias of zeros (a model fresh from its config; adding it changes no value), gets an
+empty one ([0]: none), so every Q/DQ'd GEMM becomes an Fp8GemmAct and cuBLASLt's epilogue adds nothing (an epilogue
+adding zeros costs its fp8 kernels 9-15 % at BERT-base's shapes for 1024 tokens on an H100, h200_quant.md section 13).
+The scales (the graph's float type in an fp16 graph) become float32 initializers, as the op takes them.
 
 Not a fusion family of `rewrite.fuse`: its guard compares a rewrite with the graph before it
 element by element, and in a quantized graph any change upstream of a quantizer moves some
@@ -165,6 +165,8 @@ class Fp8Gemm(FusionRule):
         w_t = w_q if trans_b else _transposed(op, w_q, weight, f"{prefix}_weight_t")  # [K, N] -> [N, K]
         n = weight.shape[0 if trans_b else 1]
         vector = None if bias is None else _const(bias)
+        if vector is not None and not vector.any():  # zeros: none, no epilogue to add them
+            vector = None
         if vector is None or vector.ndim != 1:  # none (an empty bias), or Gemm's C as a row [1, N]
             bias = initializer((np.zeros(0) if vector is None else vector.reshape(n)).astype(x.dtype.numpy()), "bias")
         y = self.emit(op, x, scales[0], w_t, scales[1], bias, activation=self.activation)
