@@ -14,6 +14,7 @@ import onnx
 import pytest
 import torch
 import transformers
+from _export import _trained_like
 from onnx import helper
 
 import deployfuse
@@ -22,7 +23,6 @@ from deployfuse.backends.ort import run, session
 from deployfuse.ops.schema import DOMAIN
 from deployfuse.rewrite import gemm_tuning
 from deployfuse.rewrite.gemm_tuning import AlgoChoice, Fp8GemmProblem, Fp8MlpProblem, best_setting, gemm_problems, store_algos
-from tests.rewrite._export import _trained_like
 
 BATCH, SEQ = 3, 10  # M = 30 tokens: not a multiple of 16, as no padding of the problem would leave it
 
