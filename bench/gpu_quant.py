@@ -477,12 +477,28 @@ def zero_biases(model):
     return model
 
 
+def scales_not_pow2(model):
+    """Every float8 activation scale (Fp8GemmAct's and Fp8Mlp's XScale, Fp8Mlp's HScale, SkipLayerNormFp8's and FusedMHA's YScale)
+    times 1 + 2^-10: no longer a power of two, so the YQ writers divide instead of multiplying (common/e4m3_divisor.cuh) and cuBLASLt
+    gets inexact reciprocals, on the same artefact otherwise."""
+    from onnx import numpy_helper
+
+    scale_inputs = {"Fp8GemmAct": (1,), "Fp8Mlp": (1, 5), "SkipLayerNormFp8": (4,), "FusedMHA": (4,)}
+    names = {n.input[i] for n in model.graph.node if n.domain == "deployfuse" for i in scale_inputs.get(n.op_type, ()) if i < len(n.input)}
+    for t in model.graph.initializer:
+        if t.name in names:
+            value = numpy_helper.to_array(t)
+            t.CopyFrom(numpy_helper.from_array((value * (1 + 2.0**-10)).astype(value.dtype), t.name))
+    return model
+
+
 ABLATIONS = {"split-mha": (split_mha, "packed_mha undone: Split + com.microsoft.MultiHeadAttention"),
              "norm-unfused": (_norm_unfused, "fp8_norm undone: the GEMMs quantize each SkipLayerNormFp8's Y themselves"),
              "attn-out-unfused": (_attention_out_unfused, "fp8_attention_out undone: the output projections quantize FusedMHA's Y themselves"),
-             "zero-bias": (zero_biases, "each empty bias back to zeros: the GEMMs whose bias a norm took run cuBLASLt's bias epilogue")}
-"""--fp8 rows of the artefact with one change of its own undone: what packed_mha, fp8_norm, fp8_attention_out and the empty
-biases each give, timed in the same run (--ablations picks them)."""
+             "zero-bias": (zero_biases, "each empty bias back to zeros: the GEMMs whose bias a norm took run cuBLASLt's bias epilogue"),
+             "scales-not-pow2": (scales_not_pow2, "activation scales off powers of two: the float8 copies divide instead of multiplying")}
+"""--fp8 rows of the artefact with one change of its own undone: what packed_mha, fp8_norm, fp8_attention_out, the empty
+biases and the power-of-two activation scales each give, timed in the same run (--ablations picks them)."""
 
 
 def tuned_copy(artefact: Path, inputs: dict, library: str | None, folder: Path) -> tuple[Path, str]:

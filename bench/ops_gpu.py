@@ -21,6 +21,7 @@ import contextlib
 import ctypes
 import functools
 import importlib.util
+import itertools
 import math
 import sys
 import zlib
@@ -239,7 +240,9 @@ def check_yq():
     """FusedMHA's YQ form (tests/ops/cases.py YQ_CASES and GPU_YQ_CASES) through df_fused_mha in fp32/fp16/bf16, each case
     with Y written and without: Y within the tolerance of the float64 reference, and YQ bit for bit q(Y, YScale) =
     e4m3(Y / YScale) of the Y the kernel wrote (torch's correctly rounded division, round-to-nearest-even saturating
-    float8); the call without Y writes the same bytes. YQ is poisoned with 0x7F (e4m3's NaN, which saturation never writes)."""
+    float8); the call without Y writes the same bytes. YQ is poisoned with 0x7F (e4m3's NaN, which saturation never writes).
+    Each case twice: with its YScale (the kernels divide) and with YScale rounded up to a power of two, as deployfuse calibrates
+    activation scales (they multiply by 1 / YScale: common/e4m3_divisor.cuh)."""
     worst = 0.0
     if not wanted("FusedMHA"):
         return worst
@@ -247,9 +250,11 @@ def check_yq():
     for _, shape, attrs in _cases.YQ_CASES + _cases.GPU_YQ_CASES:
         if ARGS.max_size and math.prod(shape) > ARGS.max_size:
             continue
-        for dtype in DT:
+        for dtype, pow2 in itertools.product(DT, (False, True)):
             torch.manual_seed(zlib.crc32(repr(("FusedMHA-yq", shape, str(dtype))).encode()))
             xs = inputs("FusedMHA", shape, dtype, attrs)
+            if pow2:
+                xs[4] = torch.exp2(torch.ceil(torch.log2(xs[4])))
             a = spec.resolve(**op_attrs(attrs))
             y = output("FusedMHA", xs, a).fill_(float("nan"))
             assert xs[4] is not None and xs[4].dtype == torch.float32, "a YQ case gives YScale (float32)"
@@ -269,7 +274,7 @@ def check_yq():
             # a NaN rel (Y left unwritten) compares False with anything, so max() would skip it: it counts as a failure
             worst = max(worst, rel / TOL[dtype], 0.0 if flips == alone == 0 and not math.isnan(rel) else math.inf)
             print(f"check-yq {'ok' if good else 'FAIL':4} FusedMHA {str(shape):22} {str(dtype):15} rel_err={rel:.2e} yq_mismatches={flips} "
-                  f"yq_without_y_mismatches={alone} {attrs}")
+                  f"yq_without_y_mismatches={alone} {attrs}{' YScale a power of two' if pow2 else ''}")
     return worst
 
 

@@ -74,7 +74,7 @@ class Norm:
     the kernel clamps); skip_rows: a Skip of that many rows, row r reading Skip[r % skip_rows] (0: rows)."""
 
     def __init__(self, rows: int, cols: int, dtype: torch.dtype, skip: bool, misalign: bool = False, device: str = "cuda",
-                 vocab: int = 0, skip_rows: int = 0) -> None:
+                 vocab: int = 0, skip_rows: int = 0, pow2: bool = False) -> None:
         self.rows, self.cols, self.dtype = rows, cols, dtype
         self.vocab, self.skip_rows = vocab, skip_rows or rows
 
@@ -91,6 +91,8 @@ class Norm:
         self.skip = rand(self.skip_rows, cols) if skip else None
         self.gamma, self.beta, self.bias = rand(cols, shift=1.0), rand(cols), rand(cols)
         self.y_scale = (self.gamma.float().abs().max() * (4.0 * 0.8 / E4M3_MAX)).reshape(())
+        if pow2:  # as deployfuse calibrates activation scales: the kernels multiply by 1 / YScale (common/e4m3_divisor.cuh)
+            self.y_scale = torch.exp2(torch.ceil(torch.log2(self.y_scale)))
         self.y = torch.empty(rows, cols, device=device, dtype=dtype)
         self.sum = torch.empty_like(self.y)
         self.yq = torch.empty(rows, cols, device=device, dtype=torch.uint8)
@@ -117,9 +119,9 @@ def _rel_l2(got: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 def _check_norm_case(lib: ctypes.CDLL, rows: int, cols: int, dtype: torch.dtype, skip: bool, misalign: bool, vocab: int = 0,
-                     skip_rows: int = 0) -> bool:
+                     skip_rows: int = 0, pow2: bool = False) -> bool:
     """One case (see the module docstring), a line."""
-    n = Norm(rows, cols, dtype, skip, misalign, vocab=vocab, skip_rows=skip_rows)
+    n = Norm(rows, cols, dtype, skip, misalign, vocab=vocab, skip_rows=skip_rows, pow2=pow2)
     ref_y, ref_sum = n.reference()
     full: torch.Tensor | None = None
     ok, notes = True, []
@@ -150,6 +152,7 @@ def _check_norm_case(lib: ctypes.CDLL, rows: int, cols: int, dtype: torch.dtype,
             notes.append(f"{'+'.join(outputs)}: YQ {'=' if same else '≠'} full launch{'' if untouched else ', an absent output written'}")
         ok &= good
     lookups = (f" ids into {vocab}" if vocab else "") + (f" skip of {skip_rows} rows" if skip and skip_rows else "")
+    lookups += f" YScale 2^{int(torch.log2(n.y_scale))}" if pow2 else ""
     print(f"{'ok  ' if ok else 'FAIL'} SkipLayerNormFp8 {rows}x{cols} {str(dtype)[6:]}{' skip' if skip else ''}{' misaligned' if misalign else ''}{lookups}: "
           + "; ".join(notes))
     return ok
@@ -171,6 +174,10 @@ def check_norm(lib: ctypes.CDLL, small: bool) -> bool:
                                                                                                     (768, 0, True, 128), (768, 30522, True, 0),
                                                                                                     (771, 30522, True, 0))):
         ok &= _check_norm_case(lib, 1024, cols, dtype, skip, False, vocab, skip_rows)
+    # A power-of-two YScale (every deployfuse fp8 artefact's): YQ by a multiply, still q(Y) bit for bit; each kernel path
+    for dtype, cols, rows, misalign in ((torch.float16, 768, 1024, False), (torch.bfloat16, 768, 1024, False), (torch.float32, 768, 33, False),
+                                        (torch.float16, 8192, 33, False), (torch.float16, 771, 1024, False), (torch.float16, 768, 33, True)):
+        ok &= _check_norm_case(lib, rows, cols, dtype, True, misalign, pow2=True)
     return ok
 
 

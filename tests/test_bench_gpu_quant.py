@@ -5,6 +5,7 @@ artefact with a family skipped runs the attention it names and computes the mode
 
 from __future__ import annotations
 
+import math
 import sys
 from pathlib import Path
 
@@ -13,6 +14,7 @@ import onnx
 import onnxruntime as ort
 import torch
 import transformers
+from onnx import numpy_helper
 from transformers.pytorch_utils import Conv1D
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
@@ -76,6 +78,12 @@ def test_each_ablation_undoes_its_fusion_and_keeps_the_outputs(tmp_path):
             assert ops.count("MultiHeadAttention") == ops.count("Split") == config.num_hidden_layers and "FusedMHA" not in ops, ops
         elif name == "attn-out-unfused":
             assert all(len(n.output) == 1 for n in ablated.graph.node if n.op_type == "FusedMHA"), "no FusedMHA writes YQ any more"
+        elif name == "scales-not-pow2":
+            before = {t.name: numpy_helper.to_array(t) for t in artefact.graph.initializer}
+            after = {t.name: numpy_helper.to_array(t) for t in ablated.graph.initializer}
+            scales = [n.input[4] for n in ablated.graph.node if n.op_type in ("SkipLayerNormFp8", "FusedMHA") and len(n.input) > 4]
+            assert scales and all(math.frexp(float(before[s]))[0] == 0.5 for s in scales), "the artefact's activation scales are powers of two"
+            assert all(math.frexp(float(after[s]))[0] != 0.5 for s in scales), "no activation scale is a power of two any more"
         elif name == "zero-bias":
             sizes = {t.name: list(t.dims) for t in ablated.graph.initializer}
             gemms = [n for n in ablated.graph.node if n.op_type in ("Fp8GemmAct", "Fp8Mlp")]

@@ -37,6 +37,7 @@ Q/DQ on residual Adds and attention MatMuls too, which the issue keeps in float.
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import tempfile
 from collections.abc import Iterable, Mapping
@@ -170,8 +171,16 @@ def place_qdq(model: onnx.ModelProto, precision: str, calibration: Calibration, 
 
 def fp8_activation_scales(model: onnx.ModelProto, calibration: Calibration) -> dict[str, float]:
     """The float8 scale of each fp8-quantizable GEMM's activation input, by node name: amax / 448
-    as the GEMM's float type holds it (`_fp8_scale`), amax over `calibration.samples` by ONNX
-    Runtime's MinMax calibrator, once per model and samples in this process."""
+    rounded up to a power of two, as the GEMM's float type holds it (`_fp8_scale`), amax over
+    `calibration.samples` by ONNX Runtime's MinMax calibrator, once per model and samples in this
+    process.
+
+    Why a power of two: x / s is then x * (1 / s) exactly (1 / s is exact, and both round the same
+    real number), so the kernels that write a float8 activation (SkipLayerNormFp8's and FusedMHA's
+    YQ, the GEMM's quantize pass, cuBLASLt's D scale in Fp8Mlp) multiply instead of dividing and
+    still match QuantizeLinear's x / s bit for bit. What it costs: amax lands in (224, 448]
+    instead of at 448, which moves E4M3's subnormal floor up by at most one binade; a normal value's
+    relative rounding error (2^-4) does not change."""
     samples = _samples(model, calibration.samples)
     with tempfile.TemporaryDirectory(prefix="deployfuse-qdq.") as tmp:
         source = Path(tmp) / "float.onnx"
@@ -182,7 +191,7 @@ def fp8_activation_scales(model: onnx.ModelProto, calibration: Calibration) -> d
         amax = ranges.amax
     weight_type = {t.name: helper.tensor_dtype_to_np_dtype(t.data_type) for t in model.graph.initializer}
     gemms = set(quantizable_nodes(model, "fp8"))
-    return {n.name: _fp8_scale(amax[n.input[0]], weight_type[n.input[1]]) for n in model.graph.node if n.name in gemms}
+    return {n.name: _fp8_scale(amax[n.input[0]], weight_type[n.input[1]], power_of_two=True) for n in model.graph.node if n.name in gemms}
 
 
 def fp8_weight(weight: onnx.TensorProto) -> tuple[np.ndarray, float]:
@@ -355,12 +364,17 @@ def _fp8_qdq(model: onnx.ModelProto, nodes: set[str], x_scales: Mapping[str, flo
     return out
 
 
-def _fp8_scale(amax: float, dtype: Any) -> float:
+def _fp8_scale(amax: float, dtype: Any, power_of_two: bool = False) -> float:
     """amax / 448 as `dtype` holds it (1 for an all-zero tensor; at least `dtype`'s smallest
     normal number, so that fp16 never rounds a scale to 0): the weights are quantized with the
-    scale the graph stores."""
+    scale the graph stores. `power_of_two`: that scale rounded up to a power of two (activations,
+    `fp8_activation_scales` says why)."""
     tiny = float(np.finfo(np.float16).tiny) if np.dtype(dtype) == np.float16 else float(np.finfo(np.float32).tiny)
-    return float(np.array(max(amax / E4M3_MAX, tiny) if amax > 0 else 1.0, dtype=dtype).astype(np.float32))
+    scale = max(amax / E4M3_MAX, tiny) if amax > 0 else 1.0
+    if power_of_two:
+        mantissa, exponent = math.frexp(scale)  # scale = mantissa * 2^exponent, mantissa in [0.5, 1)
+        scale = math.ldexp(1.0, exponent - 1 if mantissa == 0.5 else exponent)
+    return float(np.array(scale, dtype=dtype).astype(np.float32))
 
 
 def fresh_name(name: str, taken: set[str]) -> str:

@@ -106,7 +106,7 @@ __global__ void __launch_bounds__(kWarps * 32) fused_mha_kernel(const T* __restr
       }
     }
   }
-  const float yq_scale = yq.yq ? *yq.scale : 1.f;
+  const E4m3Divisor yq_scale(yq.yq ? *yq.scale : 1.f);
 #pragma unroll
   for (int t = 0; t < kQueriesPerWarp; ++t) {
     const int64_t qi = q0 + warp * kQueriesPerWarp + t;

@@ -175,7 +175,7 @@ __global__ void __launch_bounds__(Sm90Tile<D, kConsumers, kMask, kCtas>::kThread
   const int row_in_block = 64 * wg + 16 * (warp % 4) + g;
   const uint32_t q_wg = s_q + wg * 64 * 128;
   const int64_t ld = static_cast<int64_t>(p.heads) * D;  // Y's (and YQ's) row
-  const float yq_scale = p.yq ? *p.yq_scale : 1.f;
+  const E4m3Divisor yq_scale(p.yq ? *p.yq_scale : 1.f);
   int tile = 0;  // key tiles consumed so far by this CTA, as the producer counts them
 
   for (int i = blockIdx.x, n = 0; i < p.items; i += gridDim.x, ++n) {

@@ -332,7 +332,7 @@ __global__ void __launch_bounds__(kWarps * 32, kWarps == 8 ? 2 : 1) fused_mha_tc
   __syncwarp();
   const int64_t ld = s.heads * D;  // Y's (and YQ's) row
   const int64_t base = b * s.q_seq * ld + h * D;
-  const float yq_scale = prm.yq ? *prm.yq_scale : 1.f;
+  const E4m3Divisor yq_scale(prm.yq ? *prm.yq_scale : 1.f);
 #pragma unroll
   for (int it = 0; it < D / 16; ++it) {  // 16 rows x D / 8 chunks over 32 lanes
     const int i = lane + it * 32, r = i / (D / 8), c = i % (D / 8);

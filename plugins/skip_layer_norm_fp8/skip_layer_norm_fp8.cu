@@ -11,14 +11,15 @@
 // one-vector kernel loads Gamma, Beta and YScale before the statistics, so that their latency hides behind the barriers.
 // Both: the sum, then the mean, then the sum of squared deviations from it (exact two-pass statistics from registers), then per
 // element y = fma(fma(s, rstd, -mean rstd), gamma, beta) rounded to T, and the float8 copy from that rounded y: y / y_scale
-// (correctly rounded division, as the CPU kernel and the function body's Div) -> e4m3 with saturation, two elements a
-// conversion, one 8-byte (16-bit T) or 4-byte (fp32) store a vector. Any other row: a block per row that recomputes the sum in
-// each of its three sweeps (from L1/L2). With ids (GPT-2's embeddings, looked up by the norm) a block reads its row's id, then that
-// table row; a broadcast skip's row is r % skip_rows (the division skipped where skip has every row).
+// (correctly rounded, as the CPU kernel and the function body's Div: a multiply for a power-of-two YScale, E4m3Divisor) -> e4m3 with
+// saturation, two elements a conversion, one 8-byte (16-bit T) or 4-byte (fp32) store a vector. Any other row: a block per row that
+// recomputes the sum in each of its three sweeps (from L1/L2). With ids (GPT-2's embeddings, looked up by the norm) a block reads its row's
+// id, then that table row; a broadcast skip's row is r % skip_rows (the division skipped where skip has every row).
 #include <cuda_fp8.h>
 
 #include "common/cuda_check.h"
 #include "common/dtype.cuh"
+#include "common/e4m3_divisor.cuh"
 #include "common/vec_math.cuh"
 #include "skip_layer_norm_fp8/skip_layer_norm_fp8.cuh"
 
@@ -50,8 +51,8 @@ struct Rows {
 };
 
 // The float8 bytes of elements 2k, 2k+1 of a vector.
-__device__ __forceinline__ __nv_fp8x2_storage_t e4m3_pair(float a, float b, float scale) {
-  return __nv_cvt_float2_to_fp8x2(make_float2(a / scale, b / scale), __NV_SATFINITE, __NV_E4M3);
+__device__ __forceinline__ __nv_fp8x2_storage_t e4m3_pair(float a, float b, const E4m3Divisor& scale) {
+  return __nv_cvt_float2_to_fp8x2(scale.divide(a, b), __NV_SATFINITE, __NV_E4M3);
 }
 
 // This thread's vectors of one row, c = first + j * step (j < kVecs, c < n), summed in float32. kEarly: Gamma, Beta and YScale
@@ -119,7 +120,8 @@ struct RowSum {
   }
 
   __device__ __forceinline__ void store(const Rows<T>& a, int64_t row, float mean, float rstd, int first, int step, int n) const {
-    const float shift = -mean * rstd, scale = kEarly ? y_scale : a.yq ? __ldg(a.y_scale) : 1.f;
+    const float shift = -mean * rstd;
+    const E4m3Divisor scale(kEarly ? y_scale : a.yq ? __ldg(a.y_scale) : 1.f);
     const auto* gamma = reinterpret_cast<const Vec<T>*>(a.gamma);
     const auto* beta = reinterpret_cast<const Vec<T>*>(a.beta);
 #pragma unroll
@@ -195,13 +197,13 @@ __global__ void __launch_bounds__(kFallbackThreads) row_kernel(Rows<T> a, float 
     part = fmaf(d, d, part);
   }
   const float rstd = rsqrtf(block_sum(part) * inv_cols + a.epsilon);
-  const float scale = a.yq ? __ldg(a.y_scale) : 1.f;
+  const E4m3Divisor scale(a.yq ? __ldg(a.y_scale) : 1.f);
   for (int64_t c = threadIdx.x; c < a.cols; c += blockDim.x) {
     const float s = total(c);
     const T y = from_float<T>(fmaf((s - mean) * rstd, to_float(a.gamma[c]), to_float(a.beta[c])));
     if (a.y) a.y[at + c] = y;
     if (a.sum) a.sum[at + c] = from_float<T>(s);
-    if (a.yq) a.yq[at + c] = __nv_cvt_float_to_fp8(to_float(y) / scale, __NV_SATFINITE, __NV_E4M3);
+    if (a.yq) a.yq[at + c] = __nv_cvt_float_to_fp8(scale.divide(to_float(y)), __NV_SATFINITE, __NV_E4M3);
   }
 }
 

@@ -6,6 +6,7 @@ of a GEMM, `exclude`, and the quantized graph's outputs against PyTorch fp32."""
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import numpy as np
 import onnx
@@ -108,7 +109,8 @@ def test_int8_scales_are_symmetric_and_per_output_channel(bert, cnn):
 
 def test_fp8_gemm_is_e4m3_qdq_with_per_tensor_scales_and_max_calibration(bert):
     """Q(X, s_x, zp e4m3) -> DQ -> MatMul(., DQ(W e4m3 initializer, s_w)) -> Add(bias), scalar
-    scales, on the unfused graph; each activation scale is amax / 448 over the calibration."""
+    scales, on the unfused graph; each activation scale is amax / 448 over the calibration, rounded up to
+    a power of two (so that the kernels writing float8 activations multiply by an exact 1 / s)."""
     model = exported("bert", fuse=False).onnx
     g = Graph(place_qdq(model, "fp8", bert.calibration, set()))
     matmuls = [g.nodes[n] for n in quantizable_nodes(model, "fp8") if g.nodes[n].op_type == "MatMul"]
@@ -126,7 +128,9 @@ def test_fp8_gemm_is_e4m3_qdq_with_per_tensor_scales_and_max_calibration(bert):
     for name in sources:
         q = next(q for q in g.of("QuantizeLinear") if q.input[0] == name)
         amax = max(float(np.abs(r[name]).max()) for r in runs)
-        assert float(g.weights[q.input[1]]) * E4M3_MAX == pytest.approx(amax, rel=1e-5), name
+        scale, wanted = float(g.weights[q.input[1]]), amax / E4M3_MAX
+        assert math.frexp(scale)[0] == 0.5, f"{name}: scale {scale} is not a power of two"
+        assert scale / 2 < wanted * (1 + 1e-5) and wanted <= scale * (1 + 1e-5), f"{name}: scale {scale} is not the power of two above amax / 448 = {wanted}"
 
 
 def test_exclude_keeps_those_gemms_in_float(bert):
