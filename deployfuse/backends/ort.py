@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import onnx
 
+from deployfuse.backends import u8s8
 from deployfuse.runtime import artefact_provider_options, resolve_providers
 from deployfuse.targets import ORT_CPU, ORT_CUDA
 
@@ -53,6 +54,7 @@ def session(
         options.register_custom_ops_library(str(custom_ops_library))
     if "CUDAExecutionProvider" in providers:
         providers = resolve_providers(model if isinstance(model, (onnx.ModelProto, str, Path)) else onnx.load_from_string(model), providers, cuda_options)
+    model = u8s8.for_this_cpu(model, providers)
     if isinstance(model, onnx.ModelProto):
         model = model.SerializeToString()
     elif isinstance(model, Path):
