@@ -136,6 +136,21 @@ def test_a_weight_read_by_another_node_stays_with_every_reader():
     assert _rel(got["z"], want) < 1e-2
 
 
+def test_seven_bit_weights_keep_the_faster_signed_kernels_and_stay_exact():
+    """|w| <= 64 (ONNX Runtime's reduce_range) cannot saturate: 255 * (64 + 64) < 32768. Such a weight stays int8, and the
+    stored model computes the exact integers on any CPU."""
+    rng = np.random.default_rng(5)
+    a = rng.integers(0, 256, (4, K)).astype(np.uint8)
+    weight = rng.integers(-64, 65, (K, N)).astype(np.int8)
+    weight[:2, :] = 64  # the largest pair of products: 255 * 64 * 2 = 32640
+    a[:, :2] = 255
+    model = _model([helper.make_node("MatMulInteger", ["a", "w"], ["y"])], [helper.make_tensor_value_info("a", TensorProto.UINT8, [4, K])],
+                   [helper.make_tensor_value_info("y", TensorProto.INT32, [4, N])], [numpy_helper.from_array(weight, "w")])
+    assert unsigned_weights(model) is None
+    got = ort_backend.run(ort_backend.session(model), {"a": a})["y"]
+    assert np.array_equal(got, a.astype(np.int64) @ weight.astype(np.int64))
+
+
 @pytest.mark.parametrize("providers", [["CUDAExecutionProvider"], ["CPUExecutionProvider"]])
 def test_models_without_int8_weights_or_without_the_cpu_pass_through(providers):
     model, _, _ = _integer_models(np.random.default_rng(4))

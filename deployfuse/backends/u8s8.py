@@ -97,8 +97,8 @@ def saturates() -> bool:
 def unsigned_weights(model: onnx.ModelProto) -> onnx.ModelProto | None:
     """A copy of `model` with each int8 weight initializer read only in integer GEMM weight slots
     (`WEIGHT_SLOTS`, in the graph or its subgraphs: the gate's switchboard holds its GEMMs in If
-    branches) stored as uint8 w + 128, its zero point as uint8 z + 128 (a missing one added as 128);
-    None when there is none (nothing to change). A weight or zero point that another node also reads
+    branches) whose values can saturate (`_can_saturate`) stored as uint8 w + 128, its zero point as
+    uint8 z + 128 (a missing one added as 128); None when there is none (nothing to change). A weight or zero point that another node also reads
     stays as it is, and so does every node reading it."""
     from deployfuse.quantize.qdq import fresh_name  # late: the quantize package opens its sessions through this one
 
@@ -118,7 +118,7 @@ def unsigned_weights(model: onnx.ModelProto) -> onnx.ModelProto | None:
             return None
         weight, zero = (node.input[i] if len(node.input) > i else "" for i in slots)
         int8 = all(not name or (name in stored and stored[name].data_type == TensorProto.INT8) for name in (weight, zero))
-        return (weight, zero) if weight and int8 else None
+        return (weight, zero) if weight and int8 and _can_saturate(stored[weight]) else None
 
     chosen = {at: ops for at, node in enumerate(nodes) if (ops := operands(node)) is not None}
     while True:  # a weight or zero point read by a node left out leaves out every node reading it
@@ -141,6 +141,12 @@ def unsigned_weights(model: onnx.ModelProto) -> onnx.ModelProto | None:
         node.input.extend([""] * (z_at + 1 - len(node.input)))
         node.input[z_at] = name
     return out
+
+
+def _can_saturate(weight: onnx.TensorProto) -> bool:
+    """Whether two u8 x s8 products of `weight` can leave int16: 255 * (|w0| + |w1|) > 32767 needs some |w| > 64, so 7-bit
+    weights (ONNX Runtime's reduce_range) run as stored, in the faster u8 x s8 kernels."""
+    return bool(np.abs(numpy_helper.to_array(weight).astype(np.int16)).max(initial=0) > 64)
 
 
 def _graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
