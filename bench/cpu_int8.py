@@ -15,6 +15,7 @@ runs are interleaved (one of each per round, the order rotating) and the figure 
 Each int8 variant's accuracy is measured the way deployfuse's gate does (worst cosine and
 max|error| / max|reference| per output against PyTorch fp32) on fresh inputs: one draw with
 all-ones attention masks and one padded (BERT), or the timed input and another draw (ViT, GPT-2).
+deployfuse's `--int8-mode dynamic-7bit` (weights in -64..64, for CPUs without VNNI) is timed beside its default.
 `gpt2-lm` is GPT-2 with its LM head, tied to the token embedding (50257 x 768, the largest GEMM).
 
     python bench/cpu_int8.py --batches 8,1 --rounds 30      # bench/results/cpu_int8.md
@@ -127,7 +128,7 @@ def _gate_search(kind: str) -> Iterator[None]:
 
 def bench(model: str, batches: list[int], rounds: int, threads: int, budget: str, workdir: Path, every_variant: bool = True) -> list[dict[str, object]]:
     """Export every variant once with a dynamic batch axis (at batch 1), then time each batch;
-    without `every_variant`, only ORT's fp32 and int8 and deployfuse's default."""
+    without `every_variant`, only ORT's fp32 and int8, deployfuse's default and its dynamic-7bit mode."""
     import deployfuse
     from deployfuse.backends.ort import run, session
     from deployfuse.inputs import DynamicAxis
@@ -145,13 +146,14 @@ def bench(model: str, batches: list[int], rounds: int, threads: int, budget: str
     if every_variant:
         paths["ORT quantize_dynamic, then deployfuse fusions"] = _fuse_after_quantize(plain, workdir / f"{model}_q_then_fuse.onnx", feed1)
     gated: dict[str, Any] = {}
-    gates = (("deployfuse int8 (GPTQ rounding, gated)", "gptq", "cost"), ("deployfuse int8 (GPTQ, gated by sensitivity only)", "gptq", "sensitivity"),
-             ("deployfuse int8 (nearest rounding, gated)", "nearest", "cost"))
-    for name, rounding, search in gates if every_variant else gates[:2]:
-        path = workdir / f"{model}_deployfuse_int8_{rounding}_{search}.onnx"
+    gates = (("deployfuse int8 (GPTQ rounding, gated)", "gptq", "cost", "dynamic"), ("deployfuse int8 (GPTQ, gated by sensitivity only)", "gptq", "sensitivity", "dynamic"),
+             ("deployfuse int8 7-bit weights (GPTQ, gated)", "gptq", "cost", "dynamic-7bit"), ("deployfuse int8 (nearest rounding, gated)", "nearest", "cost", "dynamic"))
+    for name, rounding, search, mode in gates if every_variant else gates[:3]:
+        path = workdir / f"{model}_deployfuse_int8_{rounding}_{search}_{mode}.onnx"
         start = time.perf_counter()
         with _rounding(rounding), _gate_search(search):
-            result = deployfuse.export(module, path, example_inputs=inputs, dynamic=batch_axis, precision="int8", accuracy_budget=budget, seed=0)
+            result = deployfuse.export(module, path, example_inputs=inputs, dynamic=batch_axis, precision="int8", int8_mode=mode, accuracy_budget=budget,
+                                       seed=0)
         assert result.gate is not None
         steps = {step.name: step.seconds for step in result.report.steps}
         attempts = [(a["model"], a.get("search", ""), a["fp32_layers"], a.get("cost_share"), round(a["worst_rel"], 5), a["passed"]) for a in result.gate.attempts]
@@ -204,7 +206,8 @@ def main() -> None:
     parser.add_argument("--model", choices=("bert", "vit", "gpt2", "gpt2-lm"), default="bert",
                         help="BERT-base (seq 128), ViT-B/16 (224), GPT-2 124M (seq 128) or GPT-2 with its tied LM head")
     parser.add_argument("--batches", default="1,8")
-    parser.add_argument("--default-only", action="store_true", help="time ORT fp32, ORT int8 and deployfuse's GPTQ int8 gated two ways (its default, and by sensitivity only) only")
+    parser.add_argument("--default-only", action="store_true", help="time ORT fp32, ORT int8 and deployfuse's GPTQ int8 gated two ways (its default, by sensitivity only) "
+                        "and in dynamic-7bit only")
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--budget", default="cos=0.999,rel=2e-2", help="deployfuse's --accuracy-budget (the default budget)")
     parser.add_argument("--threads", type=int, default=2)

@@ -196,7 +196,8 @@ def export(
         calibration_data: int8/fp8: samples to calibrate on (a torch.save'd list of input dicts,
             an .npz, or a folder of them); random inputs, with a warning, when None.
         accuracy_budget: int8/fp8: the gate's budget, e.g. "cos=0.999,rel=2e-2" (the default).
-        int8_mode: int8 on ort-cpu: "dynamic" (default) or "static" activation scales.
+        int8_mode: int8 on ort-cpu: "dynamic" (default) or "static" activation scales, or "dynamic-7bit" (weights
+            in -64..64, for x86 CPUs without VNNI).
         skip_fusions: fusion families not to run (names as `deployfuse.rewrite.fuser.family_names()`
             lists them), e.g. to rule one out when a model misbehaves or to time a model without it.
 

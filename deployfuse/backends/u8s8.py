@@ -98,8 +98,9 @@ def unsigned_weights(model: onnx.ModelProto) -> onnx.ModelProto | None:
     """A copy of `model` with each int8 weight initializer read only in integer GEMM weight slots
     (`WEIGHT_SLOTS`, in the graph or its subgraphs: the gate's switchboard holds its GEMMs in If
     branches) whose values can saturate (`_can_saturate`) stored as uint8 w + 128, its zero point as
-    uint8 z + 128 (a missing one added as 128); None when there is none (nothing to change). A weight or zero point that another node also reads
-    stays as it is, and so does every node reading it."""
+    uint8 z + 128 (a missing one added as 128); None when there is none (nothing to change). A
+    weight or zero point that another node also reads stays as it is, and so does every node
+    reading it."""
     from deployfuse.quantize.qdq import fresh_name  # late: the quantize package opens its sessions through this one
 
     out = onnx.ModelProto()

@@ -62,7 +62,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "quarter is held out. Default: random inputs, with a warning")
     p.add_argument("--accuracy-budget", metavar="BUDGET", help=BUDGET_HELP)
     p.add_argument("--int8-mode", choices=MODES, help="--precision int8 --target ort-cpu: dynamic (activation scales computed at run time; "
-                   "the default) or static (fitted on --calibration-data)")
+                   "the default), dynamic-7bit (the same with weights in -64..64: for x86 CPUs without VNNI, where 8-bit weights "
+                   "need ONNX Runtime's slower uint8 kernels) or static (fitted on --calibration-data)")
     p.add_argument("--opset", type=int, default=DEFAULT_OPSET, metavar="N", help=f"ONNX opset, {MIN_OPSET} to {MAX_OPSET} (default: {DEFAULT_OPSET})")
     p.add_argument("--exporter", choices=("auto", *EXPORTERS), default="auto",
                    help="auto: the dynamo exporter, then the TorchScript exporter if it fails (default: auto)")

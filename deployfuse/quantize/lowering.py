@@ -55,7 +55,7 @@ class QuantizeOptions:
     """What `deployfuse export` was asked about quantization, checked."""
 
     precision: str
-    mode: str  # ort-cpu int8: "dynamic" or "static"; "qdq" elsewhere
+    mode: str  # ort-cpu int8: "dynamic", "dynamic-7bit" or "static" (ort_int8.MODES); "qdq" elsewhere
     budget: Budget
     calibration_data: str | None = None
     float_precision: str = "fp32"  # what the model is exported in, and what the layers the gate leaves unquantized stay in
@@ -81,7 +81,7 @@ def check_options(precision: str, target: Target, opset: int, calibration_data: 
     if int8_mode is not None and (precision != "int8" or target != ORT_CPU):
         raise UsageError("--int8-mode chooses ONNX Runtime's CPU quantization: it needs --precision int8 --target ort-cpu")
     if int8_mode is not None and int8_mode not in ort_int8.MODES:
-        raise UsageError(f"--int8-mode {int8_mode!r}: choose {' or '.join(ort_int8.MODES)}")
+        raise UsageError(f"--int8-mode {int8_mode!r}: choose {', '.join(ort_int8.MODES)}")
     mode = (int8_mode or "dynamic") if target == ORT_CPU else "qdq"
     fp8_gemms = precision == "fp8" and target == ORT_CUDA
     return QuantizeOptions(precision, mode, budget_of(accuracy_budget), calibration_data, float_precision(precision, target), fp8_gemms)
@@ -126,12 +126,13 @@ def quantize(model: onnx.ModelProto, options: QuantizeOptions, calibration: Cali
     """
     switchboard: Callable[[], Switchboard | None] | None = None  # built only if the gate fails
     model, copies = untransposed_weights(model)  # a tied LM head's GEMM, quantizable
-    if options.mode == "dynamic":
+    if options.mode in ort_int8.WEIGHT_LEVELS:
+        levels = ort_int8.WEIGHT_LEVELS[options.mode]
         model = ort_int8.gemms_as_matmuls(model)
         layers = ort_int8.layers(model)
-        weights = rounded_weights(model, layers, calibration.feeds())
-        quantizer = ort_int8.quantizer(model, weights)
-        switchboard = partial(ort_int8.switchboard, model, weights)
+        weights = rounded_weights(model, layers, calibration.feeds(), levels)
+        quantizer = ort_int8.quantizer(model, weights, levels)
+        switchboard = partial(ort_int8.switchboard, model, weights, levels)
     else:
         quantizer = _qdq_quantizer(model, options, calibration)
         names = set(quantizable_nodes(model, options.precision))

@@ -34,7 +34,12 @@ from deployfuse.quantize.qdq import fresh_name
 from deployfuse.quantize.rounding import int8_per_column, weighted_matmuls
 from deployfuse.quiet_logs import quieted
 
-MODES = ("dynamic", "static")
+MODES = ("dynamic", "dynamic-7bit", "static")
+"""dynamic-7bit: dynamic int8 with weights in -64..64 (ONNX Runtime's reduce_range), for x86 CPUs without VNNI. There its u8 x s8
+kernels add two products in 16 bits: 8-bit weights saturate them and run as uint8 in the slower u8 x u8 kernels
+(`backends.u8s8`), 7-bit ones cannot (255 * 128 < 32768) and keep the faster kernels, at one bit less of weight precision that the
+gate judges (bench/results/cpu_int8.md, "On a CPU without VNNI")."""
+WEIGHT_LEVELS = {"dynamic": 127, "dynamic-7bit": 64}  # the largest |weight| of each dynamic mode
 # Fusion families that would hide GEMMs from ORT's int8 quantizer: com.microsoft FusedConv (Conv +
 # activation) has no int8 form, and packed_qkv's Attention node carries the attention mask as an
 # additive bias that QAttention cannot take, so it stays fp32 with the Q/K/V projections inside;
@@ -107,10 +112,12 @@ def layers(model: onnx.ModelProto) -> dict[str, onnx.NodeProto]:
     return {n.name: n for n in model.graph.node if n.name and n.op_type in OP_TYPES and not (n.op_type == "Attention" and any(n.input[4:]))}
 
 
-def quantizer(model: onnx.ModelProto, weights: Mapping[str, tuple[np.ndarray, np.ndarray]] | None = None) -> Callable[[set[str]], onnx.ModelProto]:
+def quantizer(model: onnx.ModelProto, weights: Mapping[str, tuple[np.ndarray, np.ndarray]] | None = None,
+              levels: int = 127) -> Callable[[set[str]], onnx.ModelProto]:
     """A function that quantizes `model` to dynamic int8, leaving the named nodes in fp32
     (`model` itself is left as it is); `weights` (`rounding.rounded_weights`: int8 weight and
-    per-column scales by weight name) replace the integers ONNX Runtime's quantizer rounds."""
+    per-column scales by weight name) replace the integers ONNX Runtime's quantizer rounds;
+    `levels` 64: every weight in -64..64 (`WEIGHT_LEVELS`, ONNX Runtime's reduce_range)."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     serialized = model.SerializeToString()
@@ -124,7 +131,7 @@ def quantizer(model: onnx.ModelProto, weights: Mapping[str, tuple[np.ndarray, np
         # ONNX Runtime's quantizer logs advice through the root logger ("consider pre-processing")
         with tempfile.TemporaryDirectory(prefix="deployfuse-int8-") as tmp, quieted():
             out = Path(tmp) / "int8.onnx"
-            quantize_dynamic(source, out, per_channel=True, weight_type=QuantType.QInt8, nodes_to_quantize=nodes)
+            quantize_dynamic(source, out, per_channel=True, reduce_range=levels < 127, weight_type=QuantType.QInt8, nodes_to_quantize=nodes)
             quantized = onnx.load(str(out))
         _replace_weights(quantized, weights or {})
         return quantized
@@ -148,7 +155,7 @@ def _replace_weights(quantized: onnx.ModelProto, weights: Mapping[str, tuple[np.
         old_scale.CopyFrom(numpy_helper.from_array(scale, old_scale.name))
 
 
-def switchboard(model: onnx.ModelProto, weights: Mapping[str, tuple[np.ndarray, np.ndarray]] | None = None) -> Switchboard | None:
+def switchboard(model: onnx.ModelProto, weights: Mapping[str, tuple[np.ndarray, np.ndarray]] | None = None, levels: int = 127) -> Switchboard | None:
     """`model` with each of its `layers` behind an If on a bool input of its own: true runs it in
     dynamic int8 (com.microsoft DynamicQuantizeMatMul: per-column int8 weights, the activation
     quantized at run time per tensor, the same numbers as `quantizer`'s MatMulInteger chain, with
@@ -164,7 +171,7 @@ def switchboard(model: onnx.ModelProto, weights: Mapping[str, tuple[np.ndarray, 
         return None
 
     def branches(node: onnx.NodeProto, board: onnx.ModelProto, switch: str) -> tuple[onnx.GraphProto, onnx.GraphProto]:
-        int8_weight, scale = (weights or {}).get(node.input[1]) or int8_per_column(numpy_helper.to_array(initializers[node.input[1]]))
+        int8_weight, scale = (weights or {}).get(node.input[1]) or int8_per_column(numpy_helper.to_array(initializers[node.input[1]]), levels=levels)
         names = [f"{switch}.weight", f"{switch}.scale", f"{switch}.zero_point"]
         board.graph.initializer.extend([numpy_helper.from_array(int8_weight, names[0]), numpy_helper.from_array(scale, names[1]),
                                         numpy_helper.from_array(np.zeros(scale.shape, np.int8), names[2])])
@@ -178,4 +185,4 @@ def switchboard(model: onnx.ModelProto, weights: Mapping[str, tuple[np.ndarray, 
     return Switchboard.of(model, chosen, "int8", branches)
 
 
-__all__ = ["MODES", "OP_TYPES", "SKIPPED_FAMILIES", "gemms_as_matmuls", "layers", "quantizer", "switchboard"]
+__all__ = ["MODES", "OP_TYPES", "WEIGHT_LEVELS", "SKIPPED_FAMILIES", "gemms_as_matmuls", "layers", "quantizer", "switchboard"]

@@ -4,8 +4,9 @@ Rounding each weight to its nearest int8 step (what ONNX Runtime's quantizer doe
 output column an error that the activations multiply; GPTQ (Frantar et al., 2022) rounds one
 input row at a time and moves the rounding error onto the rows not yet rounded, in proportion to
 how the calibration activations correlate them (H = X^T X), which minimises ||X W - X W_q||
-instead of ||W - W_q||. The scales stay ONNX Runtime's (symmetric per output column, max|w| / 127)
-and so do its kernels: only which integer each weight becomes changes.
+instead of ||W - W_q||. The scales stay ONNX Runtime's (symmetric per output column, max|w| / 127,
+or / 64 in `--int8-mode dynamic-7bit`, its reduce_range) and so do its kernels: only which integer
+each weight becomes changes.
 
 Why: on BERT-base (trained-like biases and norms, seq 128), every GEMM in dynamic int8 was at
 relative error 2.36e-2 with nearest rounding and 1.78e-2 with this on the gate's calibration
@@ -29,19 +30,19 @@ BLOCK = 128  # rows rounded between two updates of the rows after them (the erro
 _GRAM_BYTES = 768 * 1024**2  # float32 Gram matrices accumulated at once (BERT-base: 0.54 GB); more take another pass
 
 
-def int8_per_column(weight: np.ndarray, gram: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """A MatMul weight (K, N) in symmetric int8 per output column (-127..127, scale
-    max|column| / 127, ONNX Runtime's), and the scales: rounded to the nearest step without
-    `gram`, by GPTQ with `gram` (X^T X of the layer's input activations, K x K)."""
+def int8_per_column(weight: np.ndarray, gram: np.ndarray | None = None, levels: int = 127) -> tuple[np.ndarray, np.ndarray]:
+    """A MatMul weight (K, N) in symmetric int8 per output column (-levels..levels, scale
+    max|column| / levels, ONNX Runtime's: 127, or 64 with its reduce_range), and the scales: rounded
+    to the nearest step without `gram`, by GPTQ with `gram` (X^T X of the layer's input activations, K x K)."""
     w = torch.from_numpy(np.array(weight, dtype=np.float32))
     absmax = w.abs().amax(dim=0).double()
-    scale = torch.where(absmax > 0, absmax / 127.0, torch.ones_like(absmax)).float()
+    scale = torch.where(absmax > 0, absmax / levels, torch.ones_like(absmax)).float()
     if gram is None:
-        return torch.clamp(torch.round(w / scale), -127, 127).to(torch.int8).numpy(), scale.numpy()
-    return _gptq(w, torch.from_numpy(np.asarray(gram, dtype=np.float64)), scale).numpy(), scale.numpy()
+        return torch.clamp(torch.round(w / scale), -levels, levels).to(torch.int8).numpy(), scale.numpy()
+    return _gptq(w, torch.from_numpy(np.asarray(gram, dtype=np.float64)), scale, levels).numpy(), scale.numpy()
 
 
-def _gptq(w: torch.Tensor, gram: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+def _gptq(w: torch.Tensor, gram: torch.Tensor, scale: torch.Tensor, levels: int) -> torch.Tensor:
     rows = w.shape[0]
     dead = torch.diagonal(gram) == 0  # an input that is always 0: any weight does, take 0
     w[dead] = 0
@@ -59,7 +60,7 @@ def _gptq(w: torch.Tensor, gram: torch.Tensor, scale: torch.Tensor) -> torch.Ten
         errors = torch.empty_like(block)
         for i in range(end - start):
             row = start + i
-            q[row] = torch.clamp(torch.round(block[i] / scale), -127, 127)
+            q[row] = torch.clamp(torch.round(block[i] / scale), -levels, levels)
             errors[i] = (block[i] - q[row] * scale) / u[row, row]
             block[i + 1:] -= torch.outer(u[row, row + 1:end], errors[i])
         w[end:] -= u[start:end, end:].T @ errors
@@ -117,13 +118,14 @@ def weighted_matmuls(model: onnx.ModelProto, layers: Mapping[str, onnx.NodeProto
     return {name: n for name, n in layers.items() if n.op_type == "MatMul" and n.input[1] in weights and len(weights[n.input[1]].dims) == 2}
 
 
-def rounded_weights(model: onnx.ModelProto, layers: Mapping[str, onnx.NodeProto], feeds: Sequence[Mapping[str, np.ndarray]]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+def rounded_weights(model: onnx.ModelProto, layers: Mapping[str, onnx.NodeProto], feeds: Sequence[Mapping[str, np.ndarray]],
+                    levels: int = 127) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """The int8 weight and scales of each of `weighted_matmuls(model, layers)`, by weight name,
-    GPTQ-rounded to its input's activations on `feeds` (calibration samples)."""
+    GPTQ-rounded to its input's activations on `feeds` (calibration samples), in -levels..levels."""
     weights = {t.name: t for t in model.graph.initializer}
     matmuls = weighted_matmuls(model, layers).values()
     gram = grams(model, sorted({n.input[0] for n in matmuls}), feeds)
-    return {n.input[1]: int8_per_column(numpy_helper.to_array(weights[n.input[1]]), gram[n.input[0]]) for n in matmuls}
+    return {n.input[1]: int8_per_column(numpy_helper.to_array(weights[n.input[1]]), gram[n.input[0]], levels) for n in matmuls}
 
 
 __all__ = ["grams", "int8_per_column", "rounded_weights", "weighted_matmuls"]

@@ -1,5 +1,6 @@
-// x / s for the float8 copies the kernels write (SkipLayerNormFp8's and FusedMHA's YQ): the correctly rounded quotient that
-// QuantizeLinear, the CPU kernels and the function bodies compute, by a multiply wherever that gives the same float.
+// x / s for the float8 copies the kernels write (SkipLayerNormFp8's and FusedMHA's YQ, Fp8GemmAct's quantize pass): the correctly
+// rounded quotient that QuantizeLinear, the CPU kernels and the function bodies compute, by a multiply wherever that gives the
+// same float.
 //
 // When s = 2^e and 1/s = 2^-e is a normal float, 1/s is exact, so x · (1/s) and x / s are both the real number x · 2^-e rounded
 // once: the same bits, subnormal results included. deployfuse's fp8 activation scales are powers of two

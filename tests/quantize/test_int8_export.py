@@ -12,10 +12,12 @@ import numpy as np
 import onnx
 import pytest
 import torch
+from onnx import numpy_helper
 
 import deployfuse
 from deployfuse import metadata
 from deployfuse.backends.ort import run, session
+from deployfuse.backends.u8s8 import unsigned_weights
 from deployfuse.cli import main
 from deployfuse.examples.tiny_bert import build
 from deployfuse.inputs import make_inputs, specs_of
@@ -127,6 +129,24 @@ def test_static_int8_cnn_with_random_calibration_warns(tmp_path, capsys):
     x = torch.randn(2, 3, 16, 16, generator=torch.Generator().manual_seed(5))
     cos, rel = _fp32_error(model, tmp_path / "cnn.onnx", {"x": x})
     assert cos >= 0.999 and 1e-5 < rel <= 2e-2
+
+
+def test_dynamic_7bit_weights_stay_within_64_and_run_in_the_signed_kernels(bert_calibration, tmp_path, capsys):
+    """--int8-mode dynamic-7bit: every int8 GEMM weight in -64..64 (so ONNX Runtime's u8 x s8 kernels cannot saturate on a CPU
+    without VNNI and `backends.u8s8` leaves them as stored), gated, and close to PyTorch fp32 on fresh inputs."""
+    model, example = build()
+    code = main(["export", "deployfuse.examples.tiny_bert:build", "-o", str(tmp_path / "bert.onnx"), "--precision", "int8",
+                 "--int8-mode", "dynamic-7bit", "--calibration-data", str(bert_calibration), "--accuracy-budget", "cos=0.999,rel=3e-2"])
+    assert code == 0, capsys.readouterr().err
+    artefact = onnx.load(tmp_path / "bert.onnx")
+    integer = {n.input[1] for n in artefact.graph.node if n.op_type in ("MatMulInteger", "DynamicQuantizeMatMul")}
+    weights = {t.name: numpy_helper.to_array(t) for t in artefact.graph.initializer if t.name in integer}
+    assert len(weights) >= 6 and all(w.dtype == np.int8 and np.abs(w.astype(int)).max() <= 64 for w in weights.values())
+    assert max(np.abs(w.astype(int)).max() for w in weights.values()) == 64  # the range is used, not a narrower one
+    assert unsigned_weights(artefact) is None
+    for seed, padded in ((7, False), (8, True)):
+        cos, rel = _fp32_error(model, tmp_path / "bert.onnx", make_inputs(specs_of(example), model, seed=seed, pad_masks=padded))
+        assert cos >= 0.999 and 1e-5 < rel <= 3e-2, (seed, cos, rel)
 
 
 @pytest.mark.parametrize(("flags", "message"), [
