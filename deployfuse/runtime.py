@@ -21,6 +21,7 @@ from typing import Any
 import onnx
 
 from deployfuse import metadata
+from deployfuse.backends.u8s8 import for_this_cpu
 from deployfuse.errors import UsageError, first_line
 from deployfuse.io import load_onnx
 
@@ -164,8 +165,6 @@ class InferenceSession:
                 library = None
         self.custom_ops_library: Path | None = library
         self.providers = resolve_providers(model, list(providers) if providers is not None else default_providers(), provider_options)
-        from deployfuse.backends.u8s8 import for_this_cpu
-
         self.session = ort.InferenceSession(for_this_cpu(str(self.path), self.providers, header=model), sess_options=options, providers=self.providers)
         if self.uses_deployfuse_ops and library is None:
             LOG.info("%s: deployfuse.* nodes run as their ONNX function bodies (no custom-op library registered)", self.path.name)

@@ -103,11 +103,9 @@ def unsigned_weights(model: onnx.ModelProto) -> onnx.ModelProto | None:
     reading it."""
     from deployfuse.quantize.qdq import fresh_name  # late: the quantize package opens its sessions through this one
 
-    out = onnx.ModelProto()
-    out.CopyFrom(model)
-    nodes = list(_nodes(out.graph))
-    fed = {i.name for i in out.graph.input}
-    stored = {t.name: t for g in _graphs(out.graph) for t in g.initializer if t.name not in fed}
+    nodes = list(_nodes(model.graph))
+    fed = {i.name for i in model.graph.input}
+    stored = {t.name: t for g in _graphs(model.graph) for t in g.initializer if t.name not in fed}
     readers: dict[str, list[int]] = {}
     for at, node in enumerate(nodes):
         for name in node.input:
@@ -129,6 +127,10 @@ def unsigned_weights(model: onnx.ModelProto) -> onnx.ModelProto | None:
         chosen = {at: ops for at, ops in chosen.items() if at not in dropped}
     if not chosen:
         return None
+    out = onnx.ModelProto()  # the same nodes and initializers, in the same order: `chosen` and the names hold for it
+    out.CopyFrom(model)
+    nodes = list(_nodes(out.graph))
+    stored = {t.name: t for g in _graphs(out.graph) for t in g.initializer if t.name not in fed}
     taken = set(stored) | {o for n in nodes for o in n.output}
     for name in {name for ops in chosen.values() for name in ops if name}:
         stored[name].CopyFrom(numpy_helper.from_array((numpy_helper.to_array(stored[name]).astype(np.int16) + 128).astype(np.uint8), name))
