@@ -24,7 +24,7 @@ import onnx
 import torch
 
 from deployfuse import metadata
-from deployfuse.backends import ort as ort_backend
+from deployfuse.backends import ort as ort_backend, u8s8
 from deployfuse.errors import AccuracyError, DeployfuseError, UsageError, first_line
 from deployfuse.export import EXPORTERS, clean, flatten_outputs, to_onnx
 from deployfuse.inputs import DynamicAxis, InputSpec, Inputs, as_specs, checked_dynamic, make_inputs, mask_like, resized, specs_of
@@ -529,7 +529,8 @@ def _quantized(model: onnx.ModelProto, request: _Request, calibration: Calibrati
     options = request.quantize
     assert options is not None
     report.quantization = {"precision": options.precision, "mode": options.mode, "budget": options.budget.to_dict(), "calibration": calibration.source,
-                           "warning": RANDOM_WARNING if calibration.random else None}
+                           "warning": RANDOM_WARNING if calibration.random else None,
+                           "cpu_note": u8s8.SATURATION_NOTE if options.mode == "dynamic" and u8s8.saturates() else None}
     try:
         quantized, gate = quantize(model, options, calibration, references)
     except GateFailed as exc:

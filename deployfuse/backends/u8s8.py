@@ -28,7 +28,11 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-__all__ = ["for_this_cpu", "saturates", "unsigned_weights"]
+__all__ = ["SATURATION_NOTE", "for_this_cpu", "saturates", "unsigned_weights"]
+
+SATURATION_NOTE = ("note: this CPU has no VNNI, so ONNX Runtime's u8 x s8 int8 kernels saturate here; deployfuse runs (and gated) the "
+                   "int8 weights as uint8, in its slower kernels. --int8-mode dynamic-7bit keeps the faster ones, at one bit less of weight "
+                   "precision (bench/results/cpu_int8.md)")
 
 LOG = logging.getLogger("deployfuse")
 PROTOBUF_LIMIT = 2**31 - 1

@@ -119,6 +119,9 @@ def _export(args: argparse.Namespace, progress: Progress) -> int:
     warning = (result.report.quantization or {}).get("warning")
     if warning:
         print(warning, file=sys.stderr)  # even with --quiet
+    note = (result.report.quantization or {}).get("cpu_note")
+    if note and not args.quiet:
+        print(note, file=sys.stderr)
     if not args.quiet:
         from deployfuse.tables import line, show
 

@@ -17,7 +17,7 @@ from onnx import numpy_helper
 import deployfuse
 from deployfuse import metadata
 from deployfuse.backends.ort import run, session
-from deployfuse.backends.u8s8 import unsigned_weights
+from deployfuse.backends.u8s8 import SATURATION_NOTE, saturates, unsigned_weights
 from deployfuse.cli import main
 from deployfuse.examples.tiny_bert import build
 from deployfuse.inputs import make_inputs, specs_of
@@ -87,6 +87,7 @@ def test_tight_budget_keeps_the_most_sensitive_layers_in_fp32(int8_bert, bert_ca
     assert searched and all(passed == (count >= len(kept)) for count, passed in searched), searched
     assert f"layers kept in fp32: {len(kept)} of {gate['quantized_layers']} ({kept[0]}" in out.out
     assert "RANDOM" not in out.err
+    assert (SATURATION_NOTE in out.err) == saturates()  # a CPU without VNNI: the uint8 form and dynamic-7bit are named
     assert kept == metadata.read(onnx.load(tmp_path / "bert.onnx"), metadata.QUANTIZATION)["fp32_layers"]  # type: ignore[index]
 
 
@@ -137,7 +138,9 @@ def test_dynamic_7bit_weights_stay_within_64_and_run_in_the_signed_kernels(bert_
     model, example = build()
     code = main(["export", "deployfuse.examples.tiny_bert:build", "-o", str(tmp_path / "bert.onnx"), "--precision", "int8",
                  "--int8-mode", "dynamic-7bit", "--calibration-data", str(bert_calibration), "--accuracy-budget", "cos=0.999,rel=3e-2"])
-    assert code == 0, capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert code == 0, err
+    assert SATURATION_NOTE not in err  # nothing to advise: its weights cannot saturate
     artefact = onnx.load(tmp_path / "bert.onnx")
     integer = {n.input[1] for n in artefact.graph.node if n.op_type in ("MatMulInteger", "DynamicQuantizeMatMul")}
     weights = {t.name: numpy_helper.to_array(t) for t in artefact.graph.initializer if t.name in integer}
