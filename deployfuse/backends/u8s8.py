@@ -35,7 +35,6 @@ SATURATION_NOTE = ("note: this CPU has no VNNI, so ONNX Runtime's u8 x s8 int8 k
                    "precision (bench/results/cpu_int8.md)")
 
 LOG = logging.getLogger("deployfuse")
-PROTOBUF_LIMIT = 2**31 - 1
 
 # (domain, op type) -> the (weight, zero point) input slots that may hold int8 weights
 WEIGHT_SLOTS = {
@@ -64,6 +63,8 @@ def for_this_cpu(model: onnx.ModelProto | str | Path | bytes, providers: Sequenc
     if not {(n.domain, n.op_type) for n in _nodes(header.graph)} & set(WEIGHT_SLOTS) or not saturates():
         return model
     full = header if isinstance(model, (onnx.ModelProto, bytes)) else onnx.load(str(model))
+    from deployfuse.quantize.qdq import PROTOBUF_LIMIT  # late, as in unsigned_weights
+
     unsigned = unsigned_weights(full)
     if unsigned is None:
         return model
