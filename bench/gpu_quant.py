@@ -35,8 +35,8 @@ Variants, each the alternative at its best settings:
   the row's shapes are a setting the torch rows get only from torch.compile's `max-autotune` mode, which
   the default `--compile-modes` (and bench/gpu_quant.sh) leave out: compare it with `deployfuse-fp8+cudagraph`
   unless `--compile-modes` adds `max-autotune`.
-- `deployfuse-fp8-{split-mha,norm-unfused,attn-out-unfused}+cudagraph`: the fp8 artefact with one of its own fusions
-  undone (`ABLATIONS`), timed in the same run: what packed_mha, fp8_norm and fp8_attention_out each give.
+- `deployfuse-fp8-<ablation>+cudagraph`: the fp8 artefact with one of its own changes undone (`ABLATIONS`), timed in the
+  same run: what that change gives.
 
 Each variant records `median_ms` (host wall clock per call after a device synchronise,
 bench/gpu_models.py's `median_ms`), `max_abs_err` of the first output against PyTorch fp32
@@ -412,7 +412,7 @@ def _fp8_rows(model_name: str, batch: int, build: Callable, inputs32: dict, work
 
 
 def split_mha(model):
-    """FusedMHA(P, P, P, A, packed_qkv=1) back to Split(P) -> com.microsoft.MultiHeadAttention(q, k, v, attention_bias=A), as
+    """FusedMHA(P, P, P, A, packed_qkv=1 [, Bias]) back to Split(P) -> com.microsoft.MultiHeadAttention(q, k, v, Bias, attention_bias=A), as
     the fp8 artefact was before the packed_mha family (same attention bias, num_heads and scale, causal as unidirectional; a FusedMHA writing YQ first
     writes Y for its GEMMs again, as MultiHeadAttention has no float8 output)."""
     from onnx import helper
@@ -433,8 +433,9 @@ def split_mha(model):
             nodes += [helper.make_node("Shape", [mask], [shape[0]], end=2), helper.make_node("Shape", [node.input[0]], [shape[1]], start=1, end=2),
                       helper.make_node("Shape", [mask], [shape[2]], start=-1), helper.make_node("Concat", shape[:3], [shape[3]], axis=0),
                       helper.make_node("Expand", [mask, shape[3]], [wide[mask]])]
-        mask = wide.get(mask, "")
-        nodes.append(helper.make_node("MultiHeadAttention", [*parts, "", "", mask] if mask else parts, list(node.output), name=node.name, domain="com.microsoft",
+        mask, bias = wide.get(mask, ""), node.input[5] if len(node.input) > 5 else ""  # bias: fp8_qkv_bias's, MultiHeadAttention's [3D] too
+        inputs = [*parts, bias, "", mask] if mask else [*parts, bias] if bias else parts
+        nodes.append(helper.make_node("MultiHeadAttention", inputs, list(node.output), name=node.name, domain="com.microsoft",
                                       num_heads=attrs["num_heads"], scale=float(attrs.get("scale", 0.0)), unidirectional=int(attrs.get("causal", 0))))
     del model.graph.node[:]
     model.graph.node.extend(nodes)
@@ -455,6 +456,15 @@ def _attention_out_unfused(model):
 
     out = without_fp8_x(model)
     attach_functions(out)  # FusedMHA without YQ is another variant of the op: its own function body
+    return out
+
+
+def _qkv_bias_in_gemm(model):
+    from deployfuse.ops import attach_functions
+    from deployfuse.rewrite.rules.fp8_qkv_bias import undo
+
+    out = undo(model)
+    attach_functions(out)  # FusedMHA without a Bias is another variant of the op: its own function body
     return out
 
 
@@ -495,10 +505,11 @@ def scales_not_pow2(model):
 ABLATIONS = {"split-mha": (split_mha, "packed_mha undone: Split + com.microsoft.MultiHeadAttention"),
              "norm-unfused": (_norm_unfused, "fp8_norm undone: the GEMMs quantize each SkipLayerNormFp8's Y themselves"),
              "attn-out-unfused": (_attention_out_unfused, "fp8_attention_out undone: the output projections quantize FusedMHA's Y themselves"),
+             "qkv-bias-in-gemm": (_qkv_bias_in_gemm, "fp8_qkv_bias undone: each QKV GEMM adds its bias in cuBLASLt's epilogue"),
              "zero-bias": (zero_biases, "each empty bias back to zeros: the GEMMs whose bias a norm took run cuBLASLt's bias epilogue"),
              "scales-not-pow2": (scales_not_pow2, "activation scales off powers of two: the float8 copies divide instead of multiplying")}
-"""--fp8 rows of the artefact with one change of its own undone: what packed_mha, fp8_norm, fp8_attention_out, the empty
-biases and the power-of-two activation scales each give, timed in the same run (--ablations picks them)."""
+"""--fp8 rows of the artefact with one change of its own undone: what packed_mha, fp8_norm, fp8_attention_out, fp8_qkv_bias,
+the empty biases and the power-of-two activation scales each give, timed in the same run (--ablations picks them)."""
 
 
 def tuned_copy(artefact: Path, inputs: dict, library: str | None, folder: Path) -> tuple[Path, str]:

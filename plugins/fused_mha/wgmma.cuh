@@ -26,6 +26,11 @@ __device__ __forceinline__ uint64_t sw128_desc(uint32_t addr, uint32_t lbo_bytes
          static_cast<uint64_t>(1024 >> 4) << 32 | 1ull << 62;
 }
 
+// Makes this thread's ordinary shared-memory writes visible to the async proxy (the wgmma operand reads that follow a
+// barrier), then the barrier of one warpgroup: named barrier `id` (not 0, __syncthreads'), 128 threads.
+__device__ __forceinline__ void fence_proxy_async_shared() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+__device__ __forceinline__ void warpgroup_barrier(int id) { asm volatile("bar.sync %0, 128;\n" ::"r"(id) : "memory"); }
+
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 template <int N>
