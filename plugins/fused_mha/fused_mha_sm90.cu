@@ -265,7 +265,7 @@ __global__ void __launch_bounds__(Sm90Tile<D, kConsumers, kMask, kCtas>::kThread
         st_shared_v4(addr, v);
       }
       fence_proxy_async_shared();
-      warpgroup_barrier(1 + wg);
+      warpgroup_barrier(wg);
     }
     if (it.n_tiles > 0) {
       float alpha[2];
