@@ -7,7 +7,8 @@
 #     narrow ones also with a CTA a work item (DEPLOYFUSE_MHA_PERSISTENT=0) against the persistent CTAs;
 #   - Fp8GemmAct, Fp8Mlp and SkipLayerNormFp8 (bench/fp8_gemm_gpu.py --check-only), which gpu_quant.sh then skips;
 #   - SkipLayerNormFp8 timed against ONNX Runtime's SkipLayerNormalization (bench/skip_layer_norm_fp8_gpu.py --time-only).
-# MHA=0 leaves FusedMHA's checks and timings out (a session that changed no FusedMHA code: ~100 s of device time).
+# MHA=0 leaves FusedMHA's checks and timings out (a session that changed no FusedMHA code: ~100 s of device time); TIMINGS=0 the
+# timings (checks alone, before bench/gpu_quant.sh in the same call).
 # Logs under $OUT (default /tmp). Exit 1 when a check failed; the timings run either way.
 set -uo pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH="/tmp/site:$PWD:${PYTHONPATH:-}"
@@ -27,7 +28,7 @@ if [ "${MHA:-1}" != 0 ]; then
   done
   python3 bench/ops_gpu.py "$LIB" --only FusedMHA --check-only --ort "$BUILD/libdeployfuse_ort.so" > "$OUT/mha_checks_auto.log" 2>&1 || status=1
   echo "== FusedMHA checks, the launcher's CTAs, C ABI and ORT CUDA EP: $(tail -n 1 "$OUT/mha_checks_auto.log") ($(( $(date +%s) - start )) s)"
-  for tile in auto auto-1item narrow narrow-1item wide triple sm80; do  # -1item: a CTA a work item (DEPLOYFUSE_MHA_PERSISTENT=0)
+  for tile in $([ "${TIMINGS:-1}" != 0 ] && echo auto auto-1item narrow narrow-1item wide triple sm80); do  # -1item: a CTA a work item (DEPLOYFUSE_MHA_PERSISTENT=0)
     if [ "${tile%-1item}" = auto ]; then unset DEPLOYFUSE_MHA_TILE; else export DEPLOYFUSE_MHA_TILE=${tile%-1item}; fi
     if [ "$tile" != "${tile%-1item}" ]; then export DEPLOYFUSE_MHA_PERSISTENT=0; else unset DEPLOYFUSE_MHA_PERSISTENT; fi
     python3 bench/ops_gpu.py "$LIB" --mha-tiles 2>&1 | grep '^mha-tile' | tee -a "$OUT/mha_tiles.log"
@@ -41,7 +42,9 @@ if [ "$fp8" -eq 0 ]; then touch "$BUILD/fp8_checked"; else status=1; fi  # the s
 echo "== fp8 checks rc $fp8: $(grep -ciE '\bok\b' "$OUT/fp8_gemm_checks.log") ok lines ($(( $(date +%s) - start )) s)"
 grep -E '^FAIL|FAILED|Error' "$OUT/fp8_gemm_checks.log" | head -n 20
 grep -E 'HScale' "$OUT/fp8_gemm_checks.log" | head -n 16  # Fp8Mlp's kept 1/HScale
-python3 bench/skip_layer_norm_fp8_gpu.py "$LIB" --ort "$BUILD/libdeployfuse_ort.so" --time-only > "$OUT/sln_vs_ort.log" 2>&1
-grep -E '^(\||sln-vs-ort)' "$OUT/sln_vs_ort.log" || tail -n 5 "$OUT/sln_vs_ort.log"
-echo "== SkipLayerNormFp8 timed ($(( $(date +%s) - start )) s)"
+if [ "${TIMINGS:-1}" != 0 ]; then
+  python3 bench/skip_layer_norm_fp8_gpu.py "$LIB" --ort "$BUILD/libdeployfuse_ort.so" --time-only > "$OUT/sln_vs_ort.log" 2>&1
+  grep -E '^(\||sln-vs-ort)' "$OUT/sln_vs_ort.log" || tail -n 5 "$OUT/sln_vs_ort.log"
+  echo "== SkipLayerNormFp8 timed ($(( $(date +%s) - start )) s)"
+fi
 exit $status
