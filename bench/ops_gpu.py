@@ -605,8 +605,8 @@ MHA_TILE_SHAPES = [  # (b, s, heads, head_dim, attrs): BERT's and GPT-2's 128 to
 def time_mha_tiles():
     """FusedMHA (fp16, packed QKV as the fp8 exports run it) at MHA_TILE_SHAPES under DEPLOYFUSE_MHA_TILE; without it, the launcher's own
     choice and PyTorch SDPA (flash backend where no mask is given) on the same tensors. DEPLOYFUSE_MHA_PERSISTENT=0 (label -1item): a
-    CTA a work item instead of the persistent CTAs. Each shape is timed writing Y (fp16) and writing YQ alone (float8, as the fp8
-    artefacts run it): ViT-B/16's attention took 0.878 ms a call of 12 in the fp8 artefact against 0.666 in the fp16 one on an H100,
+    CTA a work item instead of the persistent CTAs. Each shape is timed writing Y (fp16), writing YQ alone (float8), and YQ alone with the
+    QKV Bias (as the fp8 artefacts run it since rules.fp8_qkv_bias): ViT-B/16's attention took 0.878 ms a call of 12 in the fp8 artefact against 0.666 in the fp16 one on an H100,
     the same kernel instance (bench/results/h200_quant.md section 9)."""
     import os
 
@@ -623,7 +623,10 @@ def time_mha_tiles():
         yq, y_scale = torch.empty(y.shape, dtype=torch.uint8, device=DEVICE), torch.tensor([0.05], device=DEVICE)
         resolved = SPECS["FusedMHA"].resolve(**a)
         yq_ms = graph_ms(lambda: native_mha_direct([*packed, y_scale], resolved, None, yq))
-        line = f"mha-tile {tile} {name} {graph_ms(lambda: native('FusedMHA', packed, a, y)):.4f} ms (YQ alone {yq_ms:.4f} ms)"
+        bias = torch.randn(3 * h * d, dtype=torch.float16, device=DEVICE)
+        bias_ms = graph_ms(lambda: native_mha_direct([*packed, y_scale, bias], resolved, None, yq))
+        line = (f"mha-tile {tile} {name} {graph_ms(lambda: native('FusedMHA', packed, a, y)):.4f} ms (YQ alone {yq_ms:.4f} ms, "
+                f"YQ alone + Bias {bias_ms:.4f} ms)")
         if tile == "auto":  # SDPA once, beside the launcher's persistent CTAs
             q4, k4, v4 = (xs[0].view(b, sq, 3, h, d)[:, :, i].transpose(1, 2) for i in range(3))
             backend = contextlib.nullcontext if xs[3] is not None else lambda: sdpa_kernel(SDPBackend.FLASH_ATTENTION)
