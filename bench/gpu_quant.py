@@ -60,6 +60,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import os
 import shutil
 import statistics
 import sys
@@ -570,6 +571,7 @@ def main(argv: list[str] | None = None) -> None:
     args.compile_modes = [] if args.dry_run else [m for m in args.compile_modes.split(",") if m]
     args.skip = {g for g in args.skip.split(",") if g}
     args.ablations = [a for a in args.ablations.split(",") if a]
+    os.environ.setdefault("DEPLOYFUSE_FP8_QKV_BIAS", "1")  # the fp8 exports take fp8_qkv_bias (opt-in for users: its module says why)
     if set(args.ablations) - set(ABLATIONS):
         parser.exit(2, f"gpu_quant.py: --ablations takes {', '.join(ABLATIONS)}\n")
     args.torchao_granularities = [g for g in args.torchao_granularities.split(",") if g]

@@ -22,6 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 from gpu_quant import ABLATIONS, FP16_FORMS, _fp16_forms, conv1d_as_linear  # noqa: E402
 
 import deployfuse  # noqa: E402
+from deployfuse.rewrite.rules import fp8_qkv_bias  # noqa: E402
 
 
 def test_gpt2_conv1d_as_linear_keeps_the_outputs():
@@ -43,7 +44,8 @@ def test_gpt2_conv1d_as_linear_keeps_the_outputs():
     torch.testing.assert_close(after, before, rtol=1e-5, atol=1e-5)
 
 
-def test_each_ablation_undoes_its_fusion_and_keeps_the_outputs(tmp_path):
+def test_each_ablation_undoes_its_fusion_and_keeps_the_outputs(tmp_path, monkeypatch):
+    monkeypatch.setenv(fp8_qkv_bias.ENV, "1")  # as gpu_quant.py exports: what qkv-bias-in-gemm undoes
     torch.manual_seed(0)
     config = transformers.BertConfig(vocab_size=300, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=256, max_position_embeddings=64)
     model = transformers.BertModel(config).eval()

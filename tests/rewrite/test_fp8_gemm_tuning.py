@@ -23,6 +23,7 @@ from deployfuse.backends.ort import run, session
 from deployfuse.ops.schema import DOMAIN
 from deployfuse.rewrite import gemm_tuning
 from deployfuse.rewrite.gemm_tuning import AlgoChoice, Fp8GemmProblem, Fp8MlpProblem, best_setting, gemm_problems, store_algos
+from deployfuse.rewrite.rules import fp8_qkv_bias
 
 BATCH, SEQ = 3, 10  # M = 30 tokens: not a multiple of 16, as no padding of the problem would leave it
 
@@ -108,7 +109,8 @@ def test_each_fp8_gemm_problem_is_the_shape_the_node_runs_at(fp8_tuned):
         assert p.activation == (helper.get_attribute_value(next(a for a in node.attribute if a.name == "activation")).decode()
                                 if any(a.name == "activation" for a in node.attribute) else "none")
     assert {(p.m, p.k, p.n) for p in problems.values() if isinstance(p, Fp8GemmProblem)} >= {(tokens, hidden, 3 * hidden)}  # split_qkv: one GEMM
-    assert {p.bias for p in problems.values() if isinstance(p, Fp8GemmProblem)} == {0}  # (FC1's bias is in its Fp8Mlp)
+    with_bias = {0} if fp8_qkv_bias.enabled() else {0, 1}  # QKV's bias in the attention or in its GEMM (FC1's is in its Fp8Mlp)
+    assert {p.bias for p in problems.values() if isinstance(p, Fp8GemmProblem)} == with_bias
 
 
 def test_each_fp8_mlp_problem_is_the_shape_the_node_runs_at(fp8_tuned):

@@ -3,7 +3,8 @@
 On a hand-built graph and on tiny BertModel / GPT2Model fp8 ort-cuda exports with trained-like (non-zero) biases, each
 FusedMHA takes its QKV GEMM's bias, the GEMM keeps an empty one, and the graph computes what `undo` (the biases back in the
 GEMMs) computes, on fresh random inputs, through the function bodies (ONNX Runtime optimisations off) and the CPU custom-op
-library. The near misses are left alone with their reason; other targets are unchanged.
+library. The near misses are left alone with their reason; other targets are unchanged, and so is every model unless
+DEPLOYFUSE_FP8_QKV_BIAS=1 (set here for the other tests).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import onnx
 import pytest
 import torch
 import transformers
+from _export import _trained_like
 from _native import random_feed, without_deployfuse_bodies
 from onnx import helper, numpy_helper
 
@@ -21,7 +23,6 @@ from deployfuse.backends.ort import run, session
 from deployfuse.ops import attach_functions, ort_custom_ops_library
 from deployfuse.ops.schema import to_element_type
 from deployfuse.rewrite.rules import fp8_qkv_bias
-from tests.rewrite._export import _trained_like
 
 HIDDEN, HEADS = 32, 2
 F16 = onnx.TensorProto.FLOAT16
@@ -30,6 +31,11 @@ F16 = onnx.TensorProto.FLOAT16
 @pytest.fixture(scope="module")
 def library():
     return ort_custom_ops_library()
+
+
+@pytest.fixture(autouse=True)
+def rule_on(monkeypatch):
+    monkeypatch.setenv(fp8_qkv_bias.ENV, "1")
 
 
 def _graph(rng: np.random.Generator, *, activation: str = "none", other_reader: bool = False) -> onnx.ModelProto:
@@ -94,6 +100,11 @@ def test_near_misses_are_left_alone_with_their_reason(change, why):
 def test_other_targets_keep_the_bias_in_the_gemm():
     for target in ("ort-cpu", "tensorrt"):
         assert fp8_qkv_bias.fuse(_graph(np.random.default_rng(0)), target)[1:] == (0, [])
+
+
+def test_off_unless_asked(monkeypatch):
+    monkeypatch.delenv(fp8_qkv_bias.ENV)
+    assert fp8_qkv_bias.fuse(_graph(np.random.default_rng(0)), "ort-cuda")[1:] == (0, [])
 
 
 _MODELS = {

@@ -9,6 +9,9 @@ section 13). FusedMHA takes it nearly free: b_Q goes into Q as it lands in share
 is left out, since it adds the same q_i·b_K to every score of row i, which the softmax cancels (`ops.defs.fused_mha`). The
 attention is the same; Q, K and V are rounded to T without the bias before b_Q and b_V are added, where the GEMM rounded once.
 
+Exports apply it only with DEPLOYFUSE_FP8_QKV_BIAS=1 (`enabled`) until FusedMHA's CUDA kernels with a Bias have run their checks
+on a GPU (bench/ops_gpu.py; the CPU kernel and function bodies are checked by tests/ops/test_fused_mha_bias.py).
+
 Taken where the GEMM has no activation and a constant non-empty bias, and P feeds only that FusedMHA, directly or through
 Reshapes that keep the last axis and feed only each other (GPT-2's Gemm). Applied by `fp8_gemm.lower` after
 `fp8_attention_out`; `undo` puts the biases back (`autotune`'s other side, and the benchmark's ablation). Its family name is the
@@ -30,6 +33,7 @@ from deployfuse.rewrite.rules.fp8_norm import _timed_against
 from deployfuse.targets import DEPLOYFUSE, Target, get_target
 
 FAMILY = "fp8_qkv_bias"
+ENV = "DEPLOYFUSE_FP8_QKV_BIAS"
 _BIAS = fused_mha.SPEC.inputs.index("Bias")
 _GEMM_BIAS = fp8_gemm_act.SPEC.inputs.index("Bias")
 _EMPTY = "_bias_in_attention"  # the suffix of the empty bias the GEMM gets: `undo` knows the GEMMs by it
@@ -89,11 +93,16 @@ def _qkv_gemm(g: _Graph, index: int) -> tuple[onnx.NodeProto | None, str]:
     return producer, ""
 
 
+def enabled() -> bool:
+    """Whether `fuse` applies the rule: DEPLOYFUSE_FP8_QKV_BIAS=1 (off otherwise; see the module)."""
+    return os.environ.get(ENV, "0") == "1"
+
+
 def fuse(model: onnx.ModelProto, target: str | Target) -> tuple[onnx.ModelProto, int, list[str]]:
     """`model` with each packed QKV GEMM's bias moved into the FusedMHA reading it (in place, main graph); how many; why each
     FusedMHA with a QKV GEMM left as it was was refused ("<node>: <reason>"). A target without the `fp8_qkv_bias` lowering
-    (every one but ort-cuda) gets the model unchanged."""
-    if not get_target(target).lowering(FAMILY):
+    (every one but ort-cuda) gets the model unchanged, as every target does unless `enabled`."""
+    if not get_target(target).lowering(FAMILY) or not enabled():
         return model, 0, []
     g = _Graph(model.graph)
     moved, refused = 0, []
