@@ -79,19 +79,18 @@ def reference_outputs(
     return y, quantize_e4m3(y, y_scale).to(torch.float8_e4m3fn)
 
 
-def _thirds(b: Body) -> tuple[str, str, str]:
-    """packed_qkv: Q's first, K's second and V's last third along the last axis."""
-    third = b.op("Div", b.op("Slice", b.op("Shape", "Q"), b.ints(2), b.ints(3)), b.ints(3))
+def _thirds(b: Body, sources: tuple[str, str, str], axis: int) -> tuple[str, str, str]:
+    """The first third of sources[0], the second of sources[1] and the last of sources[2] along `axis` (each as wide as the
+    first): packed_qkv's Q, K and V, and the Bias's b_Q, b_K and b_V."""
+    third = b.op("Div", b.op("Slice", b.op("Shape", sources[0]), b.ints(axis), b.ints(axis + 1)), b.ints(3))
     bounds = [b.ints(0), third, b.op("Add", third, third), b.op("Mul", third, b.ints(3))]
-    return tuple(b.op("Slice", name, bounds[i], bounds[i + 1], b.ints(2)) for i, name in enumerate("QKV"))  # type: ignore[return-value]
+    return tuple(b.op("Slice", name, bounds[i], bounds[i + 1], b.ints(axis)) for i, name in enumerate(sources))  # type: ignore[return-value]
 
 
 def body(b: Body, variant: dict[str, Any]) -> str:
-    q_in, k_in, v_in = _thirds(b) if variant["packed_qkv"] else ("Q", "K", "V")
+    q_in, k_in, v_in = _thirds(b, ("Q", "K", "V"), 2) if variant["packed_qkv"] else ("Q", "K", "V")
     if variant.get("Bias"):
-        third = b.op("Div", b.op("Shape", "Bias"), b.ints(3))
-        bounds = [b.ints(0), third, b.op("Add", third, third), b.op("Mul", third, b.ints(3))]
-        q_in, k_in, v_in = (b.op("Add", name, b.op("Slice", "Bias", bounds[i], bounds[i + 1])) for i, name in enumerate((q_in, k_in, v_in)))
+        q_in, k_in, v_in = (b.op("Add", x, bias) for x, bias in zip((q_in, k_in, v_in), _thirds(b, ("Bias",) * 3, 0)))
     heads = b.op("Unsqueeze", b.int_attr("num_heads"), b.ints(0))
     split = b.op("Concat", b.ints(0), b.ints(0), heads, b.ints(-1), axis=0)
     q = b.op("Transpose", b.op("Reshape", q_in, split), perm=[0, 2, 1, 3])  # [B, H, Sq, D]
