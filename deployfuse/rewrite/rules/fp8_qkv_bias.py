@@ -43,10 +43,6 @@ def _is(node: onnx.NodeProto | None, spec_name: str) -> bool:
     return node is not None and node.domain == DEPLOYFUSE and node.op_type == spec_name
 
 
-def _attr(node: onnx.NodeProto, name: str, default: object) -> object:
-    return next((onnx.helper.get_attribute_value(a) for a in node.attribute if a.name == name), default)
-
-
 def _width(g: _Graph, gemm: onnx.NodeProto | None) -> int | None:
     """N of an Fp8GemmAct (its W is [N, K]), where W is a constant."""
     if not _is(gemm, fp8_gemm_act.SPEC.name):
@@ -72,7 +68,7 @@ def _qkv_gemm(g: _Graph, index: int) -> tuple[onnx.NodeProto | None, str]:
     one `fp8_norm` moved past it), or None and why."""
     node = g.nodes[index]
     packed = node.input[0]
-    if not _attr(node, "packed_qkv", 0) or list(node.input[:3]) != [packed] * 3:
+    if not fused_mha.SPEC.node_attrs(node)["packed_qkv"] or list(node.input[:3]) != [packed] * 3:
         return None, "not one packed QKV tensor"
     if packed in g.outputs or set(g.readers.get(packed, [])) != {index}:
         return None, "the packed QKV has other readers"
@@ -86,7 +82,7 @@ def _qkv_gemm(g: _Graph, index: int) -> tuple[onnx.NodeProto | None, str]:
     if not _is(producer, fp8_gemm_act.SPEC.name):
         return None, "the packed QKV does not come from an Fp8GemmAct"
     assert producer is not None
-    if _attr(producer, "activation", b"none") not in (b"none", "none"):
+    if fp8_gemm_act.SPEC.node_attrs(producer)["activation"] != "none":
         return None, "the GEMM applies an activation after its bias"
     if not all(_keeps_last_axis(g, r, _width(g, producer)) for r in reshapes):
         return None, "a Reshape may change the last axis"
