@@ -452,21 +452,15 @@ def _norm_unfused(model):
 
 
 def _attention_out_unfused(model):
-    from deployfuse.ops import attach_functions
     from deployfuse.rewrite.rules.fp8_attention_out import without_fp8_x
 
-    out = without_fp8_x(model)
-    attach_functions(out)  # FusedMHA without YQ is another variant of the op: its own function body
-    return out
+    return without_fp8_x(model)
 
 
 def _qkv_bias_in_gemm(model):
-    from deployfuse.ops import attach_functions
     from deployfuse.rewrite.rules.fp8_qkv_bias import undo
 
-    out = undo(model)
-    attach_functions(out)  # FusedMHA without a Bias is another variant of the op: its own function body
-    return out
+    return undo(model)
 
 
 def zero_biases(model):

@@ -88,8 +88,7 @@ def test_rewritten_graph_computes_what_the_gemms_own_quantize_passes_did(library
     assert [n.op_type for n in fused.graph.node].count("Reshape") == 1, "the Reshape moved past the GEMM (onto its output)"
     feed = random_feed(rng, model)
     _assert_same_outputs(fused, model, feed, library)
-    unfused = fp8_attention_out.without_fp8_x(fused)  # autotune's other side
-    attach_functions(unfused)
+    unfused = fp8_attention_out.without_fp8_x(fused)  # autotune's other side, with its own function bodies
     assert not any(n.op_type == "FusedMHA" and len(n.input) > 4 and n.input[4] for n in unfused.graph.node)
     _assert_same_outputs(fused, unfused, feed, library)
 
@@ -132,6 +131,5 @@ def test_fp8_export_attention_writes_the_output_projection_x(library, name, tmp_
     assert len(projections) == len(attention), "each output projection reads its attention's float8 YQ"
     ops = collections.Counter(n.op_type for n in artefact.graph.node)
     unfused = fp8_attention_out.without_fp8_x(artefact)
-    attach_functions(unfused)
     assert collections.Counter(n.op_type for n in unfused.graph.node) == ops, "the rule changes no node count: the pass lives inside Fp8GemmAct"
     _assert_same_outputs(artefact, unfused, random_feed(np.random.default_rng(), artefact), library)

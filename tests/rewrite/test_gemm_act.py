@@ -38,7 +38,8 @@ def test_gpt2_conv1d_gemms():
     assert {f.name for f in model.functions} >= {"GemmAct"}
 
 
-@pytest.mark.parametrize(("name", "biased"), [("bert", 0), ("vit", 1)])  # ViT: patch_embed's patch GEMM + bias, no activation
+# BERT: the pooler's 2-D Linear (Gemm, transB=1) before its Tanh; ViT: patch_embed's patch GEMM + bias, no activation
+@pytest.mark.parametrize(("name", "biased"), [("bert", 1), ("vit", 1)])
 def test_exact_gelu_stays_bias_gelu(name, biased):
     """cuBLASLt's GELU is the tanh form: MatMul + bias + exact GELU stays MatMul + BiasGelu."""
     check_case(name, "dynamo", "ort-cuda", {"gemm_act": biased, "bias_gelu": 2}, {"com.microsoft::BiasGelu": 2, "deployfuse::GemmAct": biased})
@@ -51,8 +52,8 @@ def test_not_on_cpu_or_tensorrt(target):
 
 
 def _near_misses() -> onnx.ModelProto:
-    """Three linear layers GemmAct must not take: a weight that is an input, a Gemm with transB=1,
-    and a bias that is a matrix."""
+    """Linear layers GemmAct must not take: a weight that is an input, two Gemms with transB=1 reading one stored Wᵀ
+    (the transposed copy would store it twice), and a bias that is a matrix."""
     rng = np.random.default_rng(0)
     const = {name: numpy_helper.from_array(rng.standard_normal(shape).astype(np.float32), name)
              for name, shape in (("w_t", (4, 8)), ("b", (4,)), ("w", (8, 4)), ("b2", (3, 4)))}
@@ -60,12 +61,34 @@ def _near_misses() -> onnx.ModelProto:
         helper.make_node("MatMul", ["x", "y"], ["m0"]), helper.make_node("Add", ["m0", "b"], ["a0"]), helper.make_node("Relu", ["a0"], ["r0"]),
         helper.make_node("Gemm", ["x2", "w_t", "b"], ["g1"], transB=1), helper.make_node("Relu", ["g1"], ["r1"]),
         helper.make_node("MatMul", ["x", "w"], ["m2"]), helper.make_node("Add", ["m2", "b2"], ["r2"]),
+        helper.make_node("Gemm", ["x", "w_t", "b"], ["r3"], transB=1),
     ]
     inputs = [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [3, 8]), helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [8, 4]),
               helper.make_tensor_value_info("x2", onnx.TensorProto.FLOAT, [3, 8])]
-    outputs = [helper.make_tensor_value_info(f"r{i}", onnx.TensorProto.FLOAT, [3, 4]) for i in range(3)]
+    outputs = [helper.make_tensor_value_info(f"r{i}", onnx.TensorProto.FLOAT, [3, 4]) for i in range(4)]
     graph = helper.make_graph(nodes, "near_misses", inputs, outputs, initializer=list(const.values()))
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=10)
+
+
+def test_gemm_with_transposed_weight_takes_the_weight_transposed_once():
+    """2-D nn.Linear as the exporters write it, Gemm(x, Wᵀ, b, transB=1) [+ ReLU]: GemmAct reads W = (Wᵀ)ᵀ, a new initializer
+    in place of Wᵀ (not a second copy), with the numbers of the unfused graph."""
+    rng = np.random.default_rng()
+    const = [numpy_helper.from_array(rng.standard_normal(shape).astype(np.float32), name) for name, shape in
+             (("w1_t", (16, 8)), ("b1", (16,)), ("w2_t", (4, 16)), ("b2", (4,)))]
+    nodes = [helper.make_node("Gemm", ["x", "w1_t", "b1"], ["g1"], transB=1), helper.make_node("Relu", ["g1"], ["r1"]),
+             helper.make_node("Gemm", ["r1", "w2_t", "b2"], ["y"], transB=1)]
+    graph = helper.make_graph(nodes, "linear_2d", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [5, 8])],
+                              [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [5, 4])], initializer=const)
+    model = onnx.shape_inference.infer_shapes(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=10))
+    feed = {"x": rng.standard_normal((5, 8), dtype=np.float32)}
+    out, report = fuse(model, "ort-cuda", [feed])
+    assert {k: v for k, v in report.counts().items() if k.startswith("gemm_act") and v} == {"gemm_act_relu": 1, "gemm_act": 1}
+    assert [n.op_type for n in out.graph.node] == ["GemmAct", "GemmAct"]
+    sizes = {t.name: list(t.dims) for t in out.graph.initializer}
+    assert [sizes[n.input[1]] for n in out.graph.node] == [[8, 16], [16, 4]] and not {"w1_t", "w2_t"} & set(sizes), sizes
+    feed = {"x": rng.standard_normal((5, 8), dtype=np.float32)}
+    np.testing.assert_allclose(run(session(out, optimize=False), feed)["y"], run(session(model, optimize=False), feed)["y"], rtol=1e-5, atol=1e-5)
 
 
 def test_near_misses_are_left_alone():

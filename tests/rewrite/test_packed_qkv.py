@@ -69,6 +69,49 @@ def test_whisper_scaled_query_and_bias_free_key_pack(exporter: str, target: str)
 
 
 @functools.cache
+def opt_export() -> onnx.ModelProto:
+    """A 2-layer OPTModel (pre-norm decoder, causal), dynamo-exported with dynamic batch and sequence: Q = (x·Wq + bq)·s, and
+    every head split is `view(B, -1, H, hd)`, the sequence inferred (-1) and the batch given."""
+    import transformers
+
+    torch.manual_seed(0)
+    cfg = transformers.OPTConfig(vocab_size=500, hidden_size=64, num_hidden_layers=2, ffn_dim=128, num_attention_heads=4,
+                                 max_position_embeddings=64, word_embed_proj_dim=64, use_cache=False)
+    module = transformers.OPTModel(cfg).eval()
+    _trained_like(module)
+    ids = torch.randint(0, 500, (2, 16))
+    inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    auto = {0: torch.export.Dim.AUTO, 1: torch.export.Dim.AUTO}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        program = torch.onnx.export(module, (), kwargs=inputs, dynamo=True, dynamic_shapes={n: auto for n in inputs}, opset_version=18,
+                                    optimize=True, verbose=False)
+    return clean(program.model_proto)
+
+
+@pytest.mark.parametrize("target", ORT_TARGETS)
+def test_opt_heads_split_with_an_inferred_sequence_pack(target: str) -> None:
+    """OPT splits heads by `view(B, -1, H, hd)`: S = B·S·H·hd / (B·H·hd) is proven once B, H and hd are, so the attention takes
+    the projections themselves and each layer packs, its query scale folded in; the numbers of the unfused graph at two
+    shapes, a padded batch among them. (The TorchScript export is not packed: its Q and K projections also feed Shape
+    nodes, so they have other consumers; the dynamo exporter, tried first, writes none.)"""
+    model = opt_export()
+    rng = np.random.default_rng(zlib.crc32(target.encode()))
+    feeds_ = []
+    for batch, seq in ((2, 16), (3, 9)):
+        mask = np.ones((batch, seq), np.int64)
+        mask[0, seq // 2:] = 0
+        feeds_.append({"input_ids": rng.integers(0, 500, (batch, seq)), "attention_mask": mask})
+    out, report = fuse(model, target, feeds_[:1])
+    counts, have = report.counts(), op_counts(out)
+    assert not [f.family for f in report.families if f.rolled_back]
+    assert counts["attention"] == 2 and counts["packed_qkv"] == 2, counts
+    assert have.get("com.microsoft::Attention", 0) == 2 and "com.microsoft::MultiHeadAttention" not in have, have
+    assert have.get("Mul", 0) <= 1 and have.get("Transpose", 0) == 0, have  # the query scales folded (a Mul may remain in the positions)
+    guard.check(out, guard.run_outputs(model, feeds_, ["CPUExecutionProvider"]), feeds_, ["CPUExecutionProvider"])
+
+
+@functools.cache
 def bert_decoder() -> onnx.ModelProto:
     """The zoo's BERT as a decoder with cross-attention: self-attention on the tokens (causal),
     cross-attention with queries from the tokens and keys / values from `encoder_hidden_states`."""

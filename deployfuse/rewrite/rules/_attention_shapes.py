@@ -293,8 +293,9 @@ def split_source(value: ir.Value) -> tuple[ir.Value, int, int] | None:
     heads = hidden // head_dim
     if target[2] != -1 and not same_dim(target[2], heads):
         return None
-    # a -1 batch entry is exact once S, heads and head_dim are proven: B·S·H·D / (S·H·D) = B
-    batch = target[0] == -1 or same_dim(target[0], DimOf(source, 0))
-    if not batch or not same_dim(target[1], DimOf(source, 1)):
+    # one -1 entry (a Reshape allows no more) is exact once the others are proven: B·S·H·D / (S·H·D) = B, and
+    # B·S·H·D / (B·H·D) = S (OPT's view(bsz, -1, heads, head_dim))
+    batch, seq = (target[i] == -1 or same_dim(target[i], DimOf(source, i)) for i in (0, 1))
+    if not (batch and seq):
         return None
     return source, heads, head_dim

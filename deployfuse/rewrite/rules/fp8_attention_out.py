@@ -29,6 +29,7 @@ import numpy as np
 import onnx
 
 from deployfuse.ops.defs import fused_mha
+from deployfuse.ops.functions import attach_functions
 from deployfuse.rewrite.rules.fp8_mlp import _Graph
 from deployfuse.rewrite.rules.fp8_norm import _timed_against, quantizing_producers
 from deployfuse.targets import DEPLOYFUSE, Target, get_target
@@ -71,7 +72,8 @@ def fuse(model: onnx.ModelProto, target: str | Target) -> tuple[onnx.ModelProto,
 
 def without_fp8_x(model: onnx.ModelProto) -> onnx.ModelProto:
     """A copy of `model` in which the GEMMs read each FusedMHA's Y again (their own quantize pass) and no YQ is written: the
-    same attention and GEMMs, the quantization where it was before the rule (`autotune`'s other side)."""
+    same attention and GEMMs, the quantization where it was before the rule (`autotune`'s other side), with the function
+    body of each FusedMHA's new variant (runs as it is)."""
     out = onnx.ModelProto()
     out.CopyFrom(model)
     for node in out.graph.node:
@@ -84,6 +86,7 @@ def without_fp8_x(model: onnx.ModelProto) -> onnx.ModelProto:
             del node.input[-1]
         for reader in out.graph.node:
             reader.input[:] = [y if name == yq else name for name in reader.input]
+    attach_functions(out)
     return out
 
 

@@ -29,6 +29,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from deployfuse.ops.defs import fp8_gemm_act, fp8_mlp, skip_layer_norm_fp8
+from deployfuse.ops.functions import attach_functions
 from deployfuse.rewrite.rules.fp8_mlp import _Graph
 from deployfuse.targets import DEPLOYFUSE, MS, Target, get_target
 
@@ -208,7 +209,8 @@ def quantizing_producers(
 
 def without_fp8_x(model: onnx.ModelProto) -> onnx.ModelProto:
     """A copy of `model` in which the GEMMs read each SkipLayerNormFp8's Y again (their own quantize pass) and no YQ is
-    written: the same norms and GEMMs, the quantization where it was before the rule (`autotune`'s other side)."""
+    written: the same norms and GEMMs, the quantization where it was before the rule (`autotune`'s other side), with its
+    function bodies (runs as it is)."""
     out = onnx.ModelProto()
     out.CopyFrom(model)
     for norm in (n for n in out.graph.node if n.domain == DEPLOYFUSE and n.op_type == skip_layer_norm_fp8.SPEC.name):
@@ -216,6 +218,7 @@ def without_fp8_x(model: onnx.ModelProto) -> onnx.ModelProto:
         norm.output[0], norm.output[1] = y, ""
         for node in out.graph.node:
             node.input[:] = [y if name == yq else name for name in node.input]
+    attach_functions(out)
     return out
 
 
@@ -232,9 +235,7 @@ def _timed_against(
     model: onnx.ModelProto, before: onnx.ModelProto, family: str, feed: Mapping[str, np.ndarray], library: str | os.PathLike[str] | None
 ) -> tuple[onnx.ModelProto, str]:
     """`model`, or `before` (the model without `family`) where `model` is slower on ort-cuda, and the decision in one line."""
-    from deployfuse.ops import attach_functions
     from deployfuse.rewrite.autotune import time_family
 
-    attach_functions(before)
     decision = time_family(before, model, "ort-cuda", feed, custom_ops_library=library)
     return (model, f"{family} kept: {decision.reason}") if decision.keep else (before, f"{family} reverted: {decision.reason}")

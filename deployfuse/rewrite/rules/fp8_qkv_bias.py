@@ -28,6 +28,7 @@ import onnx
 from onnx import numpy_helper
 
 from deployfuse.ops.defs import fp8_gemm_act, fused_mha
+from deployfuse.ops.functions import attach_functions
 from deployfuse.rewrite.rules.fp8_mlp import _Graph
 from deployfuse.rewrite.rules.fp8_norm import _timed_against
 from deployfuse.targets import DEPLOYFUSE, Target, get_target
@@ -127,7 +128,8 @@ def fuse(model: onnx.ModelProto, target: str | Target) -> tuple[onnx.ModelProto,
 
 
 def undo(model: onnx.ModelProto) -> onnx.ModelProto:
-    """A copy of `model` with each FusedMHA's Bias back in its QKV GEMM's epilogue: the same math, as before the rule."""
+    """A copy of `model` with each FusedMHA's Bias back in its QKV GEMM's epilogue: the same math, as before the rule, with
+    the function body of each FusedMHA's new variant (runs as it is)."""
     out = onnx.ModelProto()
     out.CopyFrom(model)
     g = _Graph(out.graph)
@@ -146,6 +148,7 @@ def undo(model: onnx.ModelProto) -> onnx.ModelProto:
     kept = [t for t in out.graph.initializer if t.name not in emptied]
     del out.graph.initializer[:]
     out.graph.initializer.extend(kept)
+    attach_functions(out)
     return out
 
 

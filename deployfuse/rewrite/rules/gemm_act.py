@@ -4,7 +4,9 @@
 
 W is a constant [K, N], b a constant [N]; x · W + b comes as MatMul + Add or as a Gemm (GPT-2's
 Conv1D: addmm on [B·S, K], possibly viewed back to [B, S, N] before the activation, which then
-follows the fused node). On CUDA the bias and activation run in cuBLASLt's epilogue, in the GEMM
+follows the fused node). A Gemm with transB=1 (a 2-D nn.Linear: OPT's MLP on the flattened tokens,
+the TorchScript exporter's linear layers) stores Wᵀ [N, K]; GemmAct gets W = (Wᵀ)ᵀ as a new
+initializer, unless another node also reads Wᵀ (the weight would then be stored twice). On CUDA the bias and activation run in cuBLASLt's epilogue, in the GEMM
 kernel, with the algorithm `--autotune` picks for the shape (`algo`); ONNX Runtime's MatMul + Add
 (or Gemm) needs a second pass for the bias. ort-cuda only: ORT's CPU GEMM takes the bias itself,
 and TensorRT fuses GEMM epilogues on its own.
@@ -18,6 +20,7 @@ later family fuses with the bias is left to that family.
 
 from __future__ import annotations
 
+import numpy as np
 import onnx_ir as ir
 from onnxscript.rewriter import MatchResult, pattern
 
@@ -30,6 +33,11 @@ FAMILY = "gemm_act"
 # Consumers of a bias add that a later family fuses with the bias (bias_gelu: GELU; bias_act:
 # SiLU = x·sigmoid(x), sigmoid): the add stays for them.
 _LEFT_FOR_LATER = ("Gelu", "FastGelu", "Sigmoid", "Mul")
+
+
+def _transposes_b(linear: ir.Value) -> bool:
+    """Whether the Gemm producing `linear` reads its B transposed (transB=1)."""
+    return bool(linear.producer().attributes.get_int("transB", 0))
 
 
 def _const_2d(value: ir.Value | None) -> tuple[int, int] | None:
@@ -63,13 +71,18 @@ class GemmEpilogue(FusionRule):
         fail = MatchResult().fail
         if act_out is not None and act_out.producer().domain in ("", "ai.onnx") and gelu20_approximate(act_out) != "tanh":
             return fail("Gelu-20 without approximate='tanh': cuBLASLt's GELU is the tanh form", act_out)
+        transposed = self.gemm and _transposes_b(linear)
         if self.gemm:
             attrs = linear.producer().attributes
-            if attrs.get_int("transA", 0) or attrs.get_int("transB", 0) or attrs.get_float("alpha", 1.0) != 1.0 or attrs.get_float("beta", 1.0) != 1.0:
-                return fail("Gemm transposes an input or scales (transA/transB/alpha/beta)", linear)
+            if attrs.get_int("transA", 0) or attrs.get_float("alpha", 1.0) != 1.0 or attrs.get_float("beta", 1.0) != 1.0:
+                return fail("Gemm transposes its A or scales (transA/alpha/beta)", linear)
+            if transposed and len(w.uses()) > 1:
+                return fail("Gemm's transposed weight (transB=1) is read by other nodes: W would be stored twice", w)
         weight = _const_2d(w)
         if weight is None:
             return fail("the weight is not a constant matrix", w)
+        if transposed:
+            weight = (weight[1], weight[0])
         if not const_1d(bias, weight[1]) or bias.dtype != x.dtype or w.dtype != x.dtype:
             return fail("bias is not a constant vector of the weight's N and x's dtype", bias)
         if x.shape is None or len(x.shape) < (2 if self.gemm else 1) or x.shape[-1] != weight[0]:
@@ -88,7 +101,10 @@ class GemmEpilogue(FusionRule):
         adds = [user for user, _ in linear.uses() if is_op(user, "Add")]
         return adds[0].outputs[0] if len(adds) == 1 else None
 
-    def rewrite(self, op, x, w, bias, shape=None, reshaped=None, **_):
+    def rewrite(self, op, x, w, bias, linear=None, shape=None, reshaped=None, **_):
+        if self.gemm and _transposes_b(linear):
+            stored = ir.convenience.get_const_tensor(w).numpy()
+            w = op.initializer(ir.tensor(np.ascontiguousarray(stored.T)), name=f"{w.name}_transposed")
         y = self.emit(op, x, w, bias, activation=self.activation)
         if reshaped is not None:
             y = op.Reshape(y, shape, **{k: a.value for k, a in reshaped.producer().attributes.items()})
