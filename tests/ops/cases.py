@@ -12,7 +12,11 @@ bench/ops_gpu.py, mha_mask)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
+
+from deployfuse.ops.defs import fp8_mlp
+from deployfuse.ops.models import example_inputs
 
 CASES: list[tuple[str, tuple[int, ...], dict[str, Any]]] = [
     ("LayerNormGelu", (3, 5, 37), {}),
@@ -203,3 +207,15 @@ GPU_BIAS_CASES: list[tuple[str, tuple[int, ...], dict[str, Any]]] = [
 def case_id(case: tuple[str, tuple[int, ...], dict[str, Any]]) -> str:
     op, shape, attrs = case
     return f"{op}-{'x'.join(map(str, shape))}-" + ",".join(f"{k}={v}" for k, v in attrs.items())
+
+
+def draw(op: str, shape: Sequence[int], **kwargs: Any) -> list[Any]:
+    """`example_inputs`, drawn again while an Fp8Mlp draw holds a hidden value near a float8 tie (`fp8_mlp.hidden_ties`):
+    the reference and the body or kernel, summing in other orders, may round it a float8 step apart, far past the tests'
+    tolerances (2 case runs in 3,000 failed so). The window is wide (a third of these cases' draws are drawn again), so
+    no tie is missed."""
+    for _ in range(32):
+        xs = example_inputs(op, shape, **kwargs)
+        if op != fp8_mlp.SPEC.name or not fp8_mlp.hidden_ties(xs, kwargs.get("activation", "none")):
+            return xs
+    raise AssertionError(f"32 draws of {op} {shape} each held a hidden value near a float8 tie")

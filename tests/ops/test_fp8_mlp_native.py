@@ -17,6 +17,7 @@ from deployfuse.backends.ort import run, session
 from deployfuse.ops import ort_custom_ops_library
 from deployfuse.ops.models import example_inputs, ort_feed, single_op_model
 from deployfuse.ops.specs import SPECS
+from tests.ops.cases import draw
 
 OP = "Fp8Mlp"
 
@@ -41,7 +42,7 @@ def test_shape_checks_name_the_input_that_does_not_fit(bad, why):
 def test_algo_attributes_leave_the_cpu_kernel_as_it_is_and_a_bad_one_is_refused():
     """algo1 / algo2 pick CUDA kernels only: the CPU kernel's output with a candidate pair set equals its output without, and
     equals the function body's; an index below -1 is refused by name."""
-    xs = example_inputs(OP, (2, 3, 24, 32, 8))
+    xs = draw(OP, (2, 3, 24, 32, 8), activation="gelu_tanh")
     plain = single_op_model(OP, xs, activation="gelu_tanh")
     library = ort_custom_ops_library()
     got = {}
@@ -65,7 +66,7 @@ def test_algo_attributes_leave_the_cpu_kernel_as_it_is_and_a_bad_one_is_refused(
 def test_hscale_as_a_constant_initializer_or_a_feed_gives_the_function_bodys_output():
     """The kernel instance reads at creation whether HScale is a constant initializer (the CUDA kernel then keeps 1/HScale on the
     device): the node with HScale an initializer and with HScale fed, through the library's kernel, equals the function body."""
-    xs = example_inputs(OP, (2, 3, 32, 48, 16))
+    xs = draw(OP, (2, 3, 32, 48, 16), activation="relu")
     library = ort_custom_ops_library()
     want = run(session(single_op_model(OP, xs, activation="relu"), optimize=False), ort_feed(OP, xs))["Y"]
     assert np.abs(want).max() > 0

@@ -11,13 +11,13 @@ import torch
 from deployfuse.backends.ort import run, session
 from deployfuse.ops import SPECS, attach_functions
 from deployfuse.ops.models import example_inputs, ort_feed, reference_output, single_op_model
-from tests.ops.cases import CASES, case_id
+from tests.ops.cases import CASES, case_id, draw
 
 
 def _run_case(case, opset: int, dtype=np.float32):
     op, shape, attrs = case
     attrs = dict(attrs)
-    xs = example_inputs(op, shape, dtype=dtype, **attrs)
+    xs = draw(op, shape, dtype=dtype, **attrs)
     attrs.pop("mask", None)
     model = single_op_model(op, xs, opset=opset, **attrs)
     onnx.checker.check_model(model, full_check=True)
@@ -80,3 +80,21 @@ def test_attach_functions_rejects_bad_nodes():
     model.graph.node[0].op_type = "Nope"
     with pytest.raises(ValueError, match="unknown deployfuse op 'Nope'"):
         attach_functions(model)
+
+
+def test_draws_keep_fp8_mlp_hidden_values_off_float8_ties():
+    """`fp8_mlp.hidden_ties` counts a hidden value put on a tie between two float8 values (through B1) and not one put half a
+    float8 step away, on the float8 value: so `draw` can keep the body-vs-reference checks above off ties."""
+    from deployfuse.ops.defs import fp8_mlp
+    from deployfuse.ops.schema import to_element_type
+
+    xs = example_inputs("Fp8Mlp", (1, 16, 16, 8), activation="none")
+    x, x_scale, w1, w1_scale, b1, h_scale = xs[:6]
+    x_dq = to_element_type(x / x_scale, "float8e4m3fn").astype(np.float64) * float(x_scale)
+    first = float(x_dq[0] @ (w1[0].astype(np.float64) * float(w1_scale)))  # the first hidden value without its bias
+    step = 2.0 ** (np.floor(np.log2(10.0)) - 3)  # e4m3's spacing in [8, 16)
+    counts = {}
+    for where, v in (("tie", 10.0 + step / 2), ("value", 10.0 + step)):
+        b1[0] = np.float32(v * float(h_scale) - first)
+        counts[where] = fp8_mlp.hidden_ties(xs, "none")
+    assert counts["tie"] == counts["value"] + 1, counts

@@ -11,7 +11,7 @@ from deployfuse.backends.ort import run, session
 from deployfuse.ops import SPECS, ort_custom_ops_library
 from deployfuse.ops.models import example_inputs, ort_feed, reference_output, single_op_model
 from deployfuse.ops.native import build_plugins
-from tests.ops.cases import CASES, case_id
+from tests.ops.cases import CASES, case_id, draw
 
 
 @pytest.fixture(scope="module")
@@ -23,7 +23,7 @@ def library():
 def test_native_cpu_kernel_matches_reference(library, case):
     op, shape, attrs = case
     attrs = dict(attrs)
-    xs = example_inputs(op, shape, **attrs)
+    xs = draw(op, shape, **attrs)
     attrs.pop("mask", None)
     model = single_op_model(op, xs, **attrs)
     del model.functions[:]  # only the native kernel can run this node now

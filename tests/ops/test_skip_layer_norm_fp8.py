@@ -14,6 +14,7 @@ from deployfuse.ops import attach_functions, ort_custom_ops_library
 from deployfuse.ops.defs.skip_layer_norm_fp8 import EXAMPLE_VOCAB, reference_outputs
 from deployfuse.ops.models import example_inputs, ort_feed, reference_output, single_op_model, torch_inputs
 from deployfuse.ops.schema import to_element_type
+from tests.ops.cases import draw
 
 OP = "SkipLayerNormFp8"
 F8 = onnx.TensorProto.FLOAT8E4M3FN
@@ -127,7 +128,7 @@ def _fp8_x_model(op: str, xs: list) -> tuple[onnx.ModelProto, dict]:
 @pytest.mark.parametrize("native", [False, True], ids=["function_body", "cpu_library"])
 def test_fp8_gemms_take_x_in_float8(library, op, shape, native):
     """Fed q(X) instead of X, the op computes what it computes on dq(q(X)) = float(q(X))·XScale: no second rounding."""
-    xs = example_inputs(op, shape, activation="gelu_tanh")
+    xs = draw(op, shape, activation="gelu_tanh")
     model, feed = _fp8_x_model(op, xs)
     if native:
         del model.functions[:]

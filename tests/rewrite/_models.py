@@ -5,6 +5,8 @@ Each builder returns `(module, inputs)` like tests/zoo.py entries; `dynamic` axe
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 
@@ -128,6 +130,29 @@ class GemmProjections(torch.nn.Module):
 
 
 BLOCKS["gemm_projections"] = lambda: (GemmProjections().eval(), {"x": torch.randn(2, 8, 32)})
+
+
+class MaskedFillAttention(torch.nn.Module):
+    """nanoGPT's (and minGPT's) causal self-attention, written by hand: one packed c_attn split in three, scores
+    (q @ kᵀ) / √hd masked by `masked_fill(tril == 0, fill)` on a [1, 1, T, T] buffer sliced to the sequence, softmax, @ v.
+    `fill` -inf as nanoGPT writes it; a fill above -1e4 is a score, not a mask."""
+
+    def __init__(self, width: int = 32, heads: int = 4, positions: int = 16, fill: float = float("-inf")) -> None:
+        super().__init__()
+        self.heads, self.fill = heads, fill
+        self.c_attn, self.c_proj = torch.nn.Linear(width, 3 * width), torch.nn.Linear(width, width)
+        self.register_buffer("bias", torch.tril(torch.ones(positions, positions)).view(1, 1, positions, positions))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, c = x.shape
+        q, k, v = (h.view(b, t, self.heads, c // self.heads).transpose(1, 2) for h in self.c_attn(x).split(c, dim=2))
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
+        att = F.softmax(att.masked_fill(self.bias[:, :, :t, :t] == 0, self.fill), dim=-1)
+        return self.c_proj((att @ v).transpose(1, 2).contiguous().view(b, t, c))
+
+
+BLOCKS["masked_fill_attention"] = lambda: (MaskedFillAttention().eval(), {"x": torch.randn(2, 8, 32)})
+BLOCKS["masked_fill_score"] = lambda: (MaskedFillAttention(fill=-100.0).eval(), {"x": torch.randn(2, 8, 32)})
 
 
 class GroupedEncoder(torch.nn.Module):

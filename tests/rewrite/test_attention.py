@@ -15,12 +15,12 @@ import onnx_ir as ir
 import onnxscript.optimizer
 import pytest
 import torch
-from _export import EXPORTERS, _Positional, _axes, exported
+from _export import EXPORTERS, _Positional, _axes, _trained_like, check_case, exported
 from onnxscript.rewriter import pattern
 from zoo import ZOO
 
 from deployfuse.export import clean
-from deployfuse.rewrite import guard
+from deployfuse.rewrite import fuse, guard
 from deployfuse.rewrite.rules import attention, rotary
 
 TRANSFORMERS = ("bert", "gpt2", "vit", "llama", "whisper_encoder")
@@ -123,3 +123,63 @@ def test_models_without_attention_are_left_alone() -> None:
     out, counts = fused(model, attention.rules("ort-cpu"))
     assert sum(counts.values()) == 0
     assert len(out.graph.node) == len(model.graph.node)
+
+
+@pytest.mark.parametrize("target", ["ort-cpu", "tensorrt"])
+@pytest.mark.parametrize("exporter", EXPORTERS)
+def test_masked_fill_attention_fuses(exporter: str, target: str) -> None:
+    """nanoGPT's hand-written attention, `masked_fill(tril == 0, -inf)` on the scores (Where(c, -inf, s)): the selection
+    becomes the additive mask Where(c, lowest, 0), and the layer one fused attention (packed on ort-cpu), with the numbers
+    of the unfused graph."""
+    fused_ops = {"ort-cpu": {"com.microsoft::Attention": 1, "Softmax": 0}, "tensorrt": {"deployfuse::FusedMHA": 1, "Softmax": 0}}[target]
+    check_case("masked_fill_attention", exporter, target, {}, fused_ops)
+
+
+def test_a_selected_score_above_the_masking_fill_is_not_a_mask() -> None:
+    """masked_fill(c, -100) leaves the selected scores a real weight in the softmax: no fused attention, and --debug says why."""
+    model = exported("masked_fill_score", "dynamo")
+    rng = np.random.default_rng()
+    feeds = [{"x": rng.standard_normal((2, 8, 32)).astype(np.float32)}]
+    out, report = fuse(model, "ort-cpu", feeds, debug=True, families=["attention"])
+    (family,) = report.families
+    assert family.matches["attention"] == 0 and ops(out)["Softmax"] == 1
+    assert "the scores are selected against -100.0, above -10000.0: a score, not a mask" in family.near_misses["attention"]
+
+
+@functools.cache
+def gpt_neo() -> onnx.ModelProto:
+    """A 2-layer GPTNeoModel (global attention), dynamo-exported with dynamic batch and sequence: its scores are
+    torch.where(causal, q @ kᵀ, finfo.min) plus the padding mask, unscaled."""
+    import transformers
+
+    torch.manual_seed(0)
+    cfg = transformers.GPTNeoConfig(vocab_size=512, hidden_size=64, num_layers=2, num_heads=4, attention_types=[[["global"], 2]],
+                                    max_position_embeddings=64, use_cache=False)
+    module = transformers.GPTNeoModel(cfg).eval()
+    _trained_like(module)
+    ids = torch.randint(0, 512, (2, 16))
+    auto = {0: torch.export.Dim.AUTO, 1: torch.export.Dim.AUTO}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        program = torch.onnx.export(module, (), kwargs={"input_ids": ids, "attention_mask": torch.ones_like(ids)}, dynamo=True,
+                                    dynamic_shapes={"input_ids": auto, "attention_mask": auto}, opset_version=18, optimize=True, verbose=False)
+    return clean(program.model_proto)
+
+
+def test_gpt_neo_selection_under_the_padding_mask_fuses() -> None:
+    """GPT-Neo: Where(causal, s, lowest) + padding mask → one packed Attention a layer (scale 1), with the numbers of the
+    unfused graph at two shapes, a padded row among them."""
+    model = gpt_neo()
+    rng = np.random.default_rng()
+    feeds = []
+    for batch, seq in ((2, 16), (3, 9)):
+        mask = np.ones((batch, seq), np.int64)
+        mask[1, seq - seq // 3:] = 0  # right padding: every query keeps a key (a fully masked row differs: _attention_core)
+        feeds.append({"input_ids": rng.integers(0, 512, (batch, seq)), "attention_mask": mask})
+    out, report = fuse(model, "ort-cpu", feeds[:1])
+    counts, histogram = report.counts(), ops(out)
+    # the head merge after it stays (attention_core) where the dynamic merge shape is not provable
+    assert counts["attention"] + counts["attention_core"] == 2 and counts["packed_qkv"] == 2, counts
+    assert histogram["com.microsoft::Attention"] == 2 and histogram["Softmax"] == 0, histogram
+    assert {a.f for n in out.graph.node if n.op_type == "Attention" for a in n.attribute if a.name == "scale"} == {1.0}
+    guard.check(out, guard.run_outputs(model, feeds, ["CPUExecutionProvider"]), feeds, ["CPUExecutionProvider"])

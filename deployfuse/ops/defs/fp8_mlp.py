@@ -65,6 +65,40 @@ def example_inputs(shape: Sequence[int], rand: RandFn, attrs: dict[str, Any]) ->
     return [x, x_scale, w1, w1_scale, b1, h_scale, w2, w2_scale, b2]
 
 
+def hidden_ties(inputs: Sequence[Any], activation: str) -> int:
+    """How many hidden values h = act(dq(q(X)) @ dq(W1)^T + B1) another float32 evaluation may round to another float8
+    value: those whose interval act(pre ± K·2^-24·Σ|terms|) (the classical bound on a K-term float32 sum in any order),
+    widened by 2^-16·|h| (the activation's own float32 error: GELU's 1 + tanh cancels in the negative tail), holds a
+    midpoint between neighbouring e4m3 values times HScale. Each may land a float8 step (1/8 of it) away in the body, the
+    CPU kernel or the reference, and Y moves by that step times FC2's weights: tests draw inputs without them. `inputs`
+    are Fp8Mlp's, as numpy arrays."""
+    import ml_dtypes
+    import numpy as np
+
+    def f(value: Any) -> np.ndarray:
+        return np.asarray(to_element_type(value, "float"), dtype=np.float64)
+
+    def act(v: np.ndarray) -> np.ndarray:
+        if activation == "relu":
+            return np.maximum(v, 0)
+        return 0.5 * v * (1 + np.tanh(np.sqrt(2 / np.pi) * (v + 0.044715 * v**3))) if activation == "gelu_tanh" else v
+
+    x, x_scale, w1, w1_scale, b1, h_scale = inputs[:6]
+    xs, ws, hs = (float(f(v)) for v in (x_scale, w1_scale, h_scale))
+    x_dq = f(to_element_type(np.asarray(to_element_type(x, "float")) / np.float32(xs), "float8e4m3fn")) * xs
+    w_dq = f(w1) * ws
+    bias = f(b1) if np.size(b1) else np.zeros(w_dq.shape[0])
+    pre = x_dq @ w_dq.T + bias
+    bound = 4 * np.sqrt(w_dq.shape[1] + 1) * 2.0**-24 * np.sqrt(x_dq**2 @ (w_dq**2).T + bias**2)
+    ends = np.stack([act(pre - bound), act(pre + bound)])
+    slack = 2.0**-16 * np.abs(act(pre))
+    low, high = ((ends.min(0) - slack) / hs, (ends.max(0) + slack) / hs)
+    grid = np.unique(np.arange(0x7F, dtype=np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float64))  # 0 .. 448
+    ties = (grid[1:] + grid[:-1]) / 2
+    ties = np.concatenate([-ties[::-1], ties])
+    return int((np.searchsorted(ties, np.clip(low, -E4M3_MAX, E4M3_MAX)) != np.searchsorted(ties, np.clip(high, -E4M3_MAX, E4M3_MAX))).sum())
+
+
 SPEC = OpSpec(
     name="Fp8Mlp",
     inputs=("X", "XScale", "W1", "W1Scale", "B1", "HScale", "W2", "W2Scale", "B2"),

@@ -6,6 +6,13 @@ The core every exporter emits, on 4-D tensors Q [B, H, S, D], K [B, H, L, D], V 
     P      = Softmax(scores, axis=-1)  [NaN → 0]   (the NaN guard of torch's SDPA decomposition)
     O      = P @ V                                 O = softmax(Q Kᵀ · abc + mask) V
 
+Hand-written attention often masks by selection instead: `scores.masked_fill(c, F)` (nanoGPT, minGPT) is
+Where(c, F, scores), and `torch.where(c, scores, F)` (GPT-Neo) is Where(c, scores, F), either around the scores or
+under the additive mask. With F = -inf that is scores + Where(c, -inf, 0) exactly. With a finite F ≤ -1e4 the masked
+scores become s + F instead of F: both lie ≤ F + max|s|, and softmax gives them weight exp(F + s - rowmax), which
+underflows to 0 as exp(F - rowmax) does; only a row with every score masked (a padding query) differs. So the selection
+becomes an additive mask (`Core.select`); a larger F is a score, not a mask, and is refused.
+
 Kᵀ comes as Transpose(K, [0,1,3,2]), as Transpose(K_bshd, [0,2,3,1]) straight from the
 [B, L, H, D] split, or as Reshape→Transpose([0,2,1])→Reshape through 3-D (torch's
 decomposition). With static shapes the exporter's optimiser merges the reshape that repeats
@@ -37,6 +44,7 @@ class Core:
         mask: the additive mask (broadcastable to [B, H, S, L]) or None.
         scale: the product of every constant factor on the scores.
         heads, head_dim, value_head_dim: H, D, Dv.
+        select: a mask by selection, to add to `mask`, or None.
     """
 
     query: ir.Value
@@ -48,6 +56,35 @@ class Core:
     heads: int
     head_dim: int
     value_head_dim: int
+    select: Select | None = None
+
+
+@dataclass(frozen=True)
+class Select:
+    """Scores replaced by `fill` where `condition` is `where` (True: Where(c, F, s); False: Where(c, s, F))."""
+
+    condition: ir.Value
+    fill: float
+    where: bool
+
+
+_MASKING_FILL = -1e4  # the largest fill taken as a mask: fp16's lowest is -65504, BERT's old additive masks -1e4
+
+
+def _peel_select(value: ir.Value) -> tuple[ir.Value, Select | None] | str:
+    """`(s, Select)` when `value` is Where(c, F, s) or Where(c, s, F) with F a scalar constant, `(value, None)` when it
+    is no Where; or why the selection is not a mask."""
+    node = value.producer()
+    if not is_op(node, "Where"):
+        return value, None
+    condition, on_true, on_false = node.inputs
+    for where, fill_value, kept in ((True, on_true, on_false), (False, on_false, on_true)):
+        fill = scalar(fill_value)
+        if fill is not None and scalar(kept) is None:
+            if not fill <= _MASKING_FILL:
+                return f"the scores are selected against {fill}, above {_MASKING_FILL}: a score, not a mask"
+            return kept, Select(condition, fill, where)
+    return value, None
 
 
 def _peel_scale(value: ir.Value) -> tuple[ir.Value, float]:
@@ -134,12 +171,23 @@ def _heads(value: ir.Value, layout: str = "bhsd") -> tuple[int | None, int | Non
 def read_core(scores: ir.Value, value: ir.Value) -> Core | str:
     """The attention core whose Softmax input is `scores` and whose P @ V uses `value`; or why not."""
     mask = None
+    peeled = _peel_select(scores)
+    if isinstance(peeled, str):
+        return peeled
+    scores, select = peeled
     node = scores.producer()
     if is_op(node, "Add"):
         for side in (0, 1):
-            inner, _ = _peel_scale(node.inputs[side])
+            operand, inner_select = node.inputs[side], None
+            if select is None:  # GPT-Neo: Where(c, s, F) + mask
+                peeled = _peel_select(operand)
+                if isinstance(peeled, str):
+                    return peeled
+                operand, inner_select = peeled
+            inner, _ = _peel_scale(operand)
             if is_op(inner.producer(), "MatMul"):
-                scores, mask = node.inputs[side], node.inputs[1 - side]
+                scores, mask = operand, node.inputs[1 - side]
+                select = select if select is not None else inner_select
                 break
         else:
             return "Softmax input is an Add without a Q·Kᵀ MatMul operand"
@@ -169,4 +217,6 @@ def read_core(scores: ir.Value, value: ir.Value) -> Core | str:
         return "K / V heads or head size differ from Q's (grouped K/V must be expanded first)"
     if mask is not None and (rank(mask) is None or rank(mask) > 4):
         return "the mask's rank is unknown or above 4"
-    return Core(query, key, layout, value, mask, query_scale * key_scale * score_scale, heads, head_dim, value_head_dim)
+    if select is not None and rank(select.condition) not in (1, 2, 3, 4):
+        return "the selection's condition has an unknown rank or one above 4"
+    return Core(query, key, layout, value, mask, query_scale * key_scale * score_scale, heads, head_dim, value_head_dim, select)

@@ -16,7 +16,8 @@ row poisons every later layer through 0·NaN). MultiHeadAttention needs the bias
 [B|1, H|1, S, L], so a [.., 1, L] padding mask is expanded over the queries. A mask that is
 provably finite (a finite constant, or `Where(c, a, b)` of finite constants) needs no clamp; one
 provably zero (a zero constant, or `Where(c, 0, b)` with c an all-True constant, Expanded or not)
-is dropped: softmax(s + 0) = softmax(s).
+is dropped: softmax(s + 0) = softmax(s). Scores masked by selection (`masked_fill(c, F)`, `torch.where(c, s, F)`:
+nanoGPT, GPT-Neo) pass on the mask Where(c, F, 0), F clamped the same way (`_attention_core` says when that is exact).
 
 Rules: `attention` (core + the output head-merge, the usual form), `attention_core` (the core
 alone, when its output has other consumers) and `attention_merge` (cancels the
@@ -128,7 +129,8 @@ class _Attention(FusionRule):
         out_shape = attended.shape  # [B, H, S, Dv]
         assert self.lowering is not None
         mha = (self.lowering.domain, self.lowering.op_type) == (MS, "MultiHeadAttention")
-        mask = None if core.mask is None or _zero(core.mask) else _bias(op, core.mask, query, key, mha)
+        additive = _additive_mask(op, core, attended)
+        mask = None if additive is None or _zero(additive) else _bias(op, additive, query, key, mha)
         if mha:  # the mask is its attention_bias input (key_padding_mask and bias in between)
             fused = self.emit(op, query, key, value, None, None, mask, num_heads=core.heads, scale=core.scale)
         else:  # FusedMHA: the mask, when present, is its last input
@@ -139,6 +141,40 @@ class _Attention(FusionRule):
         split = op.Reshape(fused, _const(op, [0, 0, core.heads, core.value_head_dim]))
         _describe(split, attended, None if out_shape is None else [out_shape[0], out_shape[2], core.heads, core.value_head_dim])
         return op.Transpose(split, perm=[0, 2, 1, 3])
+
+
+def _additive_mask(op, core: Core, like: ir.Value) -> ir.Value | None:
+    """The core's mask as one additive tensor: its selection as Where(c, F, 0) (or Where(c, 0, F)) in the scores' dtype,
+    plus its additive mask; None when it has neither."""
+    if core.select is None:
+        return core.mask
+    select = core.select
+    dtype = like.dtype.numpy() if like.dtype is not None else np.float32
+    # -inf clamped here as `_bias` would clamp it (see the module's docstring): the selection is then provably finite
+    fill, zero = (op.Constant(value=ir.tensor(np.array(v, dtype=dtype))) for v in (max(select.fill, _lowest(like.dtype)), 0.0))
+    selected = op.Where(select.condition, *((fill, zero) if select.where else (zero, fill)))
+    _describe(selected, like, None if select.condition.shape is None else list(select.condition.shape))
+    if core.mask is None:
+        return selected
+    total = op.Add(selected, core.mask)
+    _describe(total, like, _broadcast(select.condition, core.mask))
+    return total
+
+
+def _broadcast(a: ir.Value, b: ir.Value) -> list | None:
+    """The shape of a + b under ONNX broadcasting, where both shapes are known and each axis provable; else None."""
+    if a.shape is None or b.shape is None:
+        return None
+    dims = []
+    for i in range(1, max(len(a.shape), len(b.shape)) + 1):
+        x, y = (s[-i] if i <= len(s) else 1 for s in (a.shape, b.shape))
+        if x == 1 or x == y:
+            dims.append(y)
+        elif y == 1:
+            dims.append(x)
+        else:
+            return None
+    return dims[::-1]
 
 
 def _describe(value: ir.Value, like: ir.Value, dims: list | None) -> None:
