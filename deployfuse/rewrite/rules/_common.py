@@ -100,6 +100,20 @@ def last_dim(value: ir.Value | None) -> int | None:
     return dim if isinstance(dim, int) else None
 
 
+def broadcast_shape(*shapes: Sequence[Any]) -> list[Any] | None:
+    """ONNX (numpy) broadcasting of shapes whose sizes are numbers or named dims (equal sizes: the same number or name);
+    None where an axis is not provably one size: two different sizes, neither the number 1, or an unnamed dim."""
+    if any(isinstance(d, ir.SymbolicDim) and d.value is None for shape in shapes for d in shape):
+        return None
+    out: list[Any] = []
+    for axis in range(-max(len(s) for s in shapes), 0):
+        sizes = {s[axis] for s in shapes if len(s) >= -axis} - {1}
+        if len(sizes) > 1:
+            return None
+        out.append(sizes.pop() if sizes else 1)
+    return out
+
+
 def either(op_type: Any, a: Any, b: Any) -> Any:
     """A commutative binary op pattern (op.Mul, op.Add) matching either operand order.
 

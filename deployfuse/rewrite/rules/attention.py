@@ -43,7 +43,7 @@ from deployfuse.rewrite.rules._attention_shapes import (
     split_heads_source,
     split_source,
 )
-from deployfuse.rewrite.rules._common import FusionRule, is_op
+from deployfuse.rewrite.rules._common import FusionRule, broadcast_shape, is_op
 from deployfuse.rewrite.rules._projection import projection
 from deployfuse.targets import DEPLOYFUSE, MS, Target, get_target
 
@@ -157,24 +157,9 @@ def _additive_mask(op, core: Core, like: ir.Value) -> ir.Value | None:
     if core.mask is None:
         return selected
     total = op.Add(selected, core.mask)
-    _describe(total, like, _broadcast(select.condition, core.mask))
+    shapes = (select.condition.shape, core.mask.shape)
+    _describe(total, like, None if any(shape is None for shape in shapes) else broadcast_shape(*shapes))
     return total
-
-
-def _broadcast(a: ir.Value, b: ir.Value) -> list | None:
-    """The shape of a + b under ONNX broadcasting, where both shapes are known and each axis provable; else None."""
-    if a.shape is None or b.shape is None:
-        return None
-    dims = []
-    for i in range(1, max(len(a.shape), len(b.shape)) + 1):
-        x, y = (s[-i] if i <= len(s) else 1 for s in (a.shape, b.shape))
-        if x == 1 or x == y:
-            dims.append(y)
-        elif y == 1:
-            dims.append(x)
-        else:
-            return None
-    return dims[::-1]
 
 
 def _describe(value: ir.Value, like: ir.Value, dims: list | None) -> None:

@@ -6,7 +6,9 @@ W is a constant [K, N], b a constant [N]; x · W + b comes as MatMul + Add or as
 Conv1D: addmm on [B·S, K], possibly viewed back to [B, S, N] before the activation, which then
 follows the fused node). A Gemm with transB=1 (a 2-D nn.Linear: OPT's MLP on the flattened tokens,
 the TorchScript exporter's linear layers) stores Wᵀ [N, K]; GemmAct gets W = (Wᵀ)ᵀ as a new
-initializer, unless another node also reads Wᵀ (the weight would then be stored twice). On CUDA the bias and activation run in cuBLASLt's epilogue, in the GEMM
+initializer, unless another node also reads Wᵀ (the weight would then be stored twice).
+
+On CUDA the bias and activation run in cuBLASLt's epilogue, in the GEMM
 kernel, with the algorithm `--autotune` picks for the shape (`algo`); ONNX Runtime's MatMul + Add
 (or Gemm) needs a second pass for the bias. ort-cuda only: ORT's CPU GEMM takes the bias itself,
 and TensorRT fuses GEMM epilogues on its own.

@@ -30,7 +30,7 @@ import numpy as np
 import onnx_ir as ir
 from onnxscript.rewriter import MatchResult, pattern
 
-from deployfuse.rewrite.rules._common import FusionRule, is_op
+from deployfuse.rewrite.rules._common import FusionRule, broadcast_shape, is_op
 from deployfuse.targets import Target, get_target
 
 FAMILY = "identity_gather"
@@ -70,13 +70,9 @@ def _declared(value: ir.Value) -> list[Dim]:
 
 def _broadcast(*shapes: list[Dim]) -> list[Dim]:
     """Numpy broadcasting of symbolic shapes; two different sizes neither of which is the number 1 refuse."""
-    rank = max(len(s) for s in shapes)
-    out: list[Dim] = []
-    for axis in range(-rank, 0):
-        sizes = {s[axis] for s in shapes if len(s) >= -axis} - {1}
-        if len(sizes) > 1:
-            raise _Refused(f"broadcast of sizes {sorted(map(str, sizes))} is not provably one size")
-        out.append(sizes.pop() if sizes else 1)
+    out = broadcast_shape(*shapes)
+    if out is None:
+        raise _Refused(f"broadcast of shapes {[list(map(str, s)) for s in shapes]} is not provably one shape")
     return out
 
 
