@@ -239,3 +239,29 @@ def test_packed_gemm_forms(variant: str, reason: str | None) -> None:
     else:
         assert family.matches == {"packed_qkv": 0} and have["com.microsoft::MultiHeadAttention"] == 1
         assert family.near_misses == {"packed_qkv": [reason]}
+
+
+def test_layers_sharing_their_weights_share_one_packed_weight() -> None:
+    """ALBERT's layers share Wq, Wk, Wv, which the exporter may store once (its biases then come per layer, as here): two
+    attention layers reading the same weights pack into one [Wq | Wk | Wv], not a second initializer of that name (which
+    broke the graph: the guard rolled the family back), with the numbers of the unfused graph."""
+    h = onnx.helper
+    rng = np.random.default_rng()
+    inits = [onnx.numpy_helper.from_array(rng.standard_normal(shape).astype(np.float32) * 0.3, name)
+             for name, shape in (("wq", (16, 16)), ("wk", (16, 16)), ("wv", (16, 16)), *((f"b{p}{layer}", (16,)) for p in "qkv" for layer in (0, 1)))]
+    nodes = []
+    for layer, x in enumerate(("x", "y0")):
+        for part in "qkv":
+            nodes += [h.make_node("MatMul", [x, f"w{part}"], [f"{part}{layer}_mm"]), h.make_node("Add", [f"{part}{layer}_mm", f"b{part}{layer}"], [f"{part}{layer}"])]
+        nodes.append(h.make_node("MultiHeadAttention", [f"q{layer}", f"k{layer}", f"v{layer}"], [f"y{layer}"], domain="com.microsoft", num_heads=2))
+    graph = h.make_graph(nodes, "shared", [h.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, 5, 16])],
+                         [h.make_tensor_value_info("y1", onnx.TensorProto.FLOAT, [2, 5, 16])], inits,
+                         value_info=[h.make_tensor_value_info("y0", onnx.TensorProto.FLOAT, [2, 5, 16])])  # the contrib op has no shape inference
+    model = onnx.shape_inference.infer_shapes(h.make_model(graph, opset_imports=[h.make_opsetid("", 18), h.make_opsetid("com.microsoft", 1)]))
+    feeds_ = [{"x": rng.standard_normal((2, 5, 16)).astype(np.float32)} for _ in range(2)]
+    out, report = fuse(model, "ort-cpu", feeds_[:1], families=["packed_qkv"])
+    (family,) = report.families
+    assert not family.rolled_back and family.matches == {"packed_qkv": 2}, (family.reason, family.matches)
+    assert op_counts(out) == {"com.microsoft::Attention": 2}
+    assert len([t for t in out.graph.initializer if t.name.endswith("packed_qkv_weight")]) == 1, [t.name for t in out.graph.initializer]
+    guard.check(out, guard.run_outputs(model, feeds_, ["CPUExecutionProvider"]), feeds_, ["CPUExecutionProvider"])

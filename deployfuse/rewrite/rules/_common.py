@@ -100,6 +100,20 @@ def last_dim(value: ir.Value | None) -> int | None:
     return dim if isinstance(dim, int) else None
 
 
+def stored_once(op: Any, graph: ir.Graph | None, array: np.ndarray, name: str, fallback: str) -> ir.Value:
+    """`array` as an initializer named `name`, stored once for every rewrite that derives it from the same weights
+    (ALBERT's layers share theirs: a copy per layer would multiply the artefact's weights, and a second initializer of
+    the same name breaks the graph): the one an earlier rewrite stored when `name` holds the same values, else a new one,
+    named `fallback` (unique to the rewrite) where `name` holds something else."""
+    stored = graph.initializers.get(name) if graph is not None else None
+    held = None if stored is None else ir.convenience.get_const_tensor(stored)
+    if held is not None:
+        values = held.numpy()
+        if values.shape == array.shape and values.dtype == array.dtype and values.tobytes() == array.tobytes():
+            return stored
+    return op.initializer(ir.tensor(array), name=name if stored is None else fallback)
+
+
 def broadcast_shape(*shapes: Sequence[Any]) -> list[Any] | None:
     """ONNX (numpy) broadcasting of shapes whose sizes are numbers or named dims (equal sizes: the same number or name);
     None where an axis is not provably one size: two different sizes, neither the number 1, or an unnamed dim."""

@@ -48,7 +48,7 @@ import onnx_ir as ir
 import onnxscript.optimizer
 from onnxscript.rewriter import MatchResult, pattern
 
-from deployfuse.rewrite.rules._common import FusionRule, either, scalar
+from deployfuse.rewrite.rules._common import FusionRule, either, scalar, stored_once
 from deployfuse.targets import MS, Target, get_target
 
 FAMILY = "fp8_gemm"
@@ -84,15 +84,8 @@ def _scale(value: ir.Value | None) -> float | None:
 
 
 def _transposed(op, w_q: ir.Value, weight: np.ndarray, fallback: str) -> ir.Value:
-    """Wqᵀ [N, K] as an initializer named after Wq, stored once for all the GEMMs sharing Wq
-    (ALBERT's layers share theirs: one copy per GEMM would multiply the artefact's weights);
-    named `fallback` where that name holds something else."""
-    name, transposed = f"{w_q.name}_t", np.ascontiguousarray(weight.T)
-    stored = w_q.graph.initializers.get(name) if w_q.graph is not None else None
-    held = _const(stored)
-    if held is not None and held.shape == transposed.shape and held.tobytes() == transposed.tobytes():  # another GEMM's, a rewrite ago
-        return stored
-    return op.initializer(ir.tensor(transposed), name=name if stored is None else fallback)
+    """Wqᵀ [N, K] as an initializer named after Wq, stored once for all the GEMMs sharing Wq (`stored_once`)."""
+    return stored_once(op, w_q.graph, np.ascontiguousarray(weight.T), f"{w_q.name}_t", fallback)
 
 
 class Fp8Gemm(FusionRule):

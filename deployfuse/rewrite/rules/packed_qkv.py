@@ -32,7 +32,7 @@ import onnx_ir as ir
 from onnxscript.rewriter import MatchResult, pattern
 
 from deployfuse.rewrite.rules._attention_shapes import constant, rank
-from deployfuse.rewrite.rules._common import FusionRule, Lowering, is_op
+from deployfuse.rewrite.rules._common import FusionRule, Lowering, is_op, stored_once
 from deployfuse.rewrite.rules._projection import QKVWeights, projection, self_attention_qkv
 from deployfuse.targets import MS, Target, get_target
 
@@ -114,14 +114,18 @@ class PackedQKV(FusionRule):
         return self.choose(context, parts.x, [Lowering(MS, "Attention")])
 
     def rewrite(self, op, attended, **_):
-        x, packed_w, packed_b = self._packed(op)
+        x, packed_w, packed_b = self._packed(op, attended)
         return self._emit_as(op, attended, x, packed_w, packed_b)
 
-    def _packed(self, op) -> tuple[ir.Value, ir.Value, ir.Value]:
-        """x and the matched [Wq | Wk | Wv] and [bq | bk | bv] as initializers named after the rule."""
+    def _packed(self, op, attended: ir.Value) -> tuple[ir.Value, ir.Value, ir.Value]:
+        """x and the matched [Wq | Wk | Wv] and [bq | bk | bv] as initializers named after Wq and the rule, stored once for
+        the layers that share them (`stored_once`: ALBERT's)."""
         assert self._parts is not None
         x, weight, bias, name = self._parts
-        return x, op.initializer(ir.tensor(weight), name=f"{name}_{self.name}_weight"), op.initializer(ir.tensor(bias), name=f"{name}_{self.name}_bias")
+        node = attended.producer()
+        assert node is not None
+        return x, *(stored_once(op, node.graph, array, f"{name}_{self.name}_{part}", f"{node.name}_{self.name}_{part}")
+                    for array, part in ((weight, "weight"), (bias, "bias")))
 
     def _emit_as(self, op, attended: ir.Value, *first: ir.Value) -> ir.Value:
         """The chosen lowering on `first` (its first three inputs), with the attention bias and the

@@ -15,10 +15,9 @@ its attention bias. The Split takes its sizes as an input (opset 13 and later).
 from __future__ import annotations
 
 import numpy as np
-import onnx_ir as ir
 from onnxscript.rewriter import MatchResult, pattern
 
-from deployfuse.rewrite.rules._common import Lowering, default_opset
+from deployfuse.rewrite.rules._common import Lowering, default_opset, stored_once
 from deployfuse.rewrite.rules._projection import self_attention_qkv
 from deployfuse.rewrite.rules.packed_qkv import PackedQKV, unpacked_inputs_refusal
 from deployfuse.targets import MS, Target, get_target
@@ -48,9 +47,11 @@ class SplitQKV(PackedQKV):
 
     def rewrite(self, op, attended, **_):
         assert self._parts is not None
-        x, packed_w, packed_b = self._packed(op)
+        x, packed_w, packed_b = self._packed(op, attended)
         hidden = self._parts.weight.shape[1] // 3
-        sizes = op.initializer(ir.tensor(np.array([hidden] * 3, np.int64)), name=f"{self._parts.name}_{self.name}_sizes")
+        node = attended.producer()
+        assert node is not None
+        sizes = stored_once(op, node.graph, np.array([hidden] * 3, np.int64), f"{self._parts.name}_{self.name}_sizes", f"{node.name}_{self.name}_sizes")
         query, key, value = op.Split(op.Add(op.MatMul(x, packed_w), packed_b), sizes, axis=-1, _outputs=3)
         return self._emit_as(op, attended, query, key, value)
 
