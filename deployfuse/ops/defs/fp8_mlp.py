@@ -28,7 +28,7 @@ from onnxscript.onnx_types import FLOAT, FLOAT8E4M3FN
 from deployfuse.ops.body import Body
 from deployfuse.ops.defs import fp8_gemm_act
 from deployfuse.ops.defs._onnxscript import DF, TFloat
-from deployfuse.ops.schema import E4M3_MAX, OpSpec, RandFn, case_flags, to_element_type
+from deployfuse.ops.schema import E4M3_MAX, OpSpec, RandFn, apply_activation, case_flags, to_element_type
 
 
 def reference(
@@ -81,9 +81,7 @@ def hidden_ties(inputs: Sequence[Any], activation: str) -> int:
         return np.asarray(to_element_type(value, "float"), dtype=np.float64)
 
     def act(v: np.ndarray) -> np.ndarray:
-        if activation == "relu":
-            return np.maximum(v, 0)
-        return 0.5 * v * (1 + np.tanh(np.sqrt(2 / np.pi) * (v + 0.044715 * v**3))) if activation == "gelu_tanh" else v
+        return apply_activation(torch.from_numpy(v), activation).numpy()
 
     x, x_scale, w1, w1_scale, b1, h_scale = inputs[:6]
     xs, ws, hs = (float(f(v)) for v in (x_scale, w1_scale, h_scale))

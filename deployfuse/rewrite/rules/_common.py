@@ -100,6 +100,12 @@ def last_dim(value: ir.Value | None) -> int | None:
     return dim if isinstance(dim, int) else None
 
 
+def gemm_trans_b(linear: ir.Value) -> bool:
+    """Whether the Gemm producing `linear` reads its B transposed (transB=1: a 2-D nn.Linear stores Wᵀ)."""
+    node = linear.producer()
+    return node is not None and bool(node.attributes.get_int("transB", 0))
+
+
 def stored_once(op: Any, graph: ir.Graph | None, array: np.ndarray, name: str, fallback: str) -> ir.Value:
     """`array` as an initializer named `name`, stored once for every rewrite that derives it from the same weights
     (ALBERT's layers share theirs: a copy per layer would multiply the artefact's weights, and a second initializer of

@@ -48,7 +48,7 @@ import onnx_ir as ir
 import onnxscript.optimizer
 from onnxscript.rewriter import MatchResult, pattern
 
-from deployfuse.rewrite.rules._common import FusionRule, either, scalar, stored_once
+from deployfuse.rewrite.rules._common import FusionRule, either, gemm_trans_b, scalar, stored_once
 from deployfuse.targets import MS, Target, get_target
 
 FAMILY = "fp8_gemm"
@@ -145,7 +145,7 @@ class Fp8Gemm(FusionRule):
         return self.choose(context, x, self.target.lowering(FAMILY))
 
     def _trans_b(self, linear: ir.Value) -> bool:
-        return self.gemm and bool(linear.producer().attributes.get_int("transB", 0))
+        return self.gemm and gemm_trans_b(linear)
 
     def rewrite(self, op, x, x_scale, w_q, w_scale, linear, bias=None, shape=None, reshaped=None, **_):
         trans_b, weight = self._trans_b(linear), _const(w_q)

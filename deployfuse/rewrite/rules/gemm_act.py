@@ -27,7 +27,7 @@ import onnx_ir as ir
 from onnxscript.rewriter import MatchResult, pattern
 
 from deployfuse.rewrite.rules._activations import activations, gelu20_approximate
-from deployfuse.rewrite.rules._common import FusionRule, const_1d, either, is_op
+from deployfuse.rewrite.rules._common import FusionRule, const_1d, either, gemm_trans_b, is_op
 from deployfuse.targets import MS, Target, get_target
 
 FAMILY = "gemm_act"
@@ -35,11 +35,6 @@ FAMILY = "gemm_act"
 # Consumers of a bias add that a later family fuses with the bias (bias_gelu: GELU; bias_act:
 # SiLU = x·sigmoid(x), sigmoid): the add stays for them.
 _LEFT_FOR_LATER = ("Gelu", "FastGelu", "Sigmoid", "Mul")
-
-
-def _transposes_b(linear: ir.Value) -> bool:
-    """Whether the Gemm producing `linear` reads its B transposed (transB=1)."""
-    return bool(linear.producer().attributes.get_int("transB", 0))
 
 
 def _const_2d(value: ir.Value | None) -> tuple[int, int] | None:
@@ -73,7 +68,7 @@ class GemmEpilogue(FusionRule):
         fail = MatchResult().fail
         if act_out is not None and act_out.producer().domain in ("", "ai.onnx") and gelu20_approximate(act_out) != "tanh":
             return fail("Gelu-20 without approximate='tanh': cuBLASLt's GELU is the tanh form", act_out)
-        transposed = self.gemm and _transposes_b(linear)
+        transposed = self.gemm and gemm_trans_b(linear)
         if self.gemm:
             attrs = linear.producer().attributes
             if attrs.get_int("transA", 0) or attrs.get_float("alpha", 1.0) != 1.0 or attrs.get_float("beta", 1.0) != 1.0:
@@ -104,7 +99,7 @@ class GemmEpilogue(FusionRule):
         return adds[0].outputs[0] if len(adds) == 1 else None
 
     def rewrite(self, op, x, w, bias, linear=None, shape=None, reshaped=None, **_):
-        if self.gemm and _transposes_b(linear):
+        if self.gemm and gemm_trans_b(linear):
             stored = ir.convenience.get_const_tensor(w).numpy()
             w = op.initializer(ir.tensor(np.ascontiguousarray(stored.T)), name=f"{w.name}_transposed")
         y = self.emit(op, x, w, bias, activation=self.activation)
