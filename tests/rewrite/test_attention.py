@@ -147,9 +147,10 @@ def test_a_selected_score_above_the_masking_fill_is_not_a_mask() -> None:
 
 
 @functools.cache
-def gpt_neo() -> onnx.ModelProto:
-    """A 2-layer GPTNeoModel (global attention), dynamo-exported with dynamic batch and sequence: its scores are
-    torch.where(causal, q @ kᵀ, finfo.min) plus the padding mask, unscaled."""
+def gpt_neo(half: bool = False) -> onnx.ModelProto:
+    """A 2-layer GPTNeoModel (global attention), dynamo-exported with dynamic batch and sequence, fp16 when `half`: its
+    scores are torch.where(causal, q @ kᵀ, finfo.min) plus the padding mask, unscaled, computed in float32 (Q and K
+    cast up, P cast back to V's dtype: in fp16 a float32 attention core between Casts)."""
     import transformers
 
     torch.manual_seed(0)
@@ -157,6 +158,8 @@ def gpt_neo() -> onnx.ModelProto:
                                     max_position_embeddings=64, use_cache=False)
     module = transformers.GPTNeoModel(cfg).eval()
     _trained_like(module)
+    if half:
+        module = module.half()
     ids = torch.randint(0, 512, (2, 16))
     auto = {0: torch.export.Dim.AUTO, 1: torch.export.Dim.AUTO}
     with warnings.catch_warnings():
@@ -166,20 +169,45 @@ def gpt_neo() -> onnx.ModelProto:
     return clean(program.model_proto)
 
 
-def test_gpt_neo_selection_under_the_padding_mask_fuses() -> None:
-    """GPT-Neo: Where(causal, s, lowest) + padding mask → one packed Attention a layer (scale 1), with the numbers of the
-    unfused graph at two shapes, a padded row among them."""
-    model = gpt_neo()
+def padded_feeds() -> list[dict[str, np.ndarray]]:
+    """Fresh token ids at two shapes, right padding in one row (every query keeps a key: a fully masked row differs,
+    `_attention_core`)."""
     rng = np.random.default_rng()
     feeds = []
     for batch, seq in ((2, 16), (3, 9)):
         mask = np.ones((batch, seq), np.int64)
-        mask[1, seq - seq // 3:] = 0  # right padding: every query keeps a key (a fully masked row differs: _attention_core)
+        mask[1, seq - seq // 3:] = 0
         feeds.append({"input_ids": rng.integers(0, 512, (batch, seq)), "attention_mask": mask})
+    return feeds
+
+
+def test_gpt_neo_selection_under_the_padding_mask_fuses() -> None:
+    """GPT-Neo: Where(causal, s, lowest) + padding mask → one packed Attention a layer (scale 1), with the numbers of the
+    unfused graph at two shapes, a padded row among them."""
+    model, feeds = gpt_neo(), padded_feeds()
     out, report = fuse(model, "ort-cpu", feeds[:1])
     counts, histogram = report.counts(), ops(out)
-    # the head merge after it stays (attention_core) where the dynamic merge shape is not provable
-    assert counts["attention"] + counts["attention_core"] == 2 and counts["packed_qkv"] == 2, counts
+    assert counts["attention"] == 2 and counts["packed_qkv"] == 2, counts
     assert histogram["com.microsoft::Attention"] == 2 and histogram["Softmax"] == 0, histogram
+    # the head merge's sequence length is computed (sym_min) and kept: one Reshape of the fused output, no Transpose
+    merges = [n for n in out.graph.node if n.op_type == "Reshape" and n.input[0] in {o for a in out.graph.node if a.op_type == "Attention" for o in a.output}]
+    assert len(merges) == 2 and histogram["Transpose"] == 0, histogram
     assert {a.f for n in out.graph.node if n.op_type == "Attention" for a in n.attribute if a.name == "scale"} == {1.0}
+    guard.check(out, guard.run_outputs(model, feeds, ["CPUExecutionProvider"]), feeds, ["CPUExecutionProvider"])
+
+
+def test_fp16_gpt_neo_keeps_its_float32_attention_fused() -> None:
+    """GPT-Neo in fp16 computes attention in float32 between Casts: one float32 MultiHeadAttention a layer (Q and K
+    cast as the model casts them, V cast up, the output cast back), no Softmax left, and the numbers of the unfused
+    graph at two shapes, a padded row among them."""
+    model, feeds = gpt_neo(half=True), padded_feeds()
+    out, report = fuse(model, "ort-cpu", feeds[:1])
+    counts, histogram = report.counts(), ops(out)
+    assert counts["attention"] == 2 and histogram["com.microsoft::MultiHeadAttention"] == 2 and histogram["Softmax"] == 0, (counts, histogram)
+    graph = ir.from_proto(out).graph
+    for node in graph:
+        if node.op_type == "MultiHeadAttention":
+            assert {v.dtype for v in node.inputs[:3]} | {node.outputs[0].dtype} == {ir.DataType.FLOAT}, node
+            (user, _), = node.outputs[0].uses()
+            assert user.op_type == "Reshape" or (user.op_type == "Cast" and user.attributes.get_int("to") == ir.DataType.FLOAT16), user
     guard.check(out, guard.run_outputs(model, feeds, ["CPUExecutionProvider"]), feeds, ["CPUExecutionProvider"])

@@ -210,6 +210,23 @@ def _inferred_dim(source: ir.Value, target: list[Entry], axis: int) -> int | Non
     return left // right if right and left % right == 0 else None
 
 
+def partial_shape_vector(value: ir.Value | None) -> list[Entry | None] | None:
+    """`shape_vector`, where a Concat part that cannot be read but has a static length gives None entries (GPT-Neo
+    merges its heads to a sequence length computed with `sym_min`): the positions are known, some sizes are not."""
+    entries = shape_vector(value)
+    node = value.producer() if value is not None and entries is None else None
+    if node is None or node.op_type != "Concat" or node.domain not in ("", "ai.onnx"):
+        return entries
+    out: list[Entry | None] = []
+    for part in node.inputs:
+        read = shape_vector(part)
+        length = static_dim(part, 0) if part is not None and rank(part) == 1 else None
+        if read is None and length is None:
+            return None
+        out.extend(read if read is not None else [None] * length)
+    return out
+
+
 def reshape_target(node: ir.Node) -> list[Entry] | None:
     """The target of a Reshape as entries, with `0` ("copy the input's dimension") resolved."""
     entries = shape_vector(node.inputs[1])

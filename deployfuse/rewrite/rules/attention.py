@@ -19,6 +19,11 @@ provably zero (a zero constant, or `Where(c, 0, b)` with c an all-True constant,
 is dropped: softmax(s + 0) = softmax(s). Scores masked by selection (`masked_fill(c, F)`, `torch.where(c, s, F)`:
 nanoGPT, GPT-Neo) pass on the mask Where(c, F, 0), F clamped the same way (`_attention_core` says when that is exact).
 
+fp16 (bf16) models that compute their scores in float32 on purpose (GPT-Neo: Cast(Q), Cast(K) to float32, a float32
+softmax, P cast back before P @ V16) keep float32 attention: Q and K as they cast them, V cast up,
+the output cast back. Only P's rounding to fp16 before P @ V is skipped (O = P V in float32, rounded once). An fp16
+attention would be faster but could overflow on the unscaled Q·Kᵀ these models upcast to avoid.
+
 Rules: `attention` (core + the output head-merge, the usual form), `attention_core` (the core
 alone, when its output has other consumers) and `attention_merge` (cancels the
 merge→split→merge round trip `attention_core` leaves).
@@ -34,12 +39,12 @@ from deployfuse.rewrite.rules._attention_core import Core, read_core
 from deployfuse.rewrite.rules._attention_shapes import (
     DimOf,
     constant,
+    partial_shape_vector,
     rank,
     reshape_is_noop,
     reshape_target,
     same_dim,
     scalar,
-    shape_vector,
     split_heads_source,
     split_source,
 )
@@ -50,6 +55,7 @@ from deployfuse.targets import DEPLOYFUSE, MS, Target, get_target
 FAMILY = "attention"
 
 _FUSED = {(MS, "MultiHeadAttention"), (DEPLOYFUSE, "FusedMHA")}
+_NARROW = (ir.DataType.FLOAT16, ir.DataType.BFLOAT16)
 
 
 def _const(op, values: list[int]) -> ir.Value:
@@ -61,11 +67,11 @@ def _lowest(dtype: ir.DataType | None) -> float:
 
 
 class _Attention(FusionRule):
-    """Softmax → [NaN guard] → MatMul V [→ Transpose(0,2,1,3) → Reshape to [B, S, H·Dv]]."""
+    """Softmax → [NaN guard | Cast down] → MatMul V [→ Transpose(0,2,1,3) → Reshape to [B, S, H·Dv]]."""
 
-    def __init__(self, target: str | Target, nan_guard: bool, merged: bool) -> None:
+    def __init__(self, target: str | Target, nan_guard: bool, merged: bool, downcast: bool = False) -> None:
         super().__init__("attention" if merged else "attention_core", target)
-        self._nan_guard, self._merged = nan_guard, merged
+        self._nan_guard, self._merged, self._downcast = nan_guard, merged, downcast
         self._core: Core | None = None
         self._keep_reshape = False
 
@@ -73,6 +79,8 @@ class _Attention(FusionRule):
         probs = op.Softmax(scores, _outputs=["probs"])
         if self._nan_guard:
             probs = op.Where(op.IsNaN(probs), zero, probs)
+        if self._downcast:
+            probs = op.Cast(probs, _outputs=["narrowed"])
         out = op.MatMul(probs, value, _outputs=["attended"])
         if self._merged:
             out = op.Reshape(op.Transpose(out, perm=[0, 2, 1, 3]), merged_shape, _outputs=["merged"])
@@ -88,7 +96,9 @@ class _Attention(FusionRule):
         core = read_core(scores, value)
         if isinstance(core, str):
             return result.fail(core, scores)
-        chosen = self.choose(context, value, self.target.lowering("attention"))
+        if self._downcast and (scores.dtype != ir.DataType.FLOAT or value.dtype not in _NARROW):
+            return result.fail("the softmax is not float32 cast down to V's fp16 / bf16", probs)
+        chosen = self.choose(context, core.query, self.target.lowering("attention"))  # in the dtype it computes in
         if not chosen:
             return chosen
         self._keep_reshape = False
@@ -107,7 +117,7 @@ class _Attention(FusionRule):
         (`0`) an axis past the first two, where the two inputs' shapes differ.
         """
         node = merged.producer()
-        raw = shape_vector(node.inputs[1])
+        raw = partial_shape_vector(node.inputs[1])  # entries 0 and 1 may be unreadable: B and S copy alike from either input
         if raw is None:
             return "the output merge's target shape is not readable"
         allowzero = node.attributes.get("allowzero")
@@ -126,16 +136,20 @@ class _Attention(FusionRule):
         query = merged_heads(op, core.query, core.heads, core.head_dim)
         key = _merged_bshd(op, core.key) if core.key_layout == "bshd" else merged_heads(op, _repeated_heads(op, core), core.heads, core.head_dim)
         value = merged_heads(op, core.value, core.heads, core.value_head_dim)
+        if self._downcast:  # the float32 attention the model computes: V cast up, the output cast back below
+            value = _cast(op, value, core.query.dtype)
         out_shape = attended.shape  # [B, H, S, Dv]
         assert self.lowering is not None
         mha = (self.lowering.domain, self.lowering.op_type) == (MS, "MultiHeadAttention")
-        additive = _additive_mask(op, core, attended)
+        additive = _additive_mask(op, core, core.query)
         mask = None if additive is None or _zero(additive) else _bias(op, additive, query, key, mha)
         if mha:  # the mask is its attention_bias input (key_padding_mask and bias in between)
             fused = self.emit(op, query, key, value, None, None, mask, num_heads=core.heads, scale=core.scale)
         else:  # FusedMHA: the mask, when present, is its last input
             fused = self.emit(op, query, key, value, *([mask] if mask is not None else []), num_heads=core.heads, scale=core.scale, causal=0)
-        _describe(fused, attended, None if out_shape is None else [out_shape[0], out_shape[2], core.heads * core.value_head_dim])
+        _describe(fused, core.query, None if out_shape is None else [out_shape[0], out_shape[2], core.heads * core.value_head_dim])
+        if self._downcast:
+            fused = _cast(op, fused, attended.dtype)
         if merged is not None:
             return op.Reshape(fused, merged.producer().inputs[1]) if self._keep_reshape else fused
         split = op.Reshape(fused, _const(op, [0, 0, core.heads, core.value_head_dim]))
@@ -143,9 +157,16 @@ class _Attention(FusionRule):
         return op.Transpose(split, perm=[0, 2, 1, 3])
 
 
+def _cast(op, value: ir.Value, dtype: ir.DataType | None) -> ir.Value:
+    """`value` cast to `dtype`, its shape kept."""
+    cast = op.Cast(value, to=dtype)
+    cast.dtype, cast.shape = dtype, value.shape
+    return cast
+
+
 def _additive_mask(op, core: Core, like: ir.Value) -> ir.Value | None:
-    """The core's mask as one additive tensor: its selection as Where(c, F, 0) (or Where(c, 0, F)) in the scores' dtype,
-    plus its additive mask; None when it has neither."""
+    """The core's mask as one additive tensor: its selection as Where(c, F, 0) (or Where(c, 0, F)) in the dtype of
+    `like` (the scores'), plus its additive mask; None when it has neither."""
     if core.select is None:
         return core.mask
     select = core.select
@@ -172,11 +193,14 @@ def _describe(value: ir.Value, like: ir.Value, dims: list | None) -> None:
 def merged_heads(op, value: ir.Value, heads: int, head_dim: int) -> ir.Value:
     """`value` [B, H, S, D] as [B, S, H·D]: the tensor the heads were split from, when provable;
     else the merge of the [B, S, H, D] tensor `value` transposes (the exporter may split the
-    heads straight off a 2-D projection, [B·S, H·D]), else a transpose and a merge."""
+    heads straight off a 2-D projection, [B·S, H·D]), else a transpose and a merge. A Cast of
+    the heads (GPT-Neo's upcast Q and K) is applied to the merge instead: Cast commutes with both."""
     source = split_heads_source(value)
     if source is not None and source[1:] == (heads, head_dim):
         return source[0]
     node = value.producer()
+    if is_op(node, "Cast") and rank(node.inputs[0]) == 4:
+        return _cast(op, merged_heads(op, node.inputs[0], heads, head_dim), value.dtype)
     is_merge = is_op(node, "Transpose") and list(node.attributes.get_ints("perm", [])) == [0, 2, 1, 3]
     unsplit = node.inputs[0] if is_merge else None
     merged = op.Reshape(unsplit if unsplit is not None else op.Transpose(value, perm=[0, 2, 1, 3]), _const(op, [0, 0, heads * head_dim]))
@@ -314,4 +338,5 @@ def rules(target: str | Target) -> list[pattern.RewriteRule]:
     if not lowering or not get_target(target).emits(lowering[0].domain, lowering[0].op_type, opset=0):
         return []
     found = [_Attention.rule(target, guard, merged) for merged in (True, False) for guard in (True, False)]
+    found += [_Attention.rule(target, False, merged, True) for merged in (True, False)]  # the float32 core of fp16 models
     return [*found, _MergeRoundTrip.rule(target)]
