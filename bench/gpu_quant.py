@@ -60,7 +60,6 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import os
 import shutil
 import statistics
 import sys
@@ -413,7 +412,7 @@ def _fp8_rows(model_name: str, batch: int, build: Callable, inputs32: dict, work
 
 
 def split_mha(model):
-    """FusedMHA(P, P, P, A, packed_qkv=1 [, Bias]) back to Split(P) -> com.microsoft.MultiHeadAttention(q, k, v, Bias, attention_bias=A), as
+    """FusedMHA(P, P, P, A, packed_qkv=1) back to Split(P) -> com.microsoft.MultiHeadAttention(q, k, v, attention_bias=A), as
     the fp8 artefact was before the packed_mha family (same attention bias, num_heads and scale, causal as unidirectional; a FusedMHA writing YQ first
     writes Y for its GEMMs again, as MultiHeadAttention has no float8 output)."""
     from onnx import helper
@@ -434,9 +433,8 @@ def split_mha(model):
             nodes += [helper.make_node("Shape", [mask], [shape[0]], end=2), helper.make_node("Shape", [node.input[0]], [shape[1]], start=1, end=2),
                       helper.make_node("Shape", [mask], [shape[2]], start=-1), helper.make_node("Concat", shape[:3], [shape[3]], axis=0),
                       helper.make_node("Expand", [mask, shape[3]], [wide[mask]])]
-        mask, bias = wide.get(mask, ""), node.input[5] if len(node.input) > 5 else ""  # bias: fp8_qkv_bias's, MultiHeadAttention's [3D] too
-        inputs = [*parts, bias, "", mask] if mask else [*parts, bias] if bias else parts
-        nodes.append(helper.make_node("MultiHeadAttention", inputs, list(node.output), name=node.name, domain="com.microsoft",
+        mask = wide.get(mask, "")
+        nodes.append(helper.make_node("MultiHeadAttention", [*parts, "", "", mask] if mask else parts, list(node.output), name=node.name, domain="com.microsoft",
                                       num_heads=attrs["num_heads"], scale=float(attrs.get("scale", 0.0)), unidirectional=int(attrs.get("causal", 0))))
     del model.graph.node[:]
     model.graph.node.extend(nodes)
@@ -455,12 +453,6 @@ def _attention_out_unfused(model):
     from deployfuse.rewrite.rules.fp8_attention_out import without_fp8_x
 
     return without_fp8_x(model)
-
-
-def _qkv_bias_in_gemm(model):
-    from deployfuse.rewrite.rules.fp8_qkv_bias import undo
-
-    return undo(model)
 
 
 def zero_biases(model):
@@ -500,11 +492,10 @@ def scales_not_pow2(model):
 ABLATIONS = {"split-mha": (split_mha, "packed_mha undone: Split + com.microsoft.MultiHeadAttention"),
              "norm-unfused": (_norm_unfused, "fp8_norm undone: the GEMMs quantize each SkipLayerNormFp8's Y themselves"),
              "attn-out-unfused": (_attention_out_unfused, "fp8_attention_out undone: the output projections quantize FusedMHA's Y themselves"),
-             "qkv-bias-in-gemm": (_qkv_bias_in_gemm, "fp8_qkv_bias undone: each QKV GEMM adds its bias in cuBLASLt's epilogue"),
              "zero-bias": (zero_biases, "each empty bias back to zeros: the GEMMs whose bias a norm took run cuBLASLt's bias epilogue"),
              "scales-not-pow2": (scales_not_pow2, "activation scales off powers of two: the float8 copies divide instead of multiplying")}
-"""--fp8 rows of the artefact with one change of its own undone: what packed_mha, fp8_norm, fp8_attention_out, fp8_qkv_bias,
-the empty biases and the power-of-two activation scales each give, timed in the same run (--ablations picks them)."""
+"""--fp8 rows of the artefact with one change of its own undone: what packed_mha, fp8_norm, fp8_attention_out, the empty
+biases and the power-of-two activation scales each give, timed in the same run (--ablations picks them)."""
 
 
 def tuned_copy(artefact: Path, inputs: dict, library: str | None, folder: Path) -> tuple[Path, str]:
@@ -565,7 +556,6 @@ def main(argv: list[str] | None = None) -> None:
     args.compile_modes = [] if args.dry_run else [m for m in args.compile_modes.split(",") if m]
     args.skip = {g for g in args.skip.split(",") if g}
     args.ablations = [a for a in args.ablations.split(",") if a]
-    os.environ.setdefault("DEPLOYFUSE_FP8_QKV_BIAS", "1")  # the fp8 exports take fp8_qkv_bias (opt-in for users: its module says why)
     if set(args.ablations) - set(ABLATIONS):
         parser.exit(2, f"gpu_quant.py: --ablations takes {', '.join(ABLATIONS)}\n")
     args.torchao_granularities = [g for g in args.torchao_granularities.split(",") if g]

@@ -39,11 +39,11 @@ from deployfuse.ops.specs import SPECS  # noqa: E402
 _cases_spec = importlib.util.spec_from_file_location("deployfuse_op_cases", ROOT / "tests/ops/cases.py")
 _cases = importlib.util.module_from_spec(_cases_spec)
 _cases_spec.loader.exec_module(_cases)
-CHECKS = _cases.CASES + _cases.GPU_CASES + _cases.BIAS_CASES + _cases.GPU_BIAS_CASES
+CHECKS = _cases.CASES + _cases.GPU_CASES
 
 DT = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
-INPUT_KEYS = ("mask", "mask_inf", "mask_layout", "misalign", "outputs", "bias")  # case keys that describe the inputs, not op attributes
+INPUT_KEYS = ("mask", "mask_inf", "mask_layout", "misalign", "outputs")  # case keys that describe the inputs, not op attributes
 
 
 class MhaShape(ctypes.Structure):
@@ -83,7 +83,7 @@ if ARGS.lib:
     lib.df_run.argtypes = [ctypes.c_char_p, ctypes.c_int, P, ctypes.c_int, ctypes.POINTER(P), ctypes.POINTER(ctypes.POINTER(I64)),
                            ctypes.POINTER(ctypes.c_int), P, ctypes.POINTER(ctypes.c_double), ctypes.POINTER(ctypes.c_char_p)]
     lib.df_last_error.restype = ctypes.c_char_p
-    lib.df_fused_mha.argtypes = [ctypes.c_int, P, P, P, P, P, P, P, ctypes.POINTER(MhaShape), P, P]
+    lib.df_fused_mha.argtypes = [ctypes.c_int, P, P, P, P, P, P, ctypes.POINTER(MhaShape), P, P]
 
 
 def ptr(t):
@@ -101,12 +101,12 @@ def op_attrs(attrs):
 
 def native(op, xs, attrs, y):
     """y = op(xs) by the library: df_run with the attributes resolved in the spec's order; a
-    non-contiguous input (FusedMHA's strided masks, which no runtime passes), FusedMHA's
-    packed_qkv and Bias (which its TensorRT adapter refuses; ORT's adapter reads them so) through df_fused_mha."""
+    non-contiguous input (FusedMHA's strided masks, which no runtime passes) and FusedMHA's
+    packed_qkv (which its TensorRT adapter refuses; ORT's adapter reads it so) through df_fused_mha."""
     spec = SPECS[op]
     resolved = spec.resolve(**op_attrs(attrs))
     tensors = [t for t in xs if t is not None]
-    if not all(t.is_contiguous() for t in tensors) or resolved.get("packed_qkv") or attrs.get("bias"):
+    if not all(t.is_contiguous() for t in tensors) or resolved.get("packed_qkv"):
         assert op == "FusedMHA", f"{op}: only FusedMHA has an entry for strided inputs"
         return native_mha_direct(xs, resolved, y)
     n = len(tensors)
@@ -124,10 +124,9 @@ def native_mha_direct(xs, attrs, y, yq=None):
     """FusedMHA through df_fused_mha with an explicit MhaShape: the mask's element strides (any
     layout) and, packed_qkv, Q, K, V rows 3·hidden apart at element offsets 0, hidden, 2·hidden of
     their inputs (as plugins/fused_mha/fused_mha.h's FusedMHAAttrs::qkv hands them over). yq (uint8):
-    YQ too, from YScale (xs[4]); y may then be None. The Bias, xs[5], when given."""
+    YQ too, from YScale (xs[4]); y may then be None."""
     q, k, v, mask = xs[:4]
     y_scale = xs[4] if len(xs) > 4 else None
-    bias = xs[5] if len(xs) > 5 else None
     heads, packed = attrs["num_heads"], bool(attrs.get("packed_qkv"))
     hidden = q.shape[2] // 3 if packed else q.shape[2]
     hd = hidden // heads
@@ -139,8 +138,7 @@ def native_mha_direct(xs, attrs, y, yq=None):
     s = MhaShape(q.shape[0], q.shape[1], k.shape[1], heads, hd, attrs["scale"] or 1 / math.sqrt(hd), bool(attrs["causal"]), (ctypes.c_int64 * 4)(*strides),
                  ld, ld, ld)
     third = [ctypes.c_void_p(t.data_ptr() + (i * hidden * t.element_size() if packed else 0)) for i, t in enumerate((q, k, v))]
-    rc = lib.df_fused_mha(DT[q.dtype], stream(), *third, ptr(mask), ptr(bias), ptr(y), ctypes.byref(s), ptr(y_scale if yq is not None else None),
-                          ptr(yq))
+    rc = lib.df_fused_mha(DT[q.dtype], stream(), *third, ptr(mask), ptr(y), ctypes.byref(s), ptr(y_scale if yq is not None else None), ptr(yq))
     assert rc == 0, f"FusedMHA: CUDA error {rc}"
 
 
@@ -160,7 +158,7 @@ def inputs(op, shape, dtype, attrs):
             t = torch.cat([t.new_zeros(1), t.flatten()])[1:].view(t.shape)
         return t
 
-    extra = {k: v for k, v in attrs.items() if k != "mask"} if op == "FusedMHA" else attrs  # "bias" stays: example_fn makes it
+    extra = {k: v for k, v in attrs.items() if k != "mask"} if op == "FusedMHA" else attrs
     xs = SPECS[op].example_fn(shape, rand, extra)
     if op == "FusedMHA":
         b, sq, sk, _ = shape
@@ -291,7 +289,7 @@ def ort_check(ort_lib):
     from deployfuse.ops.models import example_inputs, single_op_model
 
     worst = 0.0
-    for op, shape, attrs in _cases.CASES + _cases.BIAS_CASES:
+    for op, shape, attrs in _cases.CASES:
         if not wanted(op):
             continue
         for dtype, tol in ((np.float32, TF32_TOLERANCE if SPECS[op].tf32 else 1e-5), (np.float16, 2e-3)):
@@ -299,7 +297,6 @@ def ort_check(ort_lib):
                 a = dict(attrs)
                 xs = example_inputs(op, shape, dtype, **a)
                 a.pop("mask", None)
-                a.pop("bias", None)
                 model = single_op_model(op, xs, **a)
                 options = ort.SessionOptions()
                 if with_lib:
@@ -605,8 +602,8 @@ MHA_TILE_SHAPES = [  # (b, s, heads, head_dim, attrs): BERT's and GPT-2's 128 to
 def time_mha_tiles():
     """FusedMHA (fp16, packed QKV as the fp8 exports run it) at MHA_TILE_SHAPES under DEPLOYFUSE_MHA_TILE; without it, the launcher's own
     choice and PyTorch SDPA (flash backend where no mask is given) on the same tensors. DEPLOYFUSE_MHA_PERSISTENT=0 (label -1item): a
-    CTA a work item instead of the persistent CTAs. Each shape is timed writing Y (fp16), writing YQ alone (float8), and YQ alone with the
-    QKV Bias (as the fp8 artefacts run it since rules.fp8_qkv_bias): ViT-B/16's attention took 0.878 ms a call of 12 in the fp8 artefact against 0.666 in the fp16 one on an H100,
+    CTA a work item instead of the persistent CTAs. Each shape is timed writing Y (fp16) and writing YQ alone (float8, as the fp8
+    artefacts run it): ViT-B/16's attention took 0.878 ms a call of 12 in the fp8 artefact against 0.666 in the fp16 one on an H100,
     the same kernel instance (bench/results/h200_quant.md section 9)."""
     import os
 
@@ -623,10 +620,7 @@ def time_mha_tiles():
         yq, y_scale = torch.empty(y.shape, dtype=torch.uint8, device=DEVICE), torch.tensor([0.05], device=DEVICE)
         resolved = SPECS["FusedMHA"].resolve(**a)
         yq_ms = graph_ms(lambda: native_mha_direct([*packed, y_scale], resolved, None, yq))
-        bias = torch.randn(3 * h * d, dtype=torch.float16, device=DEVICE)
-        bias_ms = graph_ms(lambda: native_mha_direct([*packed, y_scale, bias], resolved, None, yq))
-        line = (f"mha-tile {tile} {name} {graph_ms(lambda: native('FusedMHA', packed, a, y)):.4f} ms (YQ alone {yq_ms:.4f} ms, "
-                f"YQ alone + Bias {bias_ms:.4f} ms)")
+        line = f"mha-tile {tile} {name} {graph_ms(lambda: native('FusedMHA', packed, a, y)):.4f} ms (YQ alone {yq_ms:.4f} ms)"
         if tile == "auto":  # SDPA once, beside the launcher's persistent CTAs
             q4, k4, v4 = (xs[0].view(b, sq, 3, h, d)[:, :, i].transpose(1, 2) for i in range(3))
             backend = contextlib.nullcontext if xs[3] is not None else lambda: sdpa_kernel(SDPBackend.FLASH_ATTENTION)

@@ -475,8 +475,7 @@ def _quantize_step(model: onnx.ModelProto, request: _Request, calibration: Calib
                    report: ExportReport, steps: _Steps, tune_feed: Mapping[str, Any] | None = None) -> tuple[onnx.ModelProto, GateResult | None]:
     """The quantize step; with `tune_feed` (the export's example), fp8's SkipLayerNormFp8 nodes are then timed against the
     GEMMs' own quantize passes and undone where slower (`fp8_norm.autotune`: the same float8 values), likewise the FusedMHA
-    nodes writing their output projections' float8 X (`fp8_attention_out.autotune`) and adding their QKV GEMMs' biases
-    (`fp8_qkv_bias.autotune`), the Fp8GemmAct nodes
+    nodes writing their output projections' float8 X (`fp8_attention_out.autotune`), the Fp8GemmAct nodes
     slower than their float GemmAct turned into it (`speed_precision.choose_precision`: fp8 where it is faster), and the
     GEMMs' cuBLASLt algorithms tuned on this GPU (`gemm_tuning.tune`: `algo` picks a kernel, never the math); the gate has
     judged the model already (a GEMM back in float drops X's rounding to float8 and nothing else)."""
@@ -489,11 +488,10 @@ def _quantize_step(model: onnx.ModelProto, request: _Request, calibration: Calib
             from deployfuse.backends.ort import native_library
             from deployfuse.quantize.speed_precision import choose_precision
             from deployfuse.rewrite.gemm_tuning import tune
-            from deployfuse.rewrite.rules import fp8_attention_out, fp8_norm, fp8_qkv_bias
+            from deployfuse.rewrite.rules import fp8_attention_out, fp8_norm
 
             quantized, norms = fp8_norm.autotune(quantized, tune_feed, native_library())  # fp8: the norms quantizing the GEMMs' X, A/B
             quantized, attention = fp8_attention_out.autotune(quantized, tune_feed, native_library())  # and the attentions
-            quantized, qkv_bias = fp8_qkv_bias.autotune(quantized, tune_feed, native_library())  # and their QKV biases
             quantized, speed = choose_precision(quantized, tune_feed, float_name=options.float_precision)
             if speed.line:  # beside the gate's layers kept in float for accuracy: the GEMMs kept in float for speed
                 assert report.quantization is not None
@@ -501,7 +499,7 @@ def _quantize_step(model: onnx.ModelProto, request: _Request, calibration: Calib
                 recorded = metadata.read(quantized, metadata.QUANTIZATION)
                 if isinstance(recorded, dict):
                     metadata.write(quantized, metadata.QUANTIZATION, {**recorded, f"{options.float_precision}_for_speed_layers": list(speed.reverted)})
-            step.detail += "".join(f"; {line}" for line in (norms, attention, qkv_bias, speed.line, tune(quantized, tune_feed)) if line)
+            step.detail += "".join(f"; {line}" for line in (norms, attention, speed.line, tune(quantized, tune_feed)) if line)
     return quantized, gate
 
 

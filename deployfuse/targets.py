@@ -149,7 +149,6 @@ ORT_CUDA = Target(
         "fp8_gemm": (Lowering(DEPLOYFUSE, "Fp8GemmAct"),),  # float8 Q/DQ'd GEMMs (--precision fp8); tensorrt keeps the Q/DQ
         "fp8_norm": (Lowering(DEPLOYFUSE, "SkipLayerNormFp8"),),  # a norm quantizing its fp8 GEMMs' X (after fp8_gemm)
         "fp8_attention_out": (Lowering(DEPLOYFUSE, "FusedMHA"),),  # FusedMHA writing its fp8 output projection's X (after fp8_norm)
-        "fp8_qkv_bias": (Lowering(DEPLOYFUSE, "FusedMHA"),),  # the packed QKV fp8 GEMM's bias added by the FusedMHA reading it
         "packed_mha": (Lowering(DEPLOYFUSE, "FusedMHA", {"packed_qkv": 1}),),  # MHA on a Split packed QKV (fp8's split_qkv, GPT-2)
         # a FusedMHA Mask broadcast over the query axis -> its row (the kernel's row path); one built per batch row from shapes -> one constant row
         "mask_broadcast": (Lowering(DEPLOYFUSE, "FusedMHA"),),

@@ -113,14 +113,14 @@ DF_EXPORT const char* df_last_error() { return g_last_error.c_str(); }
 // passes (their tensors are contiguous) but the tensor-core kernels' mask paths take (the GPU check's
 // padded, offset and strided mask layouts), and Q, K, V rows q_ld, k_ld, v_ld apart (the GPU check's
 // packed_qkv thirds, which df_run's TensorRT adapter refuses). yq non-null: YQ too (float8 bytes, y_scale a device float32),
-// which df_run's TensorRT adapter also refuses; y may then be null. bias: null or [3 * hidden] (launch_fused_mha).
-DF_EXPORT int df_fused_mha(int dtype, void* stream, const void* q, const void* k, const void* v, const void* mask, const void* bias,
-                           void* y, const MhaShape* shape, const float* y_scale, void* yq) {
+// which df_run's TensorRT adapter also refuses; y may then be null.
+DF_EXPORT int df_fused_mha(int dtype, void* stream, const void* q, const void* k, const void* v, const void* mask, void* y,
+                           const MhaShape* shape, const float* y_scale, void* yq) {
   return static_cast<int>(with_dtype(static_cast<DType>(dtype), [&](auto* t) {
     using T = std::remove_pointer_t<decltype(t)>;
     return launch_fused_mha<T>(static_cast<cudaStream_t>(stream), static_cast<const T*>(q), static_cast<const T*>(k),
-                               static_cast<const T*>(v), static_cast<const T*>(mask), static_cast<const T*>(bias), static_cast<T*>(y),
-                               *shape, MhaYq{y_scale, static_cast<uint8_t*>(yq)});
+                               static_cast<const T*>(v), static_cast<const T*>(mask), static_cast<T*>(y), *shape,
+                               MhaYq{y_scale, static_cast<uint8_t*>(yq)});
   }));
 }
 

@@ -33,17 +33,6 @@ __device__ __forceinline__ float2 unpack2(uint32_t v) {
   if constexpr (std::is_same_v<T, __half>) return __half22float2(*reinterpret_cast<const __half2*>(&v));
   else return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&v));
 }
-// a + b for two pairs of T, each sum rounded to T (as a GEMM's bias epilogue rounds its output).
-template <typename T>
-__device__ __forceinline__ uint32_t add2(uint32_t a, uint32_t b) {
-  const float2 x = unpack2<T>(a), y = unpack2<T>(b);
-  return pack2<T>(x.x + y.x, x.y + y.y);
-}
-// Elements i and i + 1 of a bias vector (i even, the vector 4-byte aligned): one 32-bit read.
-template <typename T>
-__device__ __forceinline__ uint32_t bias_pair(const T* bias, int i) {
-  return __ldg(reinterpret_cast<const unsigned int*>(bias + i));
-}
 
 // Online softmax of row r (0: g, 1: g + 8) of the tile s, x = s * mul in log2 units:
 //   m' = max(m, rowmax x);  s <- P = 2^(x - m');  l <- l * 2^(m - m') + rowsum P (this thread's columns

@@ -5,7 +5,7 @@
 // shared memory 32 keys at a time. In each tile lane j scores key j for a query, the warp updates
 // that query's running max m, denominator l and accumulator (online softmax:
 // acc = acc * e^(m_old - m_new) + sum_j e^(s_j - m_new) v_j), so the score matrix never reaches
-// global memory. Each lane owns head_dim / 32 output columns. A bias is added to Q, K and V as they are staged.
+// global memory. Each lane owns head_dim / 32 output columns.
 #include "fused_mha/fused_mha.cuh"
 #include "fused_mha/fused_mha_sm90.cuh"
 #include "fused_mha/fused_mha_tc.cuh"
@@ -31,7 +31,7 @@ constexpr int kKeys = 32;
 template <typename T, int kDimsPerLane>
 __global__ void __launch_bounds__(kWarps * 32) fused_mha_kernel(const T* __restrict__ q, const T* __restrict__ k,
                                                                 const T* __restrict__ v, const T* __restrict__ mask,
-                                                                const T* __restrict__ bias, T* __restrict__ y, MhaShape s, MhaYq yq) {
+                                                                T* __restrict__ y, MhaShape s, MhaYq yq) {
   extern __shared__ float smem[];
   const int d = static_cast<int>(s.head_dim);
   float* s_q = smem;                       // [kQueries][d], pre-scaled
@@ -43,13 +43,10 @@ __global__ void __launch_bounds__(kWarps * 32) fused_mha_kernel(const T* __restr
   const T* q_base = q + b * s.q_seq * s.q_ld + h * s.head_dim;
   const T* k_base = k + b * s.k_seq * s.k_ld + h * s.head_dim;
   const T* v_base = v + b * s.k_seq * s.v_ld + h * s.head_dim;
-  const T* b_q = bias ? bias + h * s.head_dim : nullptr;  // then b_K and b_V hidden and 2 * hidden on
-  const int64_t hidden = s.heads * s.head_dim;
-  auto biased = [&](const T* row, const T* b, int c) { return b ? to_float(from_float<T>(to_float(row[c]) + to_float(b[c]))) : to_float(row[c]); };
 
   for (int i = threadIdx.x; i < kQueries * d; i += blockDim.x) {
     const int64_t qi = q0 + i / d;
-    s_q[i] = qi < s.q_seq ? biased(q_base + qi * s.q_ld, b_q, i % d) * s.scale : 0.f;
+    s_q[i] = qi < s.q_seq ? to_float(q_base[qi * s.q_ld + i % d]) * s.scale : 0.f;
   }
   float m[kQueriesPerWarp], l[kQueriesPerWarp], acc[kQueriesPerWarp][kDimsPerLane];
 #pragma unroll
@@ -67,8 +64,8 @@ __global__ void __launch_bounds__(kWarps * 32) fused_mha_kernel(const T* __restr
     for (int i = threadIdx.x; i < kKeys * d; i += blockDim.x) {
       const int j = i / d, c = i % d;
       const bool in = k0 + j < s.k_seq;
-      s_k[j * (d + 1) + c] = in ? biased(k_base + (k0 + j) * s.k_ld, b_q ? b_q + hidden : nullptr, c) : 0.f;
-      s_v[j * d + c] = in ? biased(v_base + (k0 + j) * s.v_ld, b_q ? b_q + 2 * hidden : nullptr, c) : 0.f;
+      s_k[j * (d + 1) + c] = in ? to_float(k_base[(k0 + j) * s.k_ld + c]) : 0.f;
+      s_v[j * d + c] = in ? to_float(v_base[(k0 + j) * s.v_ld + c]) : 0.f;
     }
     __syncthreads();
     const int64_t key = k0 + lane;
@@ -128,45 +125,42 @@ __global__ void __launch_bounds__(kWarps * 32) fused_mha_kernel(const T* __restr
 }
 
 template <typename T, int kDimsPerLane>
-cudaError_t launch_with(cudaStream_t stream, const T* q, const T* k, const T* v, const T* mask, const T* bias, T* y, const MhaShape& s,
-                        MhaYq yq) {
+cudaError_t launch_with(cudaStream_t stream, const T* q, const T* k, const T* v, const T* mask, T* y, const MhaShape& s, MhaYq yq) {
   const int d = static_cast<int>(s.head_dim);
   const size_t smem = sizeof(float) * (kQueries * d + kKeys * (d + 1) + kKeys * d);
   if (smem > 48 * 1024) {
     DF_RETURN_IF_ERROR(cudaFuncSetAttribute(fused_mha_kernel<T, kDimsPerLane>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   }
   const dim3 grid(static_cast<unsigned>((s.q_seq + kQueries - 1) / kQueries), static_cast<unsigned>(s.batch * s.heads));
-  fused_mha_kernel<T, kDimsPerLane><<<grid, kWarps * 32, smem, stream>>>(q, k, v, mask, bias, y, s, yq);
+  fused_mha_kernel<T, kDimsPerLane><<<grid, kWarps * 32, smem, stream>>>(q, k, v, mask, y, s, yq);
   return cudaGetLastError();
 }
 
 }  // namespace
 
 template <typename T>
-cudaError_t launch_fused_mha(cudaStream_t stream, const T* q, const T* k, const T* v, const T* mask, const T* bias, T* y, const MhaShape& s,
-                             MhaYq yq) {
+cudaError_t launch_fused_mha(cudaStream_t stream, const T* q, const T* k, const T* v, const T* mask, T* y, const MhaShape& s, MhaYq yq) {
   if (s.batch == 0 || s.q_seq == 0 || s.heads == 0) return cudaSuccess;
   if (s.head_dim <= 0 || s.head_dim > 256 || s.batch * s.heads > 65535) return cudaErrorInvalidValue;
   if constexpr (!std::is_same_v<T, float>) {
     cudaError_t err = cudaErrorNotSupported;
 #ifdef DEPLOYFUSE_WITH_SM90A
-    err = launch_fused_mha_sm90(stream, q, k, v, mask, bias, y, s, yq);
+    err = launch_fused_mha_sm90(stream, q, k, v, mask, y, s, yq);
     if (err != cudaErrorNotSupported) return err;
 #endif
-    err = launch_fused_mha_tc(stream, q, k, v, mask, bias, y, s, yq);
+    err = launch_fused_mha_tc(stream, q, k, v, mask, y, s, yq);
     if (err != cudaErrorNotSupported) return err;
   }
-  if (s.head_dim <= 32) return launch_with<T, 1>(stream, q, k, v, mask, bias, y, s, yq);
-  if (s.head_dim <= 64) return launch_with<T, 2>(stream, q, k, v, mask, bias, y, s, yq);
-  if (s.head_dim <= 128) return launch_with<T, 4>(stream, q, k, v, mask, bias, y, s, yq);
-  return launch_with<T, 8>(stream, q, k, v, mask, bias, y, s, yq);
+  if (s.head_dim <= 32) return launch_with<T, 1>(stream, q, k, v, mask, y, s, yq);
+  if (s.head_dim <= 64) return launch_with<T, 2>(stream, q, k, v, mask, y, s, yq);
+  if (s.head_dim <= 128) return launch_with<T, 4>(stream, q, k, v, mask, y, s, yq);
+  return launch_with<T, 8>(stream, q, k, v, mask, y, s, yq);
 }
 
-template cudaError_t launch_fused_mha<float>(cudaStream_t, const float*, const float*, const float*, const float*, const float*, float*,
-                                             const MhaShape&, MhaYq);
-template cudaError_t launch_fused_mha<__half>(cudaStream_t, const __half*, const __half*, const __half*, const __half*, const __half*, __half*,
-                                              const MhaShape&, MhaYq);
-template cudaError_t launch_fused_mha<__nv_bfloat16>(cudaStream_t, const __nv_bfloat16*, const __nv_bfloat16*, const __nv_bfloat16*,
-                                                     const __nv_bfloat16*, const __nv_bfloat16*, __nv_bfloat16*, const MhaShape&, MhaYq);
+template cudaError_t launch_fused_mha<float>(cudaStream_t, const float*, const float*, const float*, const float*, float*, const MhaShape&, MhaYq);
+template cudaError_t launch_fused_mha<__half>(cudaStream_t, const __half*, const __half*, const __half*, const __half*, __half*, const MhaShape&,
+                                              MhaYq);
+template cudaError_t launch_fused_mha<__nv_bfloat16>(cudaStream_t, const __nv_bfloat16*, const __nv_bfloat16*, const __nv_bfloat16*, const __nv_bfloat16*,
+                                                     __nv_bfloat16*, const MhaShape&, MhaYq);
 
 }  // namespace deployfuse

@@ -45,22 +45,13 @@ struct FusedMHAAttrs {
     if (const Tensor* m = mask(in); m && !set_mask_strides(m->dims, m->rank, &s))
       throw std::invalid_argument("Mask is not broadcastable to [batch, heads, q_seq, k_seq]");
     if (const Tensor* ys = y_scale(in); ys && ys->elements() != 1) throw std::invalid_argument("YScale must be a scalar (one element)");
-    if (const Tensor* b = bias(in); b && (b->rank != 1 || b->dims[0] != 3 * hidden))
-      throw std::invalid_argument("Bias must be [3*hidden]: the Q, K and V biases, in that order");
     return s;
   }
 
   // The Mask (input 3) or null. A node with YScale but no Mask names it "": its adapter hands an input without data over.
   static const Tensor* mask(const Inputs& in) { return in.count() > 3 && in[3].data != nullptr ? &in[3] : nullptr; }
-  // YScale (input 4, float32) or null: given, the op writes YQ. A node with a Bias but no YScale names it "".
-  static const Tensor* y_scale(const Inputs& in) { return in.count() > 4 && in[4].data != nullptr ? &in[4] : nullptr; }
-  // Bias (input 5, T, [3*hidden] = [b_Q | b_K | b_V]) or null.
-  static const Tensor* bias(const Inputs& in) { return in.count() > 5 && in[5].data != nullptr ? &in[5] : nullptr; }
-  template <typename T>
-  static const T* bias_data(const Inputs& in) {
-    const Tensor* b = bias(in);
-    return b ? b->as<T>() : nullptr;
-  }
+  // YScale (input 4, float32) or null: given, the op writes YQ.
+  static const Tensor* y_scale(const Inputs& in) { return in.count() > 4 ? &in[4] : nullptr; }
 
   // Y's dims, [batch, q_seq, hidden]: Q's, or a third of its width when packed (ONNX Runtime's adapter shapes Y so).
   std::vector<int64_t> y_dims(const MhaShape& s) const { return {s.batch, s.q_seq, s.hidden()}; }
@@ -72,9 +63,8 @@ struct FusedMHAAttrs {
   }
 };
 
-// mask and bias ([3*hidden]: b_Q | b_K | b_V, added to Q, K and V) may be null. Q, K, V rows are s.q_ld, s.k_ld, s.v_ld
-// elements apart; Y and YQ are [batch, q_seq, hidden]; y and yq.yq may each be null (not written).
-void fused_mha_cpu(const float* q, const float* k, const float* v, const float* mask, const float* bias, float* y, const MhaShape& s,
-                   MhaYq yq);
+// mask may be null. Q, K, V rows are s.q_ld, s.k_ld, s.v_ld elements apart; Y and YQ are [batch, q_seq, hidden]; y and yq.yq
+// may each be null (not written).
+void fused_mha_cpu(const float* q, const float* k, const float* v, const float* mask, float* y, const MhaShape& s, MhaYq yq);
 
 }  // namespace deployfuse

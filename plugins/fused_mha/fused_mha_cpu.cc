@@ -1,5 +1,4 @@
-// Per (batch, head, query): scores over all keys, a max-subtracted softmax, then P V; with a bias, of Q + b_Q, K + b_K and V + b_V
-// (the reference's math: the CUDA kernels leave b_K out, which the softmax cancels).
+// Per (batch, head, query): scores over all keys, a max-subtracted softmax, then P V.
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -9,24 +8,20 @@
 
 namespace deployfuse {
 
-void fused_mha_cpu(const float* q, const float* k, const float* v, const float* mask, const float* bias, float* y, const MhaShape& s,
-                   MhaYq yq) {
+void fused_mha_cpu(const float* q, const float* k, const float* v, const float* mask, float* y, const MhaShape& s, MhaYq yq) {
   const int64_t row = s.hidden();  // Y's
   std::vector<float> p(static_cast<size_t>(s.k_seq)), y_row(static_cast<size_t>(s.head_dim));
-  const std::vector<float> zeros(bias ? 0 : static_cast<size_t>(3 * row), 0.f);
-  if (!bias) bias = zeros.data();
   for (int64_t b = 0; b < s.batch; ++b)
     for (int64_t h = 0; h < s.heads; ++h)
       for (int64_t i = 0; i < s.q_seq; ++i) {
         const float* qr = q + (b * s.q_seq + i) * s.q_ld + h * s.head_dim;
-        const float *bq = bias + h * s.head_dim, *bk = bq + row, *bv = bk + row;
         float max = -std::numeric_limits<float>::infinity();
         for (int64_t j = 0; j < s.k_seq; ++j) {
           float score = -std::numeric_limits<float>::infinity();
           if (!(s.causal && j > i)) {
             const float* kr = k + (b * s.k_seq + j) * s.k_ld + h * s.head_dim;
             float dot = 0.f;
-            for (int64_t c = 0; c < s.head_dim; ++c) dot += (qr[c] + bq[c]) * (kr[c] + bk[c]);
+            for (int64_t c = 0; c < s.head_dim; ++c) dot += qr[c] * kr[c];
             score = dot * s.scale;
             if (mask) score += mask[b * s.mask_stride[0] + h * s.mask_stride[1] + i * s.mask_stride[2] + j * s.mask_stride[3]];
           }
@@ -41,7 +36,7 @@ void fused_mha_cpu(const float* q, const float* k, const float* v, const float* 
         for (int64_t j = 0; j < s.k_seq; ++j) {
           const float* vr = v + (b * s.k_seq + j) * s.v_ld + h * s.head_dim;
           const float w = sum > 0.f ? p[j] / sum : 0.f;
-          for (int64_t c = 0; c < s.head_dim; ++c) out[c] += w * (vr[c] + bv[c]);
+          for (int64_t c = 0; c < s.head_dim; ++c) out[c] += w * vr[c];
         }
         if (yq.yq)
           for (int64_t c = 0; c < s.head_dim; ++c) yq.yq[at + c] = e4m3_from_float(out[c] / *yq.scale);

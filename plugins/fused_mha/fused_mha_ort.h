@@ -1,6 +1,6 @@
 // FusedMHA for ONNX Runtime (see common/ort_adapter.h): Y shaped by FusedMHAAttrs::y_dims, and the YQ form: a YScale input
 // (float32, after a Mask that a node without one names "") and a second output YQ in float8e4m3fn (output_type, which
-// ort_ops.cc registers); Y and YQ each optional. The Bias input (after a YScale a node without one names "") goes to the kernels.
+// ort_ops.cc registers); Y and YQ each optional.
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -33,7 +33,7 @@ struct FusedMHA : FusedMHAAttrs {
     if (yq && !ys) fail(Spec::kName, "YQ needs the YScale input");
     if (!on_cuda) {
       const float scale = ys ? ys->as<float>()[0] : 1.f;
-      fused_mha_cpu(qkv<float>(in, 0, s), qkv<float>(in, 1, s), qkv<float>(in, 2, s), m ? m->as<float>() : nullptr, bias_data<float>(in),
+      fused_mha_cpu(qkv<float>(in, 0, s), qkv<float>(in, 1, s), qkv<float>(in, 2, s), m ? m->as<float>() : nullptr,
                     static_cast<float*>(out[0]), s, MhaYq{&scale, yq});
       return;
     }
@@ -42,8 +42,7 @@ struct FusedMHA : FusedMHAAttrs {
     launch_cuda(Spec::kName, c, [&](auto* tag) {
       using T = std::remove_pointer_t<decltype(tag)>;
       return launch_fused_mha<T>(static_cast<cudaStream_t>(c.stream), qkv<T>(in, 0, s), qkv<T>(in, 1, s), qkv<T>(in, 2, s),
-                                 m ? m->as<T>() : nullptr, bias_data<T>(in), static_cast<T*>(out[0]), s,
-                                 MhaYq{ys ? ys->as<float>() : nullptr, yq});
+                                 m ? m->as<T>() : nullptr, static_cast<T*>(out[0]), s, MhaYq{ys ? ys->as<float>() : nullptr, yq});
     });
 #endif
   }

@@ -21,8 +21,7 @@
 //                                    m16k16 fragments), B = V_j from shared memory (MN-major)
 // issuing S_j+1 = Q K_j+1^T and P_j V_j back to back and running the softmax of S_j+1 while P_j V_j
 // is still on the tensor cores. Y = O / l (0 where every key was masked, l == 0), stored from
-// registers. The additive mask is read from global memory in the softmax (see Sm90Mask). A bias (fused_mha.cuh): each
-// consumer adds b_Q to its Q rows in shared memory once they land, before the first S; b_V goes into Y; b_K is left out.
+// registers. The additive mask is read from global memory in the softmax (see Sm90Mask).
 #include "fused_mha/fused_mha_sm90.cuh"
 
 #include <cuda.h>
@@ -87,7 +86,6 @@ struct Sm90Params {
   bool mask_b, mask_h;  // the mask varies over batch / heads (else its map has one there)
   const float* yq_scale;  // YQ (MhaYq): YScale on the device; yq null: not written
   uint8_t* yq;
-  const void* bias;  // T [3 * heads * D] (b_Q | b_K | b_V), 16-byte aligned, or null
 };
 
 template <typename T, int D, int kConsumers, Sm90Mask kMask, int kCtas>
@@ -253,20 +251,6 @@ __global__ void __launch_bounds__(Sm90Tile<D, kConsumers, kMask, kCtas>::kThread
     };
 
     mbar_wait(full_q, n & 1);
-    if (p.bias) {  // Q += b_Q over this warpgroup's 64 rows: 16-byte chunk k of row r sits at chunk k ^ (r % 8) (the swizzle)
-      const T* b_q = static_cast<const T*>(p.bias) + it.h * D;
-#pragma unroll
-      for (int i = 0; i < 4 * kCols; ++i) {
-        const int idx = threadIdx.x % 128 + 128 * i, chunk = idx % 8, r = idx / 8 % 64, c = idx / 512;
-        const uint32_t addr = q_wg + c * Tile::kBlockM * 128 + r * 128 + chunk * 16;
-        const uint4 b = __ldg(reinterpret_cast<const uint4*>(b_q + 64 * c + 8 * (chunk ^ (r % 8))));
-        uint4 v = ld_shared_v4(addr);
-        v = make_uint4(add2<T>(v.x, b.x), add2<T>(v.y, b.y), add2<T>(v.z, b.z), add2<T>(v.w, b.w));
-        st_shared_v4(addr, v);
-      }
-      fence_proxy_async_shared();
-      warpgroup_barrier(wg);
-    }
     if (it.n_tiles > 0) {
       float alpha[2];
       mbar_wait(full_k(stage(0)), phase(0));
@@ -320,10 +304,9 @@ __global__ void __launch_bounds__(Sm90Tile<D, kConsumers, kMask, kCtas>::kThread
       mbar_arrive(empty_v(stage(it.n_tiles - 1)));  // the next item's V may land in this stage
     }
 
-    // Epilogue: Y = O / l (+ b_V where a key was unmasked) from registers (each quad writes 16 contiguous bytes of a row per
-    // column tile), and YQ from those values as rounded to T (8 bytes a quad).
+    // Epilogue: Y = O / l from registers (each quad writes 16 contiguous bytes of a row per column tile), and YQ from
+    // those values as rounded to T (8 bytes a quad).
     const int64_t base = static_cast<int64_t>(it.b) * p.q_seq * ld + it.h * D + 2 * t;
-    const T* b_v = p.bias ? static_cast<const T*>(p.bias) + 2 * ld + it.h * D + 2 * t : nullptr;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const float inv = row_inverse_sum(l[r]);
@@ -331,9 +314,7 @@ __global__ void __launch_bounds__(Sm90Tile<D, kConsumers, kMask, kCtas>::kThread
         const int64_t at = base + rows[r] * ld;
 #pragma unroll
         for (int c = 0; c < D / 8; ++c) {
-          float2 add = make_float2(0.f, 0.f);
-          if (b_v && inv > 0.f) add = unpack2<T>(bias_pair(b_v, 8 * c));
-          const uint32_t pair = pack2<T>(fmaf(o[4 * c + 2 * r], inv, add.x), fmaf(o[4 * c + 2 * r + 1], inv, add.y));
+          const uint32_t pair = pack2<T>(o[4 * c + 2 * r] * inv, o[4 * c + 2 * r + 1] * inv);
           if (y) *reinterpret_cast<uint32_t*>(y + at + 8 * c) = pair;
           if (p.yq) {
             const T* e = reinterpret_cast<const T*>(&pair);
@@ -416,8 +397,8 @@ bool persistent() {
 }
 
 template <typename T, int D, int kConsumers, Sm90Mask kMask, int kCtas>
-cudaError_t launch_with(cudaStream_t stream, int device, const T* q, const T* k, const T* v, const T* mask, const T* bias, T* y,
-                        const MhaShape& s, MhaYq yq) {
+cudaError_t launch_with(cudaStream_t stream, int device, const T* q, const T* k, const T* v, const T* mask, T* y, const MhaShape& s,
+                        MhaYq yq) {
   using Tile = Sm90Tile<D, kConsumers, kMask, kCtas>;
   const auto kernel = fused_mha_sm90_kernel<T, D, kConsumers, kMask, kCtas>;
   static std::atomic<int> resident[64];  // CTAs the GPU runs at once, by device ordinal (0: not yet asked)
@@ -448,7 +429,6 @@ cudaError_t launch_with(cudaStream_t stream, int device, const T* q, const T* k,
   prm.mask_h = mask && s.mask_stride[1] != 0;
   prm.yq_scale = yq.scale;
   prm.yq = yq.yq;
-  prm.bias = bias;
   const int64_t q_blocks = (s.q_seq + Tile::kBlockM - 1) / Tile::kBlockM, items = q_blocks * s.batch * s.heads;
   if (items > INT_MAX) return cudaErrorNotSupported;
   prm.q_blocks = static_cast<int>(q_blocks);
@@ -477,11 +457,11 @@ bool is_sm90(int device) {
 }
 
 template <typename T, int D, int kConsumers, int kCtas = 1>
-cudaError_t launch_mask(cudaStream_t stream, int device, const T* q, const T* k, const T* v, const T* mask, const T* bias, T* y,
-                        const MhaShape& s, MhaYq yq) {
-  if (!mask) return launch_with<T, D, kConsumers, Sm90Mask::kNone, kCtas>(stream, device, q, k, v, mask, bias, y, s, yq);
-  if (s.mask_stride[2] == 0) return launch_with<T, D, kConsumers, Sm90Mask::kRow, kCtas>(stream, device, q, k, v, mask, bias, y, s, yq);
-  return launch_with<T, D, kConsumers, Sm90Mask::kTile, kCtas>(stream, device, q, k, v, mask, bias, y, s, yq);
+cudaError_t launch_mask(cudaStream_t stream, int device, const T* q, const T* k, const T* v, const T* mask, T* y, const MhaShape& s,
+                        MhaYq yq) {
+  if (!mask) return launch_with<T, D, kConsumers, Sm90Mask::kNone, kCtas>(stream, device, q, k, v, mask, y, s, yq);
+  if (s.mask_stride[2] == 0) return launch_with<T, D, kConsumers, Sm90Mask::kRow, kCtas>(stream, device, q, k, v, mask, y, s, yq);
+  return launch_with<T, D, kConsumers, Sm90Mask::kTile, kCtas>(stream, device, q, k, v, mask, y, s, yq);
 }
 
 // The CTA shape for head_dim 64: "narrow" (one 64-row consumer, two CTAs an SM), "wide" (two consumers)
@@ -511,26 +491,25 @@ Sm90Shape choose_shape(const MhaShape& s) {
 }  // namespace
 
 template <typename T>
-cudaError_t launch_fused_mha_sm90(cudaStream_t stream, const T* q, const T* k, const T* v, const T* mask, const T* bias, T* y,
-                                  const MhaShape& s, MhaYq yq) {
+cudaError_t launch_fused_mha_sm90(cudaStream_t stream, const T* q, const T* k, const T* v, const T* mask, T* y, const MhaShape& s, MhaYq yq) {
   if (!(s.scale > 0.f) || (s.head_dim != 64 && s.head_dim != 128)) return cudaErrorNotSupported;
-  if (!aligned16(q) || !aligned16(k) || !aligned16(v) || !aligned16(y) || !aligned16(yq.yq) || !aligned16(bias)) return cudaErrorNotSupported;
+  if (!aligned16(q) || !aligned16(k) || !aligned16(v) || !aligned16(y) || !aligned16(yq.yq)) return cudaErrorNotSupported;
   if (s.q_seq > INT_MAX - 256 || s.k_seq > INT_MAX - 256 || s.heads > INT_MAX / 256) return cudaErrorNotSupported;
   int device = 0;
   DF_RETURN_IF_ERROR(cudaGetDevice(&device));
   if (!is_sm90(device) || !encode_tiled()) return cudaErrorNotSupported;
-  if (s.head_dim == 128) return launch_mask<T, 128, 2>(stream, device, q, k, v, mask, bias, y, s, yq);  // one CTA fills an SM's shared memory
+  if (s.head_dim == 128) return launch_mask<T, 128, 2>(stream, device, q, k, v, mask, y, s, yq);  // one CTA fills an SM's shared memory
   switch (choose_shape(s)) {
-    case Sm90Shape::kNarrow: return launch_mask<T, 64, 1, 2>(stream, device, q, k, v, mask, bias, y, s, yq);
-    case Sm90Shape::kTriple: return launch_mask<T, 64, 3>(stream, device, q, k, v, mask, bias, y, s, yq);
+    case Sm90Shape::kNarrow: return launch_mask<T, 64, 1, 2>(stream, device, q, k, v, mask, y, s, yq);
+    case Sm90Shape::kTriple: return launch_mask<T, 64, 3>(stream, device, q, k, v, mask, y, s, yq);
     case Sm90Shape::kNone: return cudaErrorNotSupported;
-    default: return launch_mask<T, 64, 2>(stream, device, q, k, v, mask, bias, y, s, yq);
+    default: return launch_mask<T, 64, 2>(stream, device, q, k, v, mask, y, s, yq);
   }
 }
 
-template cudaError_t launch_fused_mha_sm90<__half>(cudaStream_t, const __half*, const __half*, const __half*, const __half*, const __half*,
-                                                    __half*, const MhaShape&, MhaYq);
+template cudaError_t launch_fused_mha_sm90<__half>(cudaStream_t, const __half*, const __half*, const __half*, const __half*, __half*, const MhaShape&,
+                                                    MhaYq);
 template cudaError_t launch_fused_mha_sm90<__nv_bfloat16>(cudaStream_t, const __nv_bfloat16*, const __nv_bfloat16*, const __nv_bfloat16*,
-                                                           const __nv_bfloat16*, const __nv_bfloat16*, __nv_bfloat16*, const MhaShape&, MhaYq);
+                                                           const __nv_bfloat16*, __nv_bfloat16*, const MhaShape&, MhaYq);
 
 }  // namespace deployfuse

@@ -14,7 +14,7 @@ namespace deployfuse {
 // or base not 16-byte aligned —, no cuTensorMapEncodeTiled in the driver); the caller then tries the
 // next path.
 template <typename T>
-cudaError_t launch_fused_mha_sm90(cudaStream_t stream, const T* q, const T* k, const T* v, const T* mask, const T* bias, T* y,
-                                  const MhaShape& shape, MhaYq yq);
+cudaError_t launch_fused_mha_sm90(cudaStream_t stream, const T* q, const T* k, const T* v, const T* mask, T* y, const MhaShape& shape,
+                                  MhaYq yq);
 
 }  // namespace deployfuse

@@ -13,7 +13,6 @@
 // so S never leaves registers. A thread holds rows lane/4 and lane/4 + 8 of its warp's 16, columns
 // 2 * (lane % 4) + {0, 1} of each 8-wide n-tile: row max/sum need only the 4 lanes of a quad.
 // Y = O / l (0 where every key was masked, l == 0), staged through shared memory for 16-byte stores.
-// A bias (fused_mha.cuh): b_Q added to the Q fragments as they are loaded, b_V to Y, b_K left out.
 // Shared rows are padded by 16 bytes: the 8 row addresses of an ldmatrix then hit 8 different bank
 // groups (D / 8 + 1 chunks per row is odd).
 //
@@ -171,8 +170,7 @@ struct TcParams {
 template <typename T, int D, int kWarps, MaskMode kMode>
 __global__ void __launch_bounds__(kWarps * 32, kWarps == 8 ? 2 : 1) fused_mha_tc_kernel(const T* __restrict__ q, const T* __restrict__ k,
                                                                    const T* __restrict__ v, const T* __restrict__ mask,
-                                                                   const T* __restrict__ bias, T* __restrict__ y, MhaShape s,
-                                                                   TcParams prm) {
+                                                                   T* __restrict__ y, MhaShape s, TcParams prm) {
 #if __CUDA_ARCH__ >= 800
   constexpr bool kMask = kMode != MaskMode::kNone;
   constexpr int kBlockM = 16 * kWarps, kThreads = 32 * kWarps, kP = kPitch<D>;
@@ -223,17 +221,12 @@ __global__ void __launch_bounds__(kWarps * 32, kWarps == 8 ? 2 : 1) fused_mha_tc
   // A negative scale is taken as -Q with |scale|, so a larger raw score is always a larger logit.
   const float scale = prm.scale;
   const uint32_t q_sign = prm.q_negate ? 0x80008000u : 0u;
-  // Fragment register i holds columns 16 kk + 8 (i / 2) + 2t and + 1 (rows g, g + 8 alternating).
-  const T* b_q = bias ? bias + h * D : nullptr;
   uint32_t qf[D / 16][4];
 #pragma unroll
   for (int kk = 0; kk < D / 16; ++kk) {
     ldmatrix_x4(qf[kk], smem_addr(s_q + (warp * 16 + a_row) * kP + kk * 16 + a_col));
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      if (b_q) qf[kk][i] = add2<T>(qf[kk][i], bias_pair(b_q, kk * 16 + 8 * (i / 2) + 2 * t));
-      qf[kk][i] ^= q_sign;
-    }
+    for (int i = 0; i < 4; ++i) qf[kk][i] ^= q_sign;
   }
 
   float o[D / 8][4];
@@ -326,18 +319,14 @@ __global__ void __launch_bounds__(kWarps * 32, kWarps == 8 ? 2 : 1) fused_mha_tc
     __syncthreads();  // K_j+1 has landed; every warp is done with V_j and the mask tile
   }
 
-  // Epilogue: each warp stages its own 16 rows in s_q (only it ever read them), then stores rows; + b_V in rows with an unmasked key.
+  // Epilogue: each warp stages its own 16 rows in s_q (only it ever read them), then stores rows.
   T* so = s_q + warp * 16 * kP;
-  const T* b_v = bias ? bias + 2 * s.heads * D + h * D : nullptr;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const float inv = row_inverse_sum(l[r]);
 #pragma unroll
     for (int n = 0; n < D / 8; ++n) {
-      float2 add = make_float2(0.f, 0.f);
-      if (b_v && inv > 0.f) add = unpack2<T>(bias_pair(b_v, n * 8 + 2 * t));
-      *reinterpret_cast<uint32_t*>(so + (g + 8 * r) * kP + n * 8 + 2 * t) =
-          pack2<T>(fmaf(o[n][2 * r], inv, add.x), fmaf(o[n][2 * r + 1], inv, add.y));
+      *reinterpret_cast<uint32_t*>(so + (g + 8 * r) * kP + n * 8 + 2 * t) = pack2<T>(o[n][2 * r] * inv, o[n][2 * r + 1] * inv);
     }
   }
   __syncwarp();
@@ -366,8 +355,8 @@ __global__ void __launch_bounds__(kWarps * 32, kWarps == 8 ? 2 : 1) fused_mha_tc
 }
 
 template <typename T, int D, int kWarps, MaskMode kMode>
-cudaError_t launch_with(cudaStream_t stream, const T* q, const T* k, const T* v, const T* mask, const T* bias, T* y, const MhaShape& s,
-                        MhaYq yq, bool mask_async) {
+cudaError_t launch_with(cudaStream_t stream, const T* q, const T* k, const T* v, const T* mask, T* y, const MhaShape& s, MhaYq yq,
+                        bool mask_async) {
   constexpr int kBlockM = 16 * kWarps;
   constexpr size_t smem = smem_bytes<T, D, kWarps, kMode>();
   const auto kernel = fused_mha_tc_kernel<T, D, kWarps, kMode>;
@@ -381,39 +370,38 @@ cudaError_t launch_with(cudaStream_t stream, const T* q, const T* k, const T* v,
   prm.mask_async = mask_async;
   prm.yq_scale = yq.scale;
   prm.yq = yq.yq;
-  kernel<<<grid, kWarps * 32, smem, stream>>>(q, k, v, mask, bias, y, s, prm);
+  kernel<<<grid, kWarps * 32, smem, stream>>>(q, k, v, mask, y, s, prm);
   return cudaGetLastError();
 }
 
 template <typename T, int D, int kWarps>
-cudaError_t launch_mode(cudaStream_t stream, const T* q, const T* k, const T* v, const T* mask, const T* bias, T* y, const MhaShape& s, MhaYq yq) {
-  if (!mask) return launch_with<T, D, kWarps, MaskMode::kNone>(stream, q, k, v, mask, bias, y, s, yq, false);
+cudaError_t launch_mode(cudaStream_t stream, const T* q, const T* k, const T* v, const T* mask, T* y, const MhaShape& s, MhaYq yq) {
+  if (!mask) return launch_with<T, D, kWarps, MaskMode::kNone>(stream, q, k, v, mask, y, s, yq, false);
   // cp.async staging: keys contiguous and every row start (b, h, q offsets) 16-byte aligned.
   const int64_t* ms = s.mask_stride;
   const bool mask_async = ms[3] == 1 && aligned16(mask) && ms[0] % 8 == 0 && ms[1] % 8 == 0 && ms[2] % 8 == 0;
-  if (ms[2] == 0) return launch_with<T, D, kWarps, MaskMode::kRow>(stream, q, k, v, mask, bias, y, s, yq, mask_async);
-  if (mask_async) return launch_with<T, D, kWarps, MaskMode::kTile>(stream, q, k, v, mask, bias, y, s, yq, true);
-  return launch_with<T, D, kWarps, MaskMode::kGlobal>(stream, q, k, v, mask, bias, y, s, yq, false);
+  if (ms[2] == 0) return launch_with<T, D, kWarps, MaskMode::kRow>(stream, q, k, v, mask, y, s, yq, mask_async);
+  if (mask_async) return launch_with<T, D, kWarps, MaskMode::kTile>(stream, q, k, v, mask, y, s, yq, true);
+  return launch_with<T, D, kWarps, MaskMode::kGlobal>(stream, q, k, v, mask, y, s, yq, false);
 }
 
 // 8 warps (128 rows) halve the K/V traffic per query: 1.25x faster at head_dim 64 on an H200. 4 warps
 // waste fewer rows on short queries, and at head_dim > 64 (~240 registers) they let two CTAs share an
 // SM: 6% faster at head_dim 128.
 template <typename T, int D>
-cudaError_t launch_dim(cudaStream_t stream, const T* q, const T* k, const T* v, const T* mask, const T* bias, T* y, const MhaShape& s, MhaYq yq) {
+cudaError_t launch_dim(cudaStream_t stream, const T* q, const T* k, const T* v, const T* mask, T* y, const MhaShape& s, MhaYq yq) {
   if constexpr (D <= 64) {
-    if (s.q_seq > 64) return launch_mode<T, D, 8>(stream, q, k, v, mask, bias, y, s, yq);
+    if (s.q_seq > 64) return launch_mode<T, D, 8>(stream, q, k, v, mask, y, s, yq);
   }
-  return launch_mode<T, D, 4>(stream, q, k, v, mask, bias, y, s, yq);
+  return launch_mode<T, D, 4>(stream, q, k, v, mask, y, s, yq);
 }
 
 }  // namespace
 
 template <typename T>
-cudaError_t launch_fused_mha_tc(cudaStream_t stream, const T* q, const T* k, const T* v, const T* mask, const T* bias, T* y, const MhaShape& s, MhaYq yq) {
+cudaError_t launch_fused_mha_tc(cudaStream_t stream, const T* q, const T* k, const T* v, const T* mask, T* y, const MhaShape& s, MhaYq yq) {
   // 16-byte aligned bases and row strides suffice: head_dim % 16 == 0 keeps every head offset aligned (YQ's 8-byte stores too).
   if (!aligned16(q) || !aligned16(k) || !aligned16(v) || !aligned16(y) || !aligned16(yq.yq)) return cudaErrorNotSupported;
-  if (reinterpret_cast<uintptr_t>(bias) % 4 != 0) return cudaErrorNotSupported;  // bias_pair's 32-bit reads
   if (s.q_ld % 8 != 0 || s.k_ld % 8 != 0 || s.v_ld % 8 != 0) return cudaErrorNotSupported;
   if (s.q_seq > INT_MAX - 128 || s.k_seq > INT_MAX - 128) return cudaErrorNotSupported;
   const int64_t max_ld = std::max({s.q_ld, s.k_ld, s.v_ld, s.hidden()});
@@ -425,17 +413,17 @@ cudaError_t launch_fused_mha_tc(cudaStream_t stream, const T* q, const T* k, con
   static ArchCheck built_for;
   if (major < 8 || !built_for(reinterpret_cast<const void*>(fused_mha_tc_kernel<T, 64, 4, MaskMode::kNone>), 80)) return cudaErrorNotSupported;
   switch (s.head_dim) {
-    case 32: return launch_dim<T, 32>(stream, q, k, v, mask, bias, y, s, yq);
-    case 64: return launch_dim<T, 64>(stream, q, k, v, mask, bias, y, s, yq);
-    case 96: return launch_dim<T, 96>(stream, q, k, v, mask, bias, y, s, yq);
-    case 128: return launch_dim<T, 128>(stream, q, k, v, mask, bias, y, s, yq);
+    case 32: return launch_dim<T, 32>(stream, q, k, v, mask, y, s, yq);
+    case 64: return launch_dim<T, 64>(stream, q, k, v, mask, y, s, yq);
+    case 96: return launch_dim<T, 96>(stream, q, k, v, mask, y, s, yq);
+    case 128: return launch_dim<T, 128>(stream, q, k, v, mask, y, s, yq);
     default: return cudaErrorNotSupported;
   }
 }
 
-template cudaError_t launch_fused_mha_tc<__half>(cudaStream_t, const __half*, const __half*, const __half*, const __half*, const __half*, __half*,
-                                                  const MhaShape&, MhaYq);
+template cudaError_t launch_fused_mha_tc<__half>(cudaStream_t, const __half*, const __half*, const __half*, const __half*, __half*, const MhaShape&,
+                                                  MhaYq);
 template cudaError_t launch_fused_mha_tc<__nv_bfloat16>(cudaStream_t, const __nv_bfloat16*, const __nv_bfloat16*, const __nv_bfloat16*,
-                                                         const __nv_bfloat16*, const __nv_bfloat16*, __nv_bfloat16*, const MhaShape&, MhaYq);
+                                                         const __nv_bfloat16*, __nv_bfloat16*, const MhaShape&, MhaYq);
 
 }  // namespace deployfuse

@@ -11,7 +11,7 @@ namespace deployfuse {
 // launching nothing, when this path cannot take the call (head_dim not 32/64/96/128, Q/K/V/Y or their
 // row strides not 16-byte aligned, a GPU older than sm_80); the caller then falls back to the CUDA-core kernel.
 template <typename T>
-cudaError_t launch_fused_mha_tc(cudaStream_t stream, const T* q, const T* k, const T* v, const T* mask, const T* bias, T* y,
-                                const MhaShape& shape, MhaYq yq);
+cudaError_t launch_fused_mha_tc(cudaStream_t stream, const T* q, const T* k, const T* v, const T* mask, T* y, const MhaShape& shape,
+                                MhaYq yq);
 
 }  // namespace deployfuse

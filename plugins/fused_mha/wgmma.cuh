@@ -26,16 +26,6 @@ __device__ __forceinline__ uint64_t sw128_desc(uint32_t addr, uint32_t lbo_bytes
          static_cast<uint64_t>(1024 >> 4) << 32 | 1ull << 62;
 }
 
-// Makes this thread's ordinary shared-memory writes visible to the async proxy (the wgmma operand reads that follow a
-// barrier), then the barrier of warpgroup wg (0-2) alone: named barrier 1 + wg (0 is __syncthreads'), 128 threads; immediate ids,
-// so that ptxas counts the barriers the kernel uses.
-__device__ __forceinline__ void fence_proxy_async_shared() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
-__device__ __forceinline__ void warpgroup_barrier(int wg) {
-  if (wg == 0) asm volatile("bar.sync 1, 128;\n" ::: "memory");
-  else if (wg == 1) asm volatile("bar.sync 2, 128;\n" ::: "memory");
-  else asm volatile("bar.sync 3, 128;\n" ::: "memory");
-}
-
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 template <int N>

@@ -6,7 +6,7 @@ path (sizes at and past the kernels' thresholds, misaligned storage), checked on
 Attributes outside the op's spec describe the inputs: "mask" (FusedMHA: True = a [batch, 1, 1,
 k_seq] mask; on the GPU also a string naming the kept dims of [b, h, q, k]; Fp8GemmAct's "no_bias", Fp8Mlp's "no_b1" / "no_b2": that
 bias given empty), "outputs" (FusedMHA's
-YQ_CASES: the outputs the node writes; YQ among them = a YScale input), "bias" (FusedMHA: a Bias input), and on the GPU
+YQ_CASES: the outputs the node writes; YQ among them = a YScale input), and on the GPU
 "misalign" (storage one element off 16-byte alignment), "mask_inf" and "mask_layout" (see
 bench/ops_gpu.py, mha_mask)."""
 
@@ -163,9 +163,6 @@ YQ_CASES: list[tuple[str, tuple[int, ...], dict[str, Any]]] = [
     ("FusedMHA", (2, 5, 9, 24), {"num_heads": 2, "causal": 1, "mask": True, "packed_qkv": 1, "outputs": ("Y", "YQ")}),
     ("FusedMHA", (1, 9, 9, 16), {"num_heads": 4, "causal": 1, "packed_qkv": 1, "outputs": ("Y", "YQ")}),
     ("FusedMHA", (2, 1, 13, 40), {"num_heads": 5, "mask": True, "packed_qkv": 1, "outputs": ("YQ",)}),
-    # with a Bias after YScale (fp8_qkv_bias's node): every variant, the absent Mask named ""
-    *[("FusedMHA", (2, 5, 9, 24), {"num_heads": 2, "causal": c, "packed_qkv": p, **({"mask": True} if m else {}), "bias": True, "outputs": ("Y", "YQ")})
-      for c in (0, 1) for p in (0, 1) for m in (0, 1)],
 ]
 
 # ... and on the GPU each kernel's epilogue: Hopper (fp16/bf16, head_dim 64 BERT-base packed with its padding mask, 128
@@ -177,30 +174,6 @@ GPU_YQ_CASES: list[tuple[str, tuple[int, ...], dict[str, Any]]] = [
     ("FusedMHA", (2, 77, 90, 384), {"num_heads": 12, "mask": "bhqk", "outputs": ("Y", "YQ")}),
     ("FusedMHA", (2, 64, 64, 384), {"num_heads": 4, "scale": -0.1, "outputs": ("YQ",)}),
     ("FusedMHA", (2, 50, 50, 60), {"num_heads": 3, "mask": True, "packed_qkv": 1, "outputs": ("Y", "YQ")}),
-    ("FusedMHA", (8, 128, 128, 768), {"num_heads": 12, "mask": True, "packed_qkv": 1, "bias": True, "outputs": ("YQ",)}),
-    ("FusedMHA", (2, 77, 77, 256), {"num_heads": 4, "packed_qkv": 1, "bias": True, "outputs": ("Y", "YQ")}),
-]
-
-# FusedMHA with a Bias ([3·hidden]: Q + b_Q, K + b_K, V + b_V; the kernels leave b_K out): every variant without YScale (the
-# absent Mask and YScale before it named ""), and an odd head count with one query.
-BIAS_CASES: list[tuple[str, tuple[int, ...], dict[str, Any]]] = [
-    ("FusedMHA", (2, 5, 9, 24), {"num_heads": 2, "causal": c, "packed_qkv": p, **({"mask": True} if m else {}), "scale": 0.3, "bias": True})
-    for c in (0, 1) for p in (0, 1) for m in (0, 1)
-] + [("FusedMHA", (2, 1, 13, 40), {"num_heads": 5, "mask": True, "packed_qkv": 1, "bias": True})]
-
-# ... and on the GPU each kernel: Hopper (head_dim 64: BERT-base at batch 8 and 64, the latter with several work items a
-# persistent CTA; three-consumer CTAs at 700 keys; head_dim 128 causal), tensor cores (head_dim 32, 96 with a negative
-# scale: b_Q before the sign), CUDA cores (head_dim 20; every fp32 call), fully masked rows (0, not b_V).
-GPU_BIAS_CASES: list[tuple[str, tuple[int, ...], dict[str, Any]]] = [
-    ("FusedMHA", (8, 128, 128, 768), {"num_heads": 12, "mask": True, "packed_qkv": 1, "bias": True}),
-    ("FusedMHA", (64, 128, 128, 768), {"num_heads": 12, "mask": True, "packed_qkv": 1, "bias": True}),
-    ("FusedMHA", (4, 700, 700, 1024), {"num_heads": 16, "mask": "bk", "bias": True}),
-    ("FusedMHA", (2, 200, 200, 1024), {"num_heads": 8, "causal": 1, "packed_qkv": 1, "bias": True}),
-    ("FusedMHA", (2, 150, 264, 1024), {"num_heads": 8, "mask": "bhqk", "mask_inf": 0.3, "bias": True}),
-    ("FusedMHA", (2, 100, 100, 128), {"num_heads": 4, "mask": True, "packed_qkv": 1, "bias": True}),
-    ("FusedMHA", (2, 77, 77, 384), {"num_heads": 4, "scale": -0.1, "packed_qkv": 1, "bias": True}),
-    ("FusedMHA", (2, 130, 70, 256), {"num_heads": 4, "causal": 1, "mask": "qk", "mask_inf": 0.2, "bias": True}),
-    ("FusedMHA", (2, 50, 50, 60), {"num_heads": 3, "mask": True, "packed_qkv": 1, "bias": True}),
 ]
 
 

@@ -40,7 +40,7 @@ from deployfuse.ops.models import example_inputs
 from deployfuse.ops.schema import OpSpec
 from deployfuse.ops.specs import OP_MODULES, SPECS
 from deployfuse.targets import BY_NAME
-from tests.ops.cases import BIAS_CASES, CASES, YQ_CASES
+from tests.ops.cases import CASES, YQ_CASES
 
 ROOT = Path(__file__).resolve().parents[2]
 PLUGINS = ROOT / "plugins"
@@ -72,9 +72,9 @@ def _variants(spec: OpSpec) -> list[dict]:
 
 def _case_variant(spec: OpSpec, attrs: dict) -> str:
     """A case's variant: "mask" gives the optional inputs (all, or those a string names: SkipLayerNormFp8's "skip,ids"), but
-    YScale, which FusedMHA's "outputs" naming YQ gives (YQ_CASES), and its Bias, which "bias" gives (BIAS_CASES)."""
+    YScale, which FusedMHA's "outputs" naming YQ gives (YQ_CASES)."""
     attrs = dict(attrs)
-    given = {"YScale": "YQ" in attrs.pop("outputs", ()), "Bias": attrs.pop("bias", False)}
+    given = {"YScale": "YQ" in attrs.pop("outputs", ())}
     mask = attrs.pop("mask", False)
     named = set(mask.split(",")) if isinstance(mask, str) else None
     present = [n for n in spec.inputs if n not in spec.optional or given.get(n, mask if named is None else n.lower() in named)]
@@ -114,7 +114,7 @@ def _python_pieces(module: types.ModuleType, folder: str) -> list[str]:
             function_body(spec, max(MIN_OPSET, spec.min_opset, 19 if variant.get("YScale") else 0), variant)  # FusedMHA's float8 YQ: opset 19
         except Exception as exc:  # noqa: BLE001 (the piece is what is reported)
             missing.append(f"function body for {variant}: {exc}")
-    cases = [c for c in CASES + YQ_CASES + BIAS_CASES if c[0] == spec.name]
+    cases = [c for c in CASES + YQ_CASES if c[0] == spec.name]
     if not cases:
         missing.append("a test case in tests/ops/cases.py")
     else:

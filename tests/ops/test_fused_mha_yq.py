@@ -1,5 +1,5 @@
 """FusedMHA's YQ form (tests/ops/cases.py YQ_CASES: YScale given, Y written or not, with and without a Mask, the absent one
-named "", and with a Bias): through the function bodies (ONNX Runtime optimisations off) and the CPU custom-op library, on fresh random
+named ""): through the function bodies (ONNX Runtime optimisations off) and the CPU custom-op library, on fresh random
 inputs, Y matches the PyTorch reference, YQ is bit for bit q(Y, YScale) of the Y the node wrote, and within one float8
 step of the reference's YQ (Y's float32 rounding may cross a midpoint). The generic op tests check Y only. TensorRT's
 plugin (the C ABI over its adapter) refuses YScale."""
@@ -47,7 +47,6 @@ def test_yq_is_the_quantized_y(library, case, native):
     xs = example_inputs(OP, shape, **attrs)
     outputs = attrs.pop("outputs")
     attrs.pop("mask", None)
-    attrs.pop("bias", None)
     # YScale = half this draw's max|Y| / 448: its largest values saturate, those under half do not (the example's
     # max|V|-based scale left a one-query case with none saturated once)
     y_max = reference_outputs(*torch_inputs(xs), **attrs)[0].abs().max().item()
@@ -82,4 +81,4 @@ def test_tensorrt_plugin_refuses_yscale(capfd):
     rc = lib.df_run(b"FusedMHA", 0, None, 5, (ctypes.c_void_p * 5)(), dim_ptrs, (ctypes.c_int * 5)(*map(len, shapes)), None,
                     (ctypes.c_double * len(numbers))(*numbers), (ctypes.c_char_p * len(numbers))())
     assert rc == 1, "cudaErrorInvalidValue"  # as TensorRT's enqueue answers
-    assert "YScale (the float8 output YQ) and Bias have no TensorRT plugin" in capfd.readouterr().err
+    assert "YScale (the float8 output YQ) has no TensorRT plugin" in capfd.readouterr().err

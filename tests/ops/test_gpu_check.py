@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from deployfuse.ops.specs import SPECS
-from tests.ops.cases import BIAS_CASES, CASES, GPU_BIAS_CASES, GPU_CASES
+from tests.ops.cases import CASES, GPU_CASES
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -30,7 +30,7 @@ def test_dry_run_builds_every_case_of_every_op():
     rows = re.findall(r"^dry-run (\w+) ", done.stdout, flags=re.M)
     behind_df_run = {op for op, spec in SPECS.items() if spec.trt_plugin}  # the others have their own GPU check (bench/fp8_gemm_gpu.sh)
     assert set(rows) == behind_df_run, "every registered op with a TensorRT adapter is checked on the GPU"
-    assert len(rows) == 3 * sum(op in behind_df_run for op, _, _ in CASES + GPU_CASES + BIAS_CASES + GPU_BIAS_CASES), "each case in fp32, fp16 and bf16"
+    assert len(rows) == 3 * sum(op in behind_df_run for op, _, _ in CASES + GPU_CASES), "each case in fp32, fp16 and bf16"
     assert set(re.findall(r"^skip (\w+):", done.stdout, flags=re.M)) == set(SPECS) - behind_df_run, "the others are named as skipped"
     done = _ops_gpu("--dry-run", "--only", "NoSuchOp")
     assert done.returncode == 2 and "NoSuchOp" in done.stderr

@@ -15,7 +15,6 @@ import onnx
 import pytest
 import torch
 import transformers
-from _native import random_feed, without_deployfuse_bodies
 from onnx import helper, numpy_helper
 
 import deployfuse
@@ -56,6 +55,28 @@ def _graph(rng: np.random.Generator, *, mask: bool, residual: bool, scales: tupl
     return model
 
 
+def _feed(rng: np.random.Generator, model: onnx.ModelProto) -> dict[str, np.ndarray]:
+    """Fresh random values for the graph's inputs (token ids below 500 and an all-ones mask for the exports)."""
+    feed = {}
+    for value in model.graph.input:
+        dims = [d.dim_value for d in value.type.tensor_type.shape.dim]
+        if value.type.tensor_type.elem_type == onnx.TensorProto.INT64:
+            feed[value.name] = np.ones(dims, np.int64) if "mask" in value.name else rng.integers(0, 500, dims)
+        else:
+            feed[value.name] = rng.standard_normal(dims).astype(np.float16)
+    return feed
+
+
+def _native(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The model without its deployfuse function bodies: only the custom-op library's kernels can run its nodes."""
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    kept = [f for f in out.functions if f.domain != "deployfuse"]
+    del out.functions[:]
+    out.functions.extend(kept)
+    return out
+
+
 def _assert_same_outputs(fused: onnx.ModelProto, unfused: onnx.ModelProto, feed: dict[str, np.ndarray], library) -> None:
     """The same float8 values reach the GEMMs: equal outputs through the function bodies, bit for bit. Through the CPU
     kernels (both graphs) nearly so: ONNX Runtime's CPU EP runs the float16 graph's custom ops in float32 (casts around them), so there
@@ -66,8 +87,8 @@ def _assert_same_outputs(fused: onnx.ModelProto, unfused: onnx.ModelProto, feed:
     assert set(got) == set(want)
     for name, value in want.items():
         np.testing.assert_array_equal(got[name], value, err_msg=name)
-    native = run(session(without_deployfuse_bodies(fused), optimize=False, custom_ops_library=library), feed)
-    for name, value in run(session(without_deployfuse_bodies(unfused), optimize=False, custom_ops_library=library), feed).items():
+    native = run(session(_native(fused), optimize=False, custom_ops_library=library), feed)
+    for name, value in run(session(_native(unfused), optimize=False, custom_ops_library=library), feed).items():
         ref, out = value.astype(np.float64), native[name].astype(np.float64)
         rel = np.linalg.norm(out - ref) / np.linalg.norm(ref)
         assert rel < 1e-2 and np.abs(out - ref).max() < 0.05 * np.abs(ref).max(), (name, rel)
@@ -86,7 +107,7 @@ def test_rewritten_graph_computes_what_the_gemms_own_quantize_passes_did(library
     gemms = [n for n in fused.graph.node if n.op_type == "Fp8GemmAct"]
     assert all(n.input[0] == mha.output[1] for n in gemms), "both GEMMs read YQ (float8 X: no quantize pass)"
     assert [n.op_type for n in fused.graph.node].count("Reshape") == 1, "the Reshape moved past the GEMM (onto its output)"
-    feed = random_feed(rng, model)
+    feed = _feed(rng, model)
     _assert_same_outputs(fused, model, feed, library)
     unfused = fp8_attention_out.without_fp8_x(fused)  # autotune's other side, with its own function bodies
     assert not any(n.op_type == "FusedMHA" and len(n.input) > 4 and n.input[4] for n in unfused.graph.node)
@@ -132,4 +153,4 @@ def test_fp8_export_attention_writes_the_output_projection_x(library, name, tmp_
     ops = collections.Counter(n.op_type for n in artefact.graph.node)
     unfused = fp8_attention_out.without_fp8_x(artefact)
     assert collections.Counter(n.op_type for n in unfused.graph.node) == ops, "the rule changes no node count: the pass lives inside Fp8GemmAct"
-    _assert_same_outputs(artefact, unfused, random_feed(np.random.default_rng(), artefact), library)
+    _assert_same_outputs(artefact, unfused, _feed(np.random.default_rng(), artefact), library)

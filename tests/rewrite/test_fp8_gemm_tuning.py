@@ -23,7 +23,6 @@ from deployfuse.backends.ort import run, session
 from deployfuse.ops.schema import DOMAIN
 from deployfuse.rewrite import gemm_tuning
 from deployfuse.rewrite.gemm_tuning import AlgoChoice, Fp8GemmProblem, Fp8MlpProblem, best_setting, gemm_problems, store_algos
-from deployfuse.rewrite.rules import fp8_qkv_bias
 
 BATCH, SEQ = 3, 10  # M = 30 tokens: not a multiple of 16, as no padding of the problem would leave it
 
@@ -104,13 +103,11 @@ def test_each_fp8_gemm_problem_is_the_shape_the_node_runs_at(fp8_tuned):
         assert (p.m, p.k, p.n) == (math.prod(x[:-1]), x[-1], y[-1]) and p.m == math.prod(y[:-1]), node.name
         assert (p.m, p.k, p.n) in sizes, (node.name, p)
         assert (p.dtype, p.fast_accum) == (onnx.TensorProto.FLOAT16, 1)
-        # no bias: the output projection's is in the norm after it, QKV's in the attention (rules.fp8_qkv_bias)
-        assert p.bias == int(math.prod(dims[node.input[4]]) > 0) and (p.bias or (p.k, p.n) in {(hidden, hidden), (hidden, 3 * hidden)}), node.name
+        assert p.bias == int(math.prod(dims[node.input[4]]) > 0) and (p.bias or (p.k, p.n) == (hidden, hidden)), node.name
         assert p.activation == (helper.get_attribute_value(next(a for a in node.attribute if a.name == "activation")).decode()
                                 if any(a.name == "activation" for a in node.attribute) else "none")
     assert {(p.m, p.k, p.n) for p in problems.values() if isinstance(p, Fp8GemmProblem)} >= {(tokens, hidden, 3 * hidden)}  # split_qkv: one GEMM
-    with_bias = {0} if fp8_qkv_bias.enabled() else {0, 1}  # QKV's bias in the attention or in its GEMM (FC1's is in its Fp8Mlp)
-    assert {p.bias for p in problems.values() if isinstance(p, Fp8GemmProblem)} == with_bias
+    assert {p.bias for p in problems.values() if isinstance(p, Fp8GemmProblem)} == {0, 1}
 
 
 def test_each_fp8_mlp_problem_is_the_shape_the_node_runs_at(fp8_tuned):

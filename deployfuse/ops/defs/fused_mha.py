@@ -10,16 +10,7 @@ parser count them from the end), and naming a tensor three times costs nothing.
 YScale given, the op also writes YQ = q(Y, YScale) = saturate_e4m3(round_nearest_even(Y / YScale)), Y as rounded
 to T (float8e4m3fn, Y's shape): the quantize pass of the fp8 output projection that reads it, done in the
 epilogue while the row is in registers (`rules.fp8_attention_out`, as SkipLayerNormFp8 does for the norms).
-Y may then be omitted. A node without a Mask but with YScale names the Mask "" (ONNX's absent input).
-
-Bias given ([3·H·D] = [b_Q | b_K | b_V], in T), the attention is that of Q + b_Q, K + b_K and V + b_V: the packed QKV
-GEMM's bias, taken out of its epilogue (`rules.fp8_qkv_bias`: cuBLASLt's fp8 kernels pay 9-24 % for a bias vector). The
-CUDA kernels add b_Q to Q as it is loaded and b_V to Y, and leave b_K out, which the softmax cancels:
-
-    (q_i + b_Q)·(k_j + b_K) = (q_i + b_Q)·k_j + c_i,  softmax_j(x_ij + c_i) = softmax_j(x_ij)
-    Σ_j p_ij (v_j + b_V) = y_i + b_V,                 as Σ_j p_ij = 1
-
-(a row whose every key is masked stays 0). Absent inputs before it are named ""."""
+Y may then be omitted. A node without a Mask but with YScale names the Mask "" (ONNX's absent input)."""
 
 from __future__ import annotations
 
@@ -41,18 +32,16 @@ from deployfuse.ops.schema import E4M3_MAX, Attr, OpSpec, RandFn, to_element_typ
 
 def reference(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None, y_scale: torch.Tensor | None = None,
-    bias: torch.Tensor | None = None, *, num_heads: int, scale: float, causal: int, packed_qkv: int = 0
+    *, num_heads: int, scale: float, causal: int, packed_qkv: int = 0
 ) -> torch.Tensor:
     """Y = softmax(Q Kᵀ · s + Mask [+ causal]) V per head; Q/K/V are [B, S, H·D] (packed_qkv:
-    [B, S, 3·H·D], Q, K and V the first, second and last thirds of their inputs), each plus its third of Bias when given.
+    [B, S, 3·H·D], Q, K and V the first, second and last thirds of their inputs).
 
     s = scale, or 1/sqrt(D) when scale is 0. causal masks key j > query i (top-left aligned,
     as `torch.nn.functional.scaled_dot_product_attention(is_causal=True)`).
     """
     if packed_qkv:
         q, k, v = (t.chunk(3, dim=-1)[i] for i, t in enumerate((q, k, v)))
-    if bias is not None:
-        q, k, v = (t + b for t, b in zip((q, k, v), bias.chunk(3)))
     b, sq, _ = q.shape
     sk = k.shape[1]
     qh, kh, vh = (t.reshape(b, t.shape[1], num_heads, -1).transpose(1, 2) for t in (q, k, v))
@@ -68,29 +57,24 @@ def reference(
 
 
 def reference_outputs(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, y_scale: torch.Tensor, bias: torch.Tensor | None = None,
-    **attrs: Any
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, y_scale: torch.Tensor, **attrs: Any
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(Y, YQ): Y in Q's dtype (the math in float32, float64 for float64 Q), YQ as torch.float8_e4m3fn quantized from that Y;
     attrs are the node's (defaults filled in)."""
     wide = torch.float64 if q.dtype == torch.float64 else torch.float32
-    mask, bias = (None if t is None else t.to(wide) for t in (mask, bias))
-    y = reference(q.to(wide), k.to(wide), v.to(wide), mask, None, bias, **SPEC.resolve(**attrs)).to(q.dtype)
+    y = reference(q.to(wide), k.to(wide), v.to(wide), None if mask is None else mask.to(wide), **SPEC.resolve(**attrs)).to(q.dtype)
     return y, quantize_e4m3(y, y_scale).to(torch.float8_e4m3fn)
 
 
-def _thirds(b: Body, sources: tuple[str, str, str], axis: int) -> tuple[str, str, str]:
-    """The first third of sources[0], the second of sources[1] and the last of sources[2] along `axis` (each as wide as the
-    first): packed_qkv's Q, K and V, and the Bias's b_Q, b_K and b_V."""
-    third = b.op("Div", b.op("Slice", b.op("Shape", sources[0]), b.ints(axis), b.ints(axis + 1)), b.ints(3))
+def _thirds(b: Body) -> tuple[str, str, str]:
+    """packed_qkv: Q's first, K's second and V's last third along the last axis."""
+    third = b.op("Div", b.op("Slice", b.op("Shape", "Q"), b.ints(2), b.ints(3)), b.ints(3))
     bounds = [b.ints(0), third, b.op("Add", third, third), b.op("Mul", third, b.ints(3))]
-    return tuple(b.op("Slice", name, bounds[i], bounds[i + 1], b.ints(axis)) for i, name in enumerate(sources))  # type: ignore[return-value]
+    return tuple(b.op("Slice", name, bounds[i], bounds[i + 1], b.ints(2)) for i, name in enumerate("QKV"))  # type: ignore[return-value]
 
 
 def body(b: Body, variant: dict[str, Any]) -> str:
-    q_in, k_in, v_in = _thirds(b, ("Q", "K", "V"), 2) if variant["packed_qkv"] else ("Q", "K", "V")
-    if variant.get("Bias"):
-        q_in, k_in, v_in = (b.op("Add", x, bias) for x, bias in zip((q_in, k_in, v_in), _thirds(b, ("Bias",) * 3, 0)))
+    q_in, k_in, v_in = _thirds(b) if variant["packed_qkv"] else ("Q", "K", "V")
     heads = b.op("Unsqueeze", b.int_attr("num_heads"), b.ints(0))
     split = b.op("Concat", b.ints(0), b.ints(0), heads, b.ints(-1), axis=0)
     q = b.op("Transpose", b.op("Reshape", q_in, split), perm=[0, 2, 1, 3])  # [B, H, Sq, D]
@@ -122,7 +106,7 @@ def body(b: Body, variant: dict[str, Any]) -> str:
 
 
 def example_inputs(shape: Sequence[int], rand: RandFn, attrs: dict[str, Any]) -> list[Any]:
-    """shape = (batch, q_seq, k_seq, hidden); a [batch, 1, 1, k_seq] mask when attrs["mask"], a Bias when attrs["bias"];
+    """shape = (batch, q_seq, k_seq, hidden); a [batch, 1, 1, k_seq] mask when attrs["mask"];
     packed_qkv: Q, K, V of 3·hidden (three independent tensors: each third read counts); YScale when
     attrs["outputs"] names YQ (tests/ops/cases.py YQ_CASES): max|V|/(4·448), so that the largest |Y| (a convex mix of
     V rows, mostly well under max|V|) saturate and the rest land in e4m3's normal range."""
@@ -131,14 +115,13 @@ def example_inputs(shape: Sequence[int], rand: RandFn, attrs: dict[str, Any]) ->
     mask = rand(batch, 1, 1, k_seq) if attrs.get("mask") else None
     q, k, v = rand(batch, q_seq, width), rand(batch, k_seq, width), rand(batch, k_seq, width)
     y_scale = to_element_type(abs(v).max() * (0.25 / E4M3_MAX), "float") if "YQ" in attrs.get("outputs", ()) else None
-    bias = rand(3 * hidden) if attrs.get("bias") else None
-    return [q, k, v, mask, y_scale, bias]
+    return [q, k, v, mask, y_scale]
 
 
 SPEC = OpSpec(
     name="FusedMHA",
-    inputs=("Q", "K", "V", "Mask", "YScale", "Bias"),
-    optional=("Mask", "YScale", "Bias"),
+    inputs=("Q", "K", "V", "Mask", "YScale"),
+    optional=("Mask", "YScale"),
     outputs=("Y", "YQ"),
     attrs={
         "num_heads": Attr("int"),
@@ -151,8 +134,7 @@ SPEC = OpSpec(
     "Mask is additive, broadcastable to [batch, heads, q_seq, k_seq]; packed_qkv=1: Q, K, V are each "
     "[batch, seq, 3·heads·head_dim] laid out [Q | K | V] (usually one tensor three times), read in place. "
     "YScale (a float32 scalar) given: YQ = saturate_e4m3(round_nearest_even(Y / YScale)) (float8e4m3fn, from Y in T; "
-    "needs opset 19), and Y may be omitted; without a Mask the node names it \"\". Bias [3·heads·head_dim] given: the attention of "
-    "Q + b_Q, K + b_K, V + b_V (its thirds). TensorRT's plugin refuses YQ and Bias.",
+    "needs opset 19), and Y may be omitted; without a Mask the node names it \"\". TensorRT's plugin refuses YQ.",
     reference_fn=reference,
     body_fn=body,
     example_fn=example_inputs,
@@ -163,15 +145,15 @@ SPEC = OpSpec(
 @torch.library.custom_op("deployfuse::fused_mha", mutates_args=())
 def torch_op(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None, y_scale: torch.Tensor | None = None,
-    bias: torch.Tensor | None = None, num_heads: int = 1, scale: float = 0.0, causal: int = 0, packed_qkv: int = 0
+    num_heads: int = 1, scale: float = 0.0, causal: int = 0, packed_qkv: int = 0
 ) -> torch.Tensor:
     """softmax(q kᵀ·s + mask [+ causal]) v per head on [batch, seq, heads·head_dim] (packed_qkv: 3x that, see the module);
     y_scale does not change Y (the node's YQ: `reference_outputs`)."""
-    return SPEC.reference(q, k, v, mask, y_scale, bias, num_heads=num_heads, scale=scale, causal=causal, packed_qkv=packed_qkv)
+    return SPEC.reference(q, k, v, mask, y_scale, num_heads=num_heads, scale=scale, causal=causal, packed_qkv=packed_qkv)
 
 
 @torch_op.register_fake
-def _(q, k, v, mask=None, y_scale=None, bias=None, num_heads=1, scale=0.0, causal=0, packed_qkv=0):
+def _(q, k, v, mask=None, y_scale=None, num_heads=1, scale=0.0, causal=0, packed_qkv=0):
     return q.new_empty(q.shape[0], q.shape[1], v.shape[2] // 3 if packed_qkv else v.shape[2])
 
 
@@ -182,13 +164,12 @@ def fused_mha_onnx(
     v: TFloat,
     mask: Optional[TFloat] = None,  # noqa: UP045 (onnxscript reads the annotation)
     y_scale: Optional[FLOAT] = None,  # noqa: UP045
-    bias: Optional[TFloat] = None,  # noqa: UP045
     num_heads: int = 1,
     scale: float = 0.0,
     causal: int = 0,
     packed_qkv: int = 0,
 ) -> TFloat:
-    return DF.FusedMHA(q, k, v, mask, y_scale, bias, num_heads=num_heads, scale=scale, causal=causal, packed_qkv=packed_qkv)
+    return DF.FusedMHA(q, k, v, mask, y_scale, num_heads=num_heads, scale=scale, causal=causal, packed_qkv=packed_qkv)
 
 
 to_onnx = fused_mha_onnx  # the exporter inlines it by name: one name per op

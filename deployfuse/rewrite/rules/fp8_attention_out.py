@@ -81,7 +81,7 @@ def without_fp8_x(model: onnx.ModelProto) -> onnx.ModelProto:
             continue
         yq, y = node.output[1], node.output[0] or f"{node.name}_y"
         node.output[:] = [y]
-        node.input[_Y_SCALE] = ""  # a Bias after it stays (rules.fp8_qkv_bias)
+        del node.input[_Y_SCALE:]
         while len(node.input) > _MASK and not node.input[-1]:
             del node.input[-1]
         for reader in out.graph.node:

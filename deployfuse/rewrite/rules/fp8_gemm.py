@@ -192,18 +192,17 @@ def lower(model: onnx.ModelProto, target: str | Target) -> tuple[onnx.ModelProto
     FC1 -> FC2 pair of them merged into one Fp8Mlp (`rules.fp8_mlp`: the hidden activation kept in
     float8), each norm feeding them made to quantize their X (`rules.fp8_norm`) and the first one to do the
     embedding lookups (`rules.fp8_embed`), then each attention
-    (`rules.fp8_attention_out`) and its packed QKV GEMM's bias (`rules.fp8_qkv_bias`), then the float GEMMs left (those the
-    gate keeps) made GemmAct (`float_gemms`), function bodies attached; and how many GEMMs were made float8 (an Fp8Mlp holds
-    two). Not guarded (see the module's docstring): the caller judges the result. Rules apply one name at a
+    (`rules.fp8_attention_out`), then the float GEMMs left (those the gate keeps) made GemmAct
+    (`float_gemms`), function bodies attached; and how many GEMMs were made float8 (an Fp8Mlp holds two). Not
+    guarded (see the module's docstring): the caller judges the result. Rules apply one name at a
     time, in `rules` order, as `rewrite.fuse` applies them."""
     from deployfuse.ops import attach_functions
-    from deployfuse.rewrite.rules import fp8_attention_out, fp8_embed, fp8_mlp, fp8_norm, fp8_qkv_bias
+    from deployfuse.rewrite.rules import fp8_attention_out, fp8_embed, fp8_mlp, fp8_norm
 
     ir_model = ir.serde.deserialize_model(model)
     count = _apply(ir_model, rules(target))
     lowered = fp8_embed.fuse(fp8_norm.fuse(fp8_mlp.merge(ir.serde.serialize_model(ir_model))[0], target)[0], target)[0]
-    lowered = fp8_qkv_bias.fuse(fp8_attention_out.fuse(lowered, target)[0], target)[0]
-    lowered, kept = float_gemms(lowered, target)
+    lowered, kept = float_gemms(fp8_attention_out.fuse(lowered, target)[0], target)
     if count or kept:
         attach_functions(lowered)
     return lowered, count
