@@ -10,7 +10,7 @@ from _export import assert_same_outputs, exported, feeds, op_counts
 from onnxscript.rewriter import pattern
 
 from deployfuse.rewrite import RULE_TAG, fuse, rules as registry
-from deployfuse.rewrite.autotune import THRESHOLD, decide, time_family
+from deployfuse.rewrite.autotune import SESSION_SPREAD, THRESHOLD, close_call, decide, median_pair, time_family
 
 STEPS = 256
 
@@ -92,6 +92,30 @@ def test_autotuned_bert_is_consistent(slow_family):
 def test_decision_threshold(before, after, threshold, keep, reason):
     decision = decide(before, after, threshold)
     assert (decision.keep, decision.reason, decision.before_ms, decision.after_ms) == (keep, reason, before, after)
+
+
+@pytest.mark.parametrize(("before", "after", "close"), [(10.0, 10.2, True), (10.0, 9.8, True), (10.0, 10.6, True), (10.0, 9.0, False), (10.0, 12.0, False)])
+def test_close_calls_lie_within_the_session_spread_of_the_threshold(before, after, close):
+    """Within SESSION_SPREAD (5 %) of 1 + THRESHOLD (2 %): ratios 0.97-1.07."""
+    assert close_call(before, after) is close and SESSION_SPREAD == 0.05 and THRESHOLD == 0.02
+
+
+def test_the_median_pair_is_ranked_by_ratio():
+    assert median_pair([(10.0, 11.0), (20.0, 18.0), (8.0, 8.0)]) == (8.0, 8.0)
+    assert median_pair([(10.0, 11.0), (20.0, 18.0)]) == (20.0, 18.0)  # the lower middle of an even count
+    assert median_pair([(5.0, 6.0)]) == (5.0, 6.0)
+
+
+def test_a_close_call_is_timed_again_on_fresh_session_pairs():
+    """A first ratio within `spread` of the threshold (here every ratio) is timed on three session pairs and decided
+    on the median one, which the reason says; with no spread, one pair decides."""
+    model = exported("bert", "dynamo")
+    feed = feeds("bert", model, count=1)[0]
+    again = time_family(model, model, "ort-cpu", feed, budget_s=0.05, spread=1e9)
+    assert again.reason.endswith(", the median of 3 session pairs") and again.before_ms > 0 and again.after_ms > 0, again
+    assert again.keep == (again.after_ms <= again.before_ms * (1 + THRESHOLD))
+    once = time_family(model, model, "ort-cpu", feed, budget_s=0.05, spread=0.0)
+    assert "session pairs" not in once.reason and once.before_ms > 0, once
 
 
 def test_targets_not_timed_here_keep_the_family():
