@@ -46,7 +46,12 @@ def main() -> None:
     module = transformers.GPTNeoModel(cfg).eval().half()
     ids = torch.randint(0, cfg.vocab_size, (args.batch, args.seq))
     inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
-    work = Path(tempfile.mkdtemp())
+    with tempfile.TemporaryDirectory() as folder:
+        run(args, module, inputs, Path(folder))
+
+
+def run(args: argparse.Namespace, module: torch.nn.Module, inputs: dict[str, torch.Tensor], work: Path) -> None:
+    """Export, fuse and time the variants in `work`."""
     sessions = {}
     for name, fuse in (("plain", False), ("deployfuse", True)):
         path = work / f"{name}.onnx"

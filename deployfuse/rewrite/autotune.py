@@ -117,22 +117,21 @@ def time_family(
         return Decision(True, f"not timed: {why}")
     providers = list(target.providers)
 
-    def timed_pair(first: int) -> tuple[float, float]:
-        """(before, after) ms on a fresh pair of sessions, the one of index `first` made first."""
-        models = (before, after)
-        made = {i: ort_backend.session(models[i], providers=providers, custom_ops_library=custom_ops_library) for i in (first, 1 - first)}
-        return _interleaved([made[0], made[1]], feed, warmup, min_rounds, max_rounds, budget_s)
+    def sessions(first: int) -> list:
+        """Fresh sessions of (before, after), the one of index `first` made first."""
+        made = {i: ort_backend.session((before, after)[i], providers=providers, custom_ops_library=custom_ops_library) for i in (first, 1 - first)}
+        return [made[0], made[1]]
 
     try:
-        sessions = [ort_backend.session(m, providers=providers, custom_ops_library=custom_ops_library) for m in (before, after)]
+        pair = sessions(first=0)
     except Exception as exc:  # ORT raises its own types; a family ORT cannot optimise must not ship
         return Decision(False, f"onnxruntime (optimised): {first_line(exc)}")
-    if providers[0] not in sessions[0].get_providers():
+    if providers[0] not in pair[0].get_providers():
         return Decision(True, f"not timed: {providers[0]} did not start")
-    pairs = [_interleaved(sessions, feed, warmup, min_rounds, max_rounds, budget_s)]
-    del sessions
-    if close_call(*pairs[0], threshold, spread):
-        pairs += [timed_pair(first=k % 2) for k in range(1, close_call_pairs)]
+    pairs = [_interleaved(pair, feed, warmup, min_rounds, max_rounds, budget_s)]
+    del pair
+    if close_call(*pairs[0], threshold, spread):  # fresh pairs, made in the other order each time
+        pairs += [_interleaved(sessions(first=k % 2), feed, warmup, min_rounds, max_rounds, budget_s) for k in range(1, close_call_pairs)]
     decision = decide(*median_pair(pairs), threshold)
     if len(pairs) > 1:
         decision = dataclasses.replace(decision, reason=f"{decision.reason}, the median of {len(pairs)} session pairs")
