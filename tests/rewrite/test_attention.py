@@ -146,6 +146,17 @@ def test_a_selected_score_above_the_masking_fill_is_not_a_mask() -> None:
     assert "the scores are selected against -100.0, above -10000.0: a score, not a mask" in family.near_misses["attention"]
 
 
+def _dynamic_text_export(module: torch.nn.Module) -> onnx.ModelProto:
+    """`module` (input_ids, attention_mask) dynamo-exported with dynamic batch and sequence, cleaned."""
+    ids = torch.randint(0, 512, (2, 16))
+    auto = {0: torch.export.Dim.AUTO, 1: torch.export.Dim.AUTO}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        program = torch.onnx.export(module, (), kwargs={"input_ids": ids, "attention_mask": torch.ones_like(ids)}, dynamo=True,
+                                    dynamic_shapes={"input_ids": auto, "attention_mask": auto}, opset_version=18, optimize=True, verbose=False)
+    return clean(program.model_proto)
+
+
 @functools.cache
 def gpt_neo(half: bool = False) -> onnx.ModelProto:
     """A 2-layer GPTNeoModel (global attention), dynamo-exported with dynamic batch and sequence, fp16 when `half`: its
@@ -158,15 +169,7 @@ def gpt_neo(half: bool = False) -> onnx.ModelProto:
                                     max_position_embeddings=64, use_cache=False)
     module = transformers.GPTNeoModel(cfg).eval()
     _trained_like(module)
-    if half:
-        module = module.half()
-    ids = torch.randint(0, 512, (2, 16))
-    auto = {0: torch.export.Dim.AUTO, 1: torch.export.Dim.AUTO}
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        program = torch.onnx.export(module, (), kwargs={"input_ids": ids, "attention_mask": torch.ones_like(ids)}, dynamo=True,
-                                    dynamic_shapes={"input_ids": auto, "attention_mask": auto}, opset_version=18, optimize=True, verbose=False)
-    return clean(program.model_proto)
+    return _dynamic_text_export(module.half() if half else module)
 
 
 def padded_feeds() -> list[dict[str, np.ndarray]]:
@@ -210,4 +213,29 @@ def test_fp16_gpt_neo_keeps_its_float32_attention_fused() -> None:
             assert {v.dtype for v in node.inputs[:3]} | {node.outputs[0].dtype} == {ir.DataType.FLOAT}, node
             (user, _), = node.outputs[0].uses()
             assert user.op_type == "Reshape" or (user.op_type == "Cast" and user.attributes.get_int("to") == ir.DataType.FLOAT16), user
+    guard.check(out, guard.run_outputs(model, feeds, ["CPUExecutionProvider"]), feeds, ["CPUExecutionProvider"])
+
+
+@functools.cache
+def bloom() -> onnx.ModelProto:
+    """A 2-layer BloomModel, dynamo-exported with dynamic batch and sequence: its core runs on heads flat in the batch,
+    Q·Kᵀ as [B·H, S, L] plus ALiBi's [B·H, 1, L] bias (baddbmm), reshaped to [B, H, S, L] for the padding mask."""
+    import transformers
+
+    torch.manual_seed(0)
+    module = transformers.BloomModel(transformers.BloomConfig(vocab_size=512, hidden_size=64, n_layer=2, n_head=4, use_cache=False)).eval()
+    _trained_like(module)
+    return _dynamic_text_export(module)
+
+
+@pytest.mark.parametrize("target", ["ort-cpu", "tensorrt"])
+def test_bloom_flat_heads_and_alibi_fuse(target: str) -> None:
+    """BLOOM: attention on [B·H, S, D] views with ALiBi added to the flat scores → one fused attention a layer (ALiBi
+    reshaped to [B, H, 1, L] into its mask), no Softmax left, with the numbers of the unfused graph at two shapes, a
+    padded row among them."""
+    model, feeds = bloom(), padded_feeds()
+    out, report = fuse(model, target, feeds[:1])
+    fused = "com.microsoft::MultiHeadAttention" if target == "ort-cpu" else "deployfuse::FusedMHA"
+    counts, histogram = report.counts(), ops(out)
+    assert counts["attention"] == 2 and histogram[fused] == 2 and histogram["Softmax"] == 0, (counts, histogram)
     guard.check(out, guard.run_outputs(model, feeds, ["CPUExecutionProvider"]), feeds, ["CPUExecutionProvider"])

@@ -19,6 +19,12 @@ decomposition). With static shapes the exporter's optimiser merges the reshape t
 grouped K/V heads ([B, G, r, L, D] → [B, G·r, L, D]) into that 3-D flattening, so the flattened
 tensor may also be the 5-D repeat itself (layout "grouped"; the rule reshapes it back to
 [B, H, L, D]). Each reshape is proven with `_attention_shapes`, never assumed.
+
+Some models run the core on heads flattened into the batch (BLOOM: Q, K, V as [B·H, S, D], the scores
+[B·H, S, L] plus ALiBi's [B·H, 1, L] bias, then reshaped to [B, H, S, L] for the mask and the softmax).
+A [B·H, S, D] tensor that is a Reshape of a [B, H, S, D] one keeping its last two axes is that tensor's
+flat view (the first axis is then forced to B·H), so the core is read on the 4-D tensors, and the flat
+bias, whose first axis is the flat scores' own, is reshaped to [B, H, ·, L] and added to the mask.
 `read_core` walks back from Softmax's input and returns a `Core`, or the reason it declines.
 """
 
@@ -28,7 +34,7 @@ from dataclasses import dataclass
 
 import onnx_ir as ir
 
-from deployfuse.rewrite.rules._attention_shapes import DimOf, rank, reshape_target, same_dim, scalar, split_heads_source, split_source, static_dim
+from deployfuse.rewrite.rules._attention_shapes import DimOf, partial_reshape_target, rank, reshape_target, same_dim, scalar, split_heads_source, split_source, static_dim
 from deployfuse.rewrite.rules._common import is_op
 
 
@@ -45,6 +51,7 @@ class Core:
         scale: the product of every constant factor on the scores.
         heads, head_dim, value_head_dim: H, D, Dv.
         select: a mask by selection, to add to `mask`, or None.
+        flat_bias: an additive [B·H, 1|S, L] term of flat scores (BLOOM's ALiBi), to add to `mask` as [B, H, 1|S, L].
     """
 
     query: ir.Value
@@ -57,6 +64,7 @@ class Core:
     head_dim: int
     value_head_dim: int
     select: Select | None = None
+    flat_bias: ir.Value | None = None
 
 
 @dataclass(frozen=True)
@@ -156,6 +164,34 @@ def _untranspose_key(key_t: ir.Value) -> tuple[ir.Value, str] | None:
     return key, "grouped"
 
 
+def unflat_heads(flat: ir.Value) -> ir.Value | None:
+    """The [B, H, S, D] tensor whose flat view [B·H, S, D] `flat` is (a Reshape keeping the last two axes), else None."""
+    node = flat.producer()
+    if not is_op(node, "Reshape") or rank(node.inputs[0]) != 4 or rank(flat) != 3:
+        return None
+    heads, target = node.inputs[0], partial_reshape_target(node)  # the first entry, B·H, is forced by the others
+    if target is None or len(target) != 3 or _matches(target[1:], [DimOf(heads, 2), DimOf(heads, 3)]) != 2:
+        return None
+    return heads
+
+
+def _flat_core(scores: ir.Value) -> tuple[ir.Value, ir.Value | None] | None:
+    """(flat scores [B·H, S, L] without their additive bias, the bias or None) when the 4-D `scores` is a Reshape of
+    (scaled) flat Q·Kᵀ [+ bias]; the Reshape's target is checked against Q and K by `read_core`."""
+    node = scores.producer()
+    if not is_op(node, "Reshape") or rank(node.inputs[0]) != 3:
+        return None
+    flat = node.inputs[0]
+    added = flat.producer()
+    candidates = [(added.inputs[side], added.inputs[1 - side]) for side in (0, 1)] if is_op(added, "Add") else [(flat, None)]
+    for product, bias in candidates:
+        if not is_op(_peel_scale(product)[0].producer(), "MatMul"):
+            continue
+        if bias is None or (rank(bias) == 3 and same_dim(DimOf(bias, 0), DimOf(flat, 0))):
+            return product, bias
+    return None
+
+
 def _heads(value: ir.Value, layout: str = "bhsd") -> tuple[int | None, int | None]:
     """(H, D) of a [B, H, S, D] ("bhsd") or [B, S, H, D] ("bshd") tensor: from its shape, else
     from the split that made it."""
@@ -185,12 +221,16 @@ def read_core(scores: ir.Value, value: ir.Value) -> Core | str:
                     return peeled
                 operand, inner_select = peeled
             inner, _ = _peel_scale(operand)
-            if is_op(inner.producer(), "MatMul"):
+            if is_op(inner.producer(), "MatMul") or _flat_core(operand) is not None:
                 scores, mask = operand, node.inputs[1 - side]
                 select = select if select is not None else inner_select
                 break
         else:
             return "Softmax input is an Add without a Q·Kᵀ MatMul operand"
+    unflattened, flat = scores, _flat_core(scores)
+    flat_bias = None
+    if flat is not None:
+        scores, flat_bias = flat
     product, score_scale = _peel_scale(scores)
     matmul = product.producer()
     if not is_op(matmul, "MatMul"):
@@ -199,7 +239,19 @@ def read_core(scores: ir.Value, value: ir.Value) -> Core | str:
         return "the attention scores have other consumers"
     query, query_scale = _peel_scale(matmul.inputs[0])
     key_t, key_scale = _peel_scale(matmul.inputs[1])
-    key_and_layout = _untranspose_key(key_t)
+    if flat is not None:
+        transpose = key_t.producer()
+        query = unflat_heads(query)
+        key = unflat_heads(transpose.inputs[0]) if is_op(transpose, "Transpose") and _perm(transpose) == [0, 2, 1] else None
+        target = partial_reshape_target(unflattened.producer())
+        if query is None or key is None or target is None or len(target) != 4:
+            return "the flat scores are not Q·Kᵀ of flat [B·H, S, D] views"
+        # [B, H, S, L]: B, H, S proven from Q; L (or -1) is then forced by the element count
+        if _matches(target[:3], [DimOf(query, 0), DimOf(query, 1), DimOf(query, 2)]) != 3:
+            return "the flat scores are not reshaped back to [B, H, S, L]"
+        key_and_layout: tuple[ir.Value, str] | None = (key, "bhsd")
+    else:
+        key_and_layout = _untranspose_key(key_t)
     if key_and_layout is None:
         return "the key operand is not a provable transpose of K"
     key, layout = key_and_layout
@@ -219,4 +271,4 @@ def read_core(scores: ir.Value, value: ir.Value) -> Core | str:
         return "the mask's rank is unknown or above 4"
     if select is not None and rank(select.condition) not in (1, 2, 3, 4):
         return "the selection's condition has an unknown rank or one above 4"
-    return Core(query, key, layout, value, mask, query_scale * key_scale * score_scale, heads, head_dim, value_head_dim, select)
+    return Core(query, key, layout, value, mask, query_scale * key_scale * score_scale, heads, head_dim, value_head_dim, select, flat_bias)

@@ -230,18 +230,29 @@ def partial_shape_vector(value: ir.Value | None) -> list[Entry | None] | None:
 def reshape_target(node: ir.Node) -> list[Entry] | None:
     """The target of a Reshape as entries, with `0` ("copy the input's dimension") resolved."""
     entries = shape_vector(node.inputs[1])
-    if entries is None:
-        return None
+    return None if entries is None else _copies_resolved(node, entries)
+
+
+def partial_reshape_target(node: ir.Node) -> list[Entry | None] | None:
+    """`reshape_target` with None for the entries `partial_shape_vector` cannot read: a reader that proves the others
+    may let the element count force them."""
+    entries = partial_shape_vector(node.inputs[1])
+    return None if entries is None else _copies_resolved(node, entries)
+
+
+def _copies_resolved(node: ir.Node, entries: list) -> list | None:
+    """A Reshape's target entries with each `0` resolved to the input's dimension (allowzero=0); None where allowzero=1
+    makes a `0` a genuine zero-size dimension: never an attention layout."""
     allowzero = node.attributes.get("allowzero")
     if allowzero is None or allowzero.as_int() == 0:
-        entries = [DimOf(node.inputs[0], i) if e == 0 else e for i, e in enumerate(entries)]
-    elif any(e == 0 for e in entries):
-        return None  # a genuine zero-size dimension: never an attention layout
-    return entries
+        return [DimOf(node.inputs[0], i) if e == 0 else e for i, e in enumerate(entries)]
+    return None if any(e == 0 for e in entries) else entries
 
 
-def same_dim(a: Entry, b: Entry) -> bool:
-    """True when `a` and `b` are provably the same size."""
+def same_dim(a: Entry | None, b: Entry | None) -> bool:
+    """True when `a` and `b` are provably the same size (never for an unknown entry, None)."""
+    if a is None or b is None:
+        return False
     a, b = canonical(a), canonical(b)
     if isinstance(a, int) or isinstance(b, int):
         return isinstance(a, int) and isinstance(b, int) and a == b

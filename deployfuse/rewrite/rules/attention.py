@@ -35,10 +35,11 @@ import numpy as np
 import onnx_ir as ir
 from onnxscript.rewriter import MatchResult, pattern
 
-from deployfuse.rewrite.rules._attention_core import Core, read_core
+from deployfuse.rewrite.rules._attention_core import Core, read_core, unflat_heads
 from deployfuse.rewrite.rules._attention_shapes import (
     DimOf,
     constant,
+    partial_reshape_target,
     partial_shape_vector,
     rank,
     reshape_is_noop,
@@ -67,27 +68,39 @@ def _lowest(dtype: ir.DataType | None) -> float:
 
 
 class _Attention(FusionRule):
-    """Softmax → [NaN guard | Cast down] → MatMul V [→ Transpose(0,2,1,3) → Reshape to [B, S, H·Dv]]."""
+    """Softmax → [NaN guard | Cast down] → MatMul V [→ Transpose(0,2,1,3) → Reshape to [B, S, H·Dv]]; `flat`: P and V
+    as [B·H, S, ·] views, P·V reshaped back to [B, H, S, Dv] (BLOOM)."""
 
-    def __init__(self, target: str | Target, nan_guard: bool, merged: bool, downcast: bool = False) -> None:
+    def __init__(self, target: str | Target, nan_guard: bool, merged: bool, downcast: bool = False, flat: bool = False) -> None:
         super().__init__("attention" if merged else "attention_core", target)
-        self._nan_guard, self._merged, self._downcast = nan_guard, merged, downcast
+        self._nan_guard, self._merged, self._downcast, self._flat = nan_guard, merged, downcast, flat
         self._core: Core | None = None
         self._keep_reshape = False
 
-    def pattern(self, op, scores, value, zero, merged_shape):
+    def pattern(self, op, scores, value, zero, merged_shape, flat_shape, heads_shape):
         probs = op.Softmax(scores, _outputs=["probs"])
         if self._nan_guard:
             probs = op.Where(op.IsNaN(probs), zero, probs)
         if self._downcast:
             probs = op.Cast(probs, _outputs=["narrowed"])
+        if self._flat:
+            probs = op.Reshape(probs, flat_shape, _outputs=["flat_probs"])
         out = op.MatMul(probs, value, _outputs=["attended"])
+        if self._flat:
+            out = op.Reshape(out, heads_shape, _outputs=["heads"])
         if self._merged:
             out = op.Reshape(op.Transpose(out, perm=[0, 2, 1, 3]), merged_shape, _outputs=["merged"])
         return out
 
-    def check(self, context, scores, value, probs, zero=None, merged=None, **_) -> MatchResult:
+    def check(self, context, scores, value, probs, zero=None, merged=None, flat_probs=None, attended=None, heads=None, **_) -> MatchResult:
         result = MatchResult()
+        if self._flat:
+            flat_value = value
+            value = unflat_heads(flat_value)
+            reason = None if value is not None else "V is not a flat [B·H, L, Dv] view of [B, H, L, Dv]"
+            reason = reason or _flat_product_reason(flat_probs, heads, value)
+            if reason:
+                return result.fail(reason, flat_value)
         if self._nan_guard and scalar(zero) != 0.0:
             return result.fail("the NaN guard does not write zeros", zero)
         axis = probs.producer().attributes.get("axis")
@@ -130,7 +143,9 @@ class _Attention(FusionRule):
         self._keep_reshape = not exact
         return None
 
-    def rewrite(self, op, attended, merged=None, **_):
+    def rewrite(self, op, attended, merged=None, heads=None, **_):
+        if heads is not None:  # flat: the [B, H, S, Dv] output is P·V's view reshaped back
+            attended = heads
         core = self._core
         assert core is not None
         query = merged_heads(op, core.query, core.heads, core.head_dim)
@@ -157,6 +172,19 @@ class _Attention(FusionRule):
         return op.Transpose(split, perm=[0, 2, 1, 3])
 
 
+def _flat_product_reason(flat_probs: ir.Value, heads: ir.Value, value: ir.Value) -> str | None:
+    """Why P·V on flat views is not the [B, H, S, Dv] attention output, or None. P [B, H, S, L] viewed as [X, S, Y]
+    times the flat V [B·H, L, Dv] forces Y = L and X = B·H; the output's view back [B, H, S, Dv] is then proven by
+    H, S and Dv (B is forced by the element count)."""
+    probs = flat_probs.producer().inputs[0]
+    flat, back = partial_reshape_target(flat_probs.producer()), partial_reshape_target(heads.producer())
+    if flat is None or len(flat) != 3 or not same_dim(flat[1], DimOf(probs, 2)):
+        return "P is not viewed as [B·H, S, L]"
+    if back is None or len(back) != 4 or not all(same_dim(e, w) for e, w in zip(back[1:], [DimOf(probs, 1), DimOf(probs, 2), DimOf(value, 3)])):
+        return "P·V is not viewed back as [B, H, S, Dv]"
+    return None
+
+
 def _cast(op, value: ir.Value, dtype: ir.DataType | None) -> ir.Value:
     """`value` cast to `dtype`, its shape kept."""
     cast = op.Cast(value, to=dtype)
@@ -167,18 +195,30 @@ def _cast(op, value: ir.Value, dtype: ir.DataType | None) -> ir.Value:
 def _additive_mask(op, core: Core, like: ir.Value) -> ir.Value | None:
     """The core's mask as one additive tensor: its selection as Where(c, F, 0) (or Where(c, 0, F)) in the dtype of
     `like` (the scores'), plus its additive mask; None when it has neither."""
+    mask = core.mask
+    if core.flat_bias is not None:  # [B·H, 1|S, L] as [B, H, 1|S, L]: its first axis is the flat scores' B·H
+        batch_heads = op.Shape(core.query, start=0, end=2)
+        bias = op.Reshape(core.flat_bias, op.Concat(batch_heads, _const(op, [-1]), op.Shape(core.flat_bias, start=2, end=3), axis=0))
+        q_shape, b_shape = core.query.shape, core.flat_bias.shape
+        _describe(bias, like, None if q_shape is None or b_shape is None else [q_shape[0], q_shape[1], b_shape[1], b_shape[2]])
+        if mask is not None:
+            shapes = (mask.shape, bias.shape)
+            mask = op.Add(mask, bias)
+            _describe(mask, like, None if any(shape is None for shape in shapes) else broadcast_shape(*shapes))
+        else:
+            mask = bias
     if core.select is None:
-        return core.mask
+        return mask
     select = core.select
     dtype = like.dtype.numpy() if like.dtype is not None else np.float32
     # -inf clamped here as `_bias` would clamp it (see the module's docstring): the selection is then provably finite
     fill, zero = (op.Constant(value=ir.tensor(np.array(v, dtype=dtype))) for v in (max(select.fill, _lowest(like.dtype)), 0.0))
     selected = op.Where(select.condition, *((fill, zero) if select.where else (zero, fill)))
     _describe(selected, like, None if select.condition.shape is None else list(select.condition.shape))
-    if core.mask is None:
+    if mask is None:
         return selected
-    total = op.Add(selected, core.mask)
-    shapes = (select.condition.shape, core.mask.shape)
+    total = op.Add(selected, mask)
+    shapes = (select.condition.shape, mask.shape)
     _describe(total, like, None if any(shape is None for shape in shapes) else broadcast_shape(*shapes))
     return total
 
@@ -339,4 +379,5 @@ def rules(target: str | Target) -> list[pattern.RewriteRule]:
         return []
     found = [_Attention.rule(target, guard, merged) for merged in (True, False) for guard in (True, False)]
     found += [_Attention.rule(target, False, merged, True) for merged in (True, False)]  # the float32 core of fp16 models
+    found += [_Attention.rule(target, False, merged, False, True) for merged in (True, False)]  # heads flat in the batch (BLOOM)
     return [*found, _MergeRoundTrip.rule(target)]
