@@ -92,7 +92,7 @@ class _Attention(FusionRule):
             out = op.Reshape(op.Transpose(out, perm=[0, 2, 1, 3]), merged_shape, _outputs=["merged"])
         return out
 
-    def check(self, context, scores, value, probs, zero=None, merged=None, flat_probs=None, attended=None, heads=None, **_) -> MatchResult:
+    def check(self, context, scores, value, probs, zero=None, merged=None, flat_probs=None, heads=None, **_) -> MatchResult:
         result = MatchResult()
         if self._flat:
             flat_value = value
