@@ -22,7 +22,7 @@ nanoGPT, GPT-Neo) pass on the mask Where(c, F, 0), F clamped the same way (`_att
 fp16 (bf16) models that compute their scores in float32 on purpose (GPT-Neo: Cast(Q), Cast(K) to float32, a float32
 softmax, P cast back before P @ V16) keep float32 attention: Q and K as they cast them, V cast up,
 the output cast back. Only P's rounding to fp16 before P @ V is skipped (O = P V in float32, rounded once). An fp16
-attention would be faster but could overflow on the unscaled Q·Kᵀ these models upcast to avoid.
+attention could overflow on the unscaled Q·Kᵀ these models upcast to avoid.
 
 Rules: `attention` (core + the output head-merge, the usual form), `attention_core` (the core
 alone, when its output has other consumers) and `attention_merge` (cancels the

@@ -27,7 +27,7 @@ import onnx_ir as ir
 from onnxscript.rewriter import MatchResult, pattern
 
 from deployfuse.rewrite.rules._activations import activations, gelu20_approximate
-from deployfuse.rewrite.rules._common import FusionRule, const_1d, either, gemm_trans_b, is_op
+from deployfuse.rewrite.rules._common import FusionRule, const_1d, either, gemm_trans_b, is_op, stored_once
 from deployfuse.targets import MS, Target, get_target
 
 FAMILY = "gemm_act"
@@ -101,7 +101,7 @@ class GemmEpilogue(FusionRule):
     def rewrite(self, op, x, w, bias, linear=None, shape=None, reshaped=None, **_):
         if self.gemm and gemm_trans_b(linear):
             stored = ir.convenience.get_const_tensor(w).numpy()
-            w = op.initializer(ir.tensor(np.ascontiguousarray(stored.T)), name=f"{w.name}_transposed")
+            w = stored_once(op, w.graph, np.ascontiguousarray(stored.T), f"{w.name}_transposed", f"{linear.producer().name}_weight")
         y = self.emit(op, x, w, bias, activation=self.activation)
         if reshaped is not None:
             y = op.Reshape(y, shape, **{k: a.value for k, a in reshaped.producer().attributes.items()})
